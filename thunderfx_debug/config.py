@@ -1,0 +1,220 @@
+"""The backend's settings: parsed and validated in one place, before training starts.
+
+Each setting can be given to `ReportingBackend(...)` as a keyword argument or through its environment variable;
+the environment variable wins, so a run can be re-pointed without touching code. A bad value raises
+`ConfigError` naming the variable (or argument), the value, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting of thunderfx_debug has a value it cannot use."""
+
+
+class Timing(enum.IntEnum):
+    """Timing granularity; each level includes the coarser ones."""
+
+    OFF = 0
+    GRAPH = 1
+    SPLIT = 2
+    FUSION = 3
+
+
+class Inputs(str, enum.Enum):
+    META = "meta"
+    REAL = "real"
+
+
+class OnError(str, enum.Enum):
+    RAISE = "raise"
+    FALLBACK = "fallback"
+
+
+REPRO_KINDS = ("graph", "split", "fusion")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dump_dir: Path | None = None
+    repro: frozenset[str] = frozenset()
+    inputs: Inputs = Inputs.META
+    inputs_max_mb: float = 256.0
+    timing: Timing = Timing.GRAPH
+    timing_every: int = 50
+    timing_warmup: int = 5
+    ranks: frozenset[int] | None = None  # None: all ranks record
+    on_error: OnError = OnError.RAISE
+    strict: bool = False
+    nvtx: bool = False
+    recompile_warn_threshold: int = 8
+
+    def records_rank(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dump_dir": str(self.dump_dir) if self.dump_dir else None,
+            "repro": sorted(self.repro),
+            "inputs": self.inputs.value,
+            "inputs_max_mb": self.inputs_max_mb,
+            "timing": self.timing.name.lower(),
+            "timing_every": self.timing_every,
+            "timing_warmup": self.timing_warmup,
+            "ranks": "all" if self.ranks is None else sorted(self.ranks),
+            "on_error": self.on_error.value,
+            "strict": self.strict,
+            "nvtx": self.nvtx,
+            "recompile_warn_threshold": self.recompile_warn_threshold,
+        }
+
+
+def _choice(options: Mapping[str, Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        key = text.strip().lower()
+        if key not in options:
+            raise ValueError(f"allowed: {', '.join(options)}")
+        return options[key]
+
+    return parse
+
+
+def _parse_repro(text: str) -> frozenset[str]:
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    if items in ([], ["none"]):
+        return frozenset()
+    if items == ["all"]:
+        return frozenset(REPRO_KINDS)
+    unknown = [item for item in items if item not in REPRO_KINDS]
+    if unknown:
+        raise ValueError(f"allowed: none, all, or a comma list of {', '.join(REPRO_KINDS)}; unknown: {unknown}")
+    return frozenset(items)
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"allowed: a whole number >= {minimum}") from None
+        if value < minimum:
+            raise ValueError(f"allowed: a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("allowed: a number of megabytes >= 0") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("allowed: a number of megabytes >= 0")
+    return value
+
+
+def _parse_ranks(text: str) -> frozenset[int] | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        ranks = frozenset(int(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ValueError("allowed: all, or a comma list of ranks such as 0,3") from None
+    if not ranks or min(ranks) < 0:
+        raise ValueError("allowed: all, or a comma list of ranks >= 0 such as 0,3")
+    return ranks
+
+
+def _parse_bool(text: str) -> bool:
+    return _choice({"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True})(text)
+
+
+def _parse_dir(text: str) -> Path | None:
+    text = text.strip()
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError("allowed: a directory (this path exists and is not one)")
+    return path
+
+
+# field -> (environment variable, parser of its text form)
+_SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dump_dir": ("THUNDERFX_DEBUG_DIR", _parse_dir),
+    "repro": ("THUNDERFX_DEBUG_REPRO", _parse_repro),
+    "inputs": ("THUNDERFX_DEBUG_INPUTS", _choice({i.value: i for i in Inputs})),
+    "inputs_max_mb": ("THUNDERFX_DEBUG_INPUTS_MAX_MB", _positive_float),
+    "timing": ("THUNDERFX_DEBUG_TIMING", _choice({t.name.lower(): t for t in Timing})),
+    "timing_every": ("THUNDERFX_DEBUG_TIMING_EVERY", _int_at_least(1)),
+    "timing_warmup": ("THUNDERFX_DEBUG_TIMING_WARMUP", _int_at_least(0)),
+    "ranks": ("THUNDERFX_DEBUG_RANKS", _parse_ranks),
+    "on_error": ("THUNDERFX_DEBUG_ON_ERROR", _choice({o.value: o for o in OnError})),
+    "strict": ("THUNDERFX_DEBUG_STRICT", _parse_bool),
+    "nvtx": ("THUNDERFX_DEBUG_NVTX", _parse_bool),
+    "recompile_warn_threshold": ("THUNDERFX_DEBUG_RECOMPILE_WARN", _int_at_least(1)),
+}
+
+OWN_OPTIONS = frozenset(_SETTINGS)
+
+
+def _from_argument(field: str, value: Any) -> Any:
+    """Normalises a constructor argument: text goes through the same parser as the environment variable."""
+    variable, parse = _SETTINGS[field]
+    if value is None and field in ("dump_dir", "ranks"):
+        return None
+    if isinstance(value, bool) and field in ("strict", "nvtx"):
+        return value
+    if field == "dump_dir" and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if field == "repro" and isinstance(value, (list, tuple, set, frozenset)):
+        value = ",".join(value) if value else "none"
+    if field == "ranks" and isinstance(value, (list, tuple, set, frozenset)):
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, enum.Enum):
+        value = value.name.lower() if isinstance(value, Timing) else value.value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"ReportingBackend({field}={value!r}): expected the same text as {variable} takes")
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise ConfigError(f"ReportingBackend({field}={value!r}) is not valid ({e})") from None
+
+
+def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Builds the Config from constructor `arguments` and `environ` (default: os.environ); the environment wins.
+
+    Example:
+        >>> load_config({"timing": "fusion"}, environ={"THUNDERFX_DEBUG_TIMING_EVERY": "10"}).timing_every
+        10
+    """
+    arguments = dict(arguments or {})
+    environ = os.environ if environ is None else environ
+    unknown = set(arguments) - OWN_OPTIONS
+    if unknown:
+        raise ConfigError(f"unknown thunderfx_debug options {sorted(unknown)}; known: {sorted(OWN_OPTIONS)}")
+    values: dict[str, Any] = {}
+    for field, (variable, parse) in _SETTINGS.items():
+        if variable in environ:
+            try:
+                values[field] = parse(environ[variable])
+            except ValueError as e:
+                raise ConfigError(f"{variable}={environ[variable]!r} is not valid ({e})") from None
+        elif field in arguments:
+            values[field] = _from_argument(field, arguments[field])
+    return Config(**values)
+
+
+def environ_names() -> dict[str, str]:
+    """Setting name -> environment variable, for documentation and the manifest."""
+    return {field: variable for field, (variable, _) in _SETTINGS.items()}

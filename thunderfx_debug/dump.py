@@ -1,0 +1,252 @@
+"""Writing a dump (atomically, per rank) and reading it back (without importing thunder, never executing code).
+
+Each file is written to a temporary name and renamed over the old one, and `manifest.json`, the index that
+`load_report` reads first, is written last. A run killed in the middle of a flush therefore leaves the previous
+dump readable: the old manifest still indexes complete files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from thunderfx_debug import layout
+from thunderfx_debug.config import ConfigError
+from thunderfx_debug.records import SCHEMA_VERSION, DumpError, GraphRecord, Report
+
+
+class DumpWriteError(OSError):
+    """The dump could not be written (unwritable directory, full disk); the message says where and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """A file of the dump: `owner` is "graph0", "graph0/thunder_0" or "graph0/thunder_0/nvFusion0_forward",
+    `label` the name the owner's record gives it in `files` (e.g. "repro_thunder"), `path` relative to the rank dir."""
+
+    owner: str
+    label: str
+    path: str
+    content: str | bytes
+
+
+def check_writable(dump_dir: Path) -> None:
+    """Fails fast, before training, when the dump directory cannot be created or written."""
+    try:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=dump_dir, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"THUNDERFX_DEBUG_DIR / dump_dir {str(dump_dir)!r} cannot be written ({e.strerror or e}); "
+            "choose a writable directory or unset THUNDERFX_DEBUG_DIR"
+        ) from None
+
+
+def _atomic_write(path: Path, content: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode() if isinstance(content, str) else content
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_files(rank_dir: Path, files: list[tuple[str, str | bytes]]) -> None:
+    """Writes (relative path, content) pairs under `rank_dir`, each atomically, in order."""
+    for relative, content in files:
+        path = rank_dir / layout.safe_relative(relative)
+        try:
+            _atomic_write(path, content)
+        except OSError as e:
+            hint = "free some space" if e.errno == errno.ENOSPC else "check the directory's permissions"
+            raise DumpWriteError(
+                e.errno, f"cannot write {path} ({e.strerror or e}); {hint}. The previous dump in {rank_dir} is intact."
+            ) from e
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
+
+
+def write_dump(backend) -> Path:
+    """Writes `backend`'s records under `<dump_dir>/rank<R>/`: traces, repro scripts (as configured), graph.json
+    per graph, summary.txt, trace.json, and manifest.json last."""
+    from thunderfx_debug.render.chrome_trace import chrome_trace
+
+    recorder, config = backend.recorder, backend.config
+    rank_dir = config.dump_dir / layout.rank_dir_name(backend.rank)
+    snapshots = recorder.snapshot(wait=True)
+    artifacts: list[Artifact] = []
+    for snapshot in snapshots:
+        with recorder.failures.guard(f"collecting the traces of {snapshot.state.name}"):
+            artifacts += trace_artifacts(snapshot)
+        if config.repro:
+            with recorder.failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
+                from thunderfx_debug.repro import scripts_for_graph
+
+                artifacts += scripts_for_graph(snapshot, backend)
+    files: dict[str, dict[str, str]] = {}
+    for artifact in artifacts:
+        files.setdefault(artifact.owner, {})[artifact.label] = artifact.path
+    report = recorder.build_report(snapshots, files, backend._meta())
+
+    pending: list[tuple[str, str | bytes]] = [(a.path, a.content) for a in artifacts]
+    pending += [(f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", _json(g.to_json())) for g in report.graphs]
+    pending.append((layout.SUMMARY, str(report)))
+    with recorder.failures.guard("rendering trace.json"):
+        pending.append((layout.CHROME_TRACE, _json(chrome_trace(report))))
+    pending.append((layout.MANIFEST, _json(manifest_json(report))))
+    write_files(rank_dir, pending)
+    return rank_dir
+
+
+def manifest_json(report: Report) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "thunderfx_debug",
+        **dict(report.meta),
+        "graphs": [
+            {"name": g.name, "path": f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", "compile_id": g.compile_id}
+            for g in report.graphs
+        ],
+    }
+
+
+def trace_artifacts(snapshot) -> list[Artifact]:
+    graph = snapshot.state.name
+    artifacts = []
+    for split in snapshot.splits:
+        for phase, text in (("forward", split.fwd_text), ("backward", split.bwd_text)):
+            if text is not None:
+                label = "fwd_trace" if phase == "forward" else "bwd_trace"
+                path = layout.trace_file(graph, split.state.name, phase)
+                artifacts.append(Artifact(f"{graph}/{split.state.name}", label, path, text))
+    return artifacts
+
+
+# ---- reading --------------------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DumpError(f"{path} is missing: {what}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DumpError(f"{path} cannot be read ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DumpError(f"{path} is damaged: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def rank_dirs(path: str | os.PathLike) -> dict[int, Path]:
+    """The rank directories of a dump: `path` itself when it is one, else its `rank<R>` children."""
+    root = Path(path)
+    if not root.exists():
+        raise DumpError(f"{root} does not exist; pass the THUNDERFX_DEBUG_DIR of a run (or one of its rank dirs)")
+    if not root.is_dir():
+        raise DumpError(f"{root} is not a directory; pass the THUNDERFX_DEBUG_DIR of a run")
+    if (root / layout.MANIFEST).exists():
+        name = root.name
+        return {int(name[4:]) if name.startswith("rank") and name[4:].isdigit() else 0: root}
+    ranks = {}
+    for child in root.iterdir():
+        if child.is_dir() and child.name.startswith("rank") and child.name[4:].isdigit():
+            if (child / layout.MANIFEST).exists():
+                ranks[int(child.name[4:])] = child
+    if not ranks:
+        raise DumpError(f"{root} holds no dump: no manifest.json in it nor in a rank<N>/ directory under it")
+    return dict(sorted(ranks.items()))
+
+
+def load_report(path: str | os.PathLike, rank: int | None = None) -> Report:
+    """Reads a dump back into a Report, without importing thunder and without executing anything from it.
+
+    Args:
+        path: a dump directory (THUNDERFX_DEBUG_DIR of a run) or one of its `rank<R>` directories.
+        rank: which rank to read from a multi-rank dump (default: the lowest).
+
+    Raises:
+        DumpError: the directory holds no dump, a file is damaged, or the dump has another schema version.
+    """
+    ranks = rank_dirs(path)
+    if rank is None:
+        rank = next(iter(ranks))
+    if rank not in ranks:
+        raise DumpError(f"{path} has no dump of rank {rank}; it has ranks {sorted(ranks)}")
+    return _load_rank(ranks[rank])
+
+
+def load_reports(path: str | os.PathLike) -> dict[int, Report]:
+    """Every rank of a dump, by rank."""
+    return {rank: _load_rank(directory) for rank, directory in rank_dirs(path).items()}
+
+
+def _load_rank(rank_dir: Path) -> Report:
+    manifest = _read_json(rank_dir / layout.MANIFEST, "the dump's index")
+    if not isinstance(manifest, dict):
+        raise DumpError(f"{rank_dir / layout.MANIFEST} is damaged: expected a JSON object")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise DumpError(
+            f"{rank_dir} was written with dump schema version {version!r}; this thunderfx_debug reads version "
+            f"{SCHEMA_VERSION}. Open it with the thunderfx_debug version that wrote it "
+            f"({manifest.get('versions', {}).get('thunderfx-debug', 'unknown')})."
+        )
+    entries = manifest.get("graphs", [])
+    if not isinstance(entries, list):
+        raise DumpError(f"{rank_dir / layout.MANIFEST}: 'graphs' must be a list")
+    graphs = []
+    for i, entry in enumerate(entries):
+        where = f"{rank_dir / layout.MANIFEST}: graphs[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise DumpError(f"{where} must be an object with a 'path'")
+        graph_path = _inside(rank_dir, entry["path"], where)
+        data = _read_json(graph_path, "listed in manifest.json")
+        graphs.append(GraphRecord.from_json(data, str(graph_path), _split_traces(rank_dir, data, str(graph_path))))
+    meta = {k: v for k, v in manifest.items() if k not in ("graphs", "schema_version")}
+    meta["dump_dir"] = str(rank_dir)
+    return Report(graphs=tuple(graphs), meta=meta, schema_version=version)
+
+
+def _inside(rank_dir: Path, relative: str, where: str) -> Path:
+    try:
+        return rank_dir / layout.safe_relative(relative)
+    except ValueError as e:
+        raise DumpError(f"{where}: {e}") from None
+
+
+def _split_traces(rank_dir: Path, graph_data: Any, where: str) -> dict[str, dict[str, str | None]]:
+    traces: dict[str, dict[str, str | None]] = {}
+    if not isinstance(graph_data, dict) or not isinstance(graph_data.get("splits"), list):
+        return traces
+    for split in graph_data["splits"]:
+        if not isinstance(split, dict) or not isinstance(split.get("files"), dict):
+            continue
+        found = {}
+        for label in ("fwd_trace", "bwd_trace"):
+            relative = split["files"].get(label)
+            if isinstance(relative, str):
+                path = _inside(rank_dir, relative, f"{where}: {split.get('name')}.files.{label}")
+                try:
+                    found[label] = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    found[label] = None  # a missing trace file loses the trace text, not the report
+        traces[str(split.get("name"))] = found
+    return traces

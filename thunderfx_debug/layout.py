@@ -1,0 +1,78 @@
+"""Names of the files in a dump, in one place (they follow Thunder's report module, so a file name leads back to
+the graph, split and region it came from):
+
+    rank0/manifest.json  summary.txt  trace.json
+    rank0/graph0/graph.json  graph0_repro_eager.py ...
+    rank0/graph0/graph0_thunder_0/fwd_trace.py  bwd_trace.py  graph0_thunder_0_repro_thunder.py ...
+    rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+MANIFEST = "manifest.json"
+SUMMARY = "summary.txt"
+CHROME_TRACE = "trace.json"
+GRAPH_JSON = "graph.json"
+INPUTS_DIR = "inputs"
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def graph_dir(graph: str) -> str:
+    return graph
+
+
+def split_prefix(graph: str, split: str) -> str:
+    return f"{graph}_{split}"
+
+
+def split_dir(graph: str, split: str) -> str:
+    return f"{graph_dir(graph)}/{split_prefix(graph, split)}"
+
+
+def fusion_prefix(graph: str, split: str, fusion: str, phase: str) -> str:
+    return f"{split_prefix(graph, split)}_{fusion}_{phase}"
+
+
+def fusions_dir(graph: str, split: str) -> str:
+    return f"{split_dir(graph, split)}/fusions"
+
+
+def graph_script(graph: str, kind: str) -> str:
+    """kind: eager, thunder, torchcompile."""
+    return f"{graph_dir(graph)}/{graph}_repro_{kind}.py"
+
+
+def split_script(graph: str, split: str, kind: str) -> str:
+    """kind: eager, thunder, inductor."""
+    return f"{split_dir(graph, split)}/{split_prefix(graph, split)}_repro_{kind}.py"
+
+
+def fusion_script(graph: str, split: str, fusion: str, phase: str, kind: str) -> str:
+    """kind: nvfuser, inductor."""
+    return f"{fusions_dir(graph, split)}/{fusion_prefix(graph, split, fusion, phase)}_repro_{kind}.py"
+
+
+def trace_file(graph: str, split: str, phase: str) -> str:
+    return f"{split_dir(graph, split)}/{'fwd' if phase == 'forward' else 'bwd'}_trace.py"
+
+
+def safe_relative(path: str) -> PurePosixPath:
+    """Checks that a path read from a dump stays inside it: relative, no '..', plain names only.
+
+    Raises ValueError otherwise; loading a dump must never read or write outside the dump directory.
+    """
+    candidate = PurePosixPath(path)
+    if candidate.is_absolute() or not candidate.parts or "\\" in path:
+        raise ValueError(f"{path!r} is not a relative path inside the dump")
+    for part in candidate.parts:
+        if part in ("..", ".") or not _SAFE_NAME.match(part):
+            raise ValueError(f"{path!r} has a component {part!r} that is not allowed in a dump path")
+    return candidate

@@ -1,0 +1,87 @@
+"""The facts of a run that go into `manifest.json` and `Report.meta`: versions, settings, rank, environment."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+#: Environment variables whose names contain one of these words are recorded as "<redacted>".
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION", "PRIVATE")
+
+#: Environment variables worth having in a report (prefixes); the rest of the environment is not recorded.
+RELEVANT_PREFIXES = (
+    "THUNDERFX_DEBUG_", "THUNDER", "NVFUSER", "TORCH", "PYTORCH", "CUDA", "NCCL", "RANK", "LOCAL_RANK",
+    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_", "OMP_NUM_THREADS", "TRITON", "INDUCTOR", "HF_", "TRANSFORMERS",
+)
+
+_SECRET = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+
+
+def redacted_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The relevant environment variables, with values of credential-like names replaced by '<redacted>'."""
+    environ = os.environ if environ is None else environ
+    recorded = {}
+    for name in sorted(environ):
+        if not name.upper().startswith(RELEVANT_PREFIXES) and not _SECRET.search(name):
+            continue
+        recorded[name] = "<redacted>" if _SECRET.search(name) else environ[name]
+    return recorded
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("torch", "lightning-thunder", "nvfuser", "nvfuser-cu130-torch210", "triton", "thunderfx-debug"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    # nvFuser may be importable without pip metadata (as the H200 bundle provides it).
+    if versions.get("nvfuser") is None and "nvfuser_direct" in sys.modules:
+        versions["nvfuser"] = str(getattr(sys.modules["nvfuser_direct"], "version", lambda: "unknown")())
+    return versions
+
+
+def device_facts() -> dict[str, Any]:
+    import torch
+
+    facts: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        facts["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return facts
+
+
+def run_meta(backend) -> dict[str, Any]:
+    """`Report.meta` of a live backend."""
+    from thunderfx_debug import thunder_adapter
+
+    world_size = 1
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world_size = torch.distributed.get_world_size()
+    try:
+        thunder_options = thunder_adapter.thunder_options_repr(backend.thunder_options)
+    except Exception as e:  # options thunder cannot resolve are still worth showing
+        thunder_options = {"error": repr(e)}
+    return {
+        "rank": backend.rank,
+        "world_size": world_size,
+        "hostname": platform.node(),
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": package_versions(),
+        "device": device_facts(),
+        "config": backend.config.to_json(),
+        "thunder_options": thunder_options,
+        "environment": redacted_environment(),
+        "warnings": list(backend.recorder.warnings),
+        "reporting_failures": [{"what": f["what"], "error": f["error"]} for f in backend.recorder.failures.failures],
+        "flushes": backend._flushes,
+    }

@@ -1,0 +1,490 @@
+"""The report's records and their JSON form (the dump schema).
+
+Plain frozen dataclasses: no torch or thunder import, so a dump can be read and rendered on a laptop.
+Every record has `to_json()` and a `from_json()` that validates what it reads and raises `DumpError`
+with the field that was wrong, so a damaged or foreign dump gives a clear message instead of a KeyError.
+
+Timings keep their raw samples; the statistics of the contract (count, mean_ms, ...) are computed from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import statistics
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+#: Bumped whenever the JSON form changes incompatibly; `load_report` refuses other versions.
+SCHEMA_VERSION = 1
+
+
+class DumpError(ValueError):
+    """A dump directory or file that cannot be read: missing, damaged, or of another schema version."""
+
+
+class SplitKind(str, enum.Enum):
+    THUNDER = "thunder"
+    INDUCTOR = "inductor"
+
+
+class Phase(str, enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+T = TypeVar("T")
+
+
+def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
+    """Reads `data[key]`, checking its type; raises DumpError naming `where.key` otherwise."""
+    if not isinstance(data, Mapping):
+        raise DumpError(f"{where}: expected a JSON object, found {type(data).__name__}")
+    if key not in data:
+        if default is not ...:
+            return default
+        raise DumpError(f"{where}: missing field {key!r}")
+    value = data[key]
+    if value is None and default is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise DumpError(f"{where}.{key}: expected {_type_names(kind)}, found {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in _as_tuple(kind))
+
+
+def _str_list(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    values = _get(data, key, list, where, default=[])
+    if not all(isinstance(v, str) for v in values):
+        raise DumpError(f"{where}.{key}: expected a list of strings")
+    return tuple(values)
+
+
+def _records(data: Mapping[str, Any], key: str, where: str, parse: Callable[[Any, str], T]) -> tuple[T, ...]:
+    return tuple(parse(item, f"{where}.{key}[{i}]") for i, item in enumerate(_get(data, key, list, where, default=[])))
+
+
+def _enum(enum_type: type[enum.Enum], value: Any, where: str):
+    try:
+        return enum_type(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in enum_type)
+        raise DumpError(f"{where}: {value!r} is not one of {allowed}") from None
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on an already sorted list."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    position = (len(sorted_values) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Device-time samples of one piece (a graph call, a split call, a fusion region), in milliseconds.
+
+    `samples_ms[i]` was measured on call `calls[i]` of the piece's graph (1-based), so samples of different pieces
+    taken on the same call line up. `clock` is "cuda" (CUDA events) or "host" (perf_counter, CPU runs).
+    """
+
+    samples_ms: tuple[float, ...] = ()
+    calls: tuple[int, ...] = ()
+    clock: str = "cuda"
+
+    @property
+    def count(self) -> int:
+        return len(self.samples_ms)
+
+    def _stat(self, fn: Callable[[list[float]], float]) -> float | None:
+        return fn(sorted(self.samples_ms)) if self.samples_ms else None
+
+    @property
+    def mean_ms(self) -> float | None:
+        return self._stat(statistics.fmean)
+
+    @property
+    def median_ms(self) -> float | None:
+        return self._stat(statistics.median)
+
+    @property
+    def p10_ms(self) -> float | None:
+        return self._stat(lambda s: _percentile(s, 0.10))
+
+    @property
+    def p90_ms(self) -> float | None:
+        return self._stat(lambda s: _percentile(s, 0.90))
+
+    @property
+    def min_ms(self) -> float | None:
+        return self._stat(min)
+
+    @property
+    def max_ms(self) -> float | None:
+        return self._stat(max)
+
+    @property
+    def total_ms(self) -> float:
+        return math.fsum(self.samples_ms)
+
+    STAT_NAMES = ("count", "mean_ms", "median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms", "total_ms")
+
+    def stats(self) -> dict[str, float | int | None]:
+        return {name: getattr(self, name) for name in self.STAT_NAMES}
+
+    def to_json(self) -> dict[str, Any]:
+        # The statistics are written for people and other tools reading the JSON; they are recomputed on load.
+        return {"clock": self.clock, "samples_ms": list(self.samples_ms), "calls": list(self.calls), **self.stats()}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Timing:
+        samples = _get(data, "samples_ms", list, where)
+        calls = _get(data, "calls", list, where, default=[])
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in samples):
+            raise DumpError(f"{where}.samples_ms: expected a list of numbers")
+        if calls and (len(calls) != len(samples) or not all(isinstance(c, int) for c in calls)):
+            raise DumpError(f"{where}.calls: expected one call number per sample")
+        return cls(tuple(float(s) for s in samples), tuple(calls), _get(data, "clock", str, where, default="cuda"))
+
+
+def _timing_or_none(data: Mapping[str, Any], key: str, where: str) -> Timing | None:
+    value = _get(data, key, dict, where, default=None)
+    return None if value is None else Timing.from_json(value, f"{where}.{key}")
+
+
+def _timing_json(timing: Timing | None) -> dict[str, Any] | None:
+    return None if timing is None else timing.to_json()
+
+
+@dataclasses.dataclass(frozen=True)
+class InputMeta:
+    """One input of a graph, split or fusion as the run saw it: a tensor's metadata, or a Python scalar.
+
+    For tensors, `min_value`/`max_value` are the value range (None where it was not read, e.g. on meta tensors).
+    `kind` is "tensor", "int", "float", "bool", "symint" or "other" (then `value` is its repr).
+    """
+
+    kind: str
+    shape: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    storage_offset: int = 0
+    dtype: str = ""
+    device: str = ""
+    requires_grad: bool = False
+    min_value: float | int | bool | None = None
+    max_value: float | int | bool | None = None
+    value: Any = None
+
+    def describe(self) -> str:
+        if self.kind == "tensor":
+            return f"{self.dtype.replace('torch.', '')}{list(self.shape)}@{self.device}"
+        return f"{self.kind}={self.value!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["shape"], data["stride"] = list(self.shape), list(self.stride)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> InputMeta:
+        kind = _get(data, "kind", str, where)
+        shape = _get(data, "shape", list, where, default=[])
+        stride = _get(data, "stride", list, where, default=[])
+        if not all(isinstance(v, int) for v in [*shape, *stride]):
+            raise DumpError(f"{where}: shape and stride must be lists of integers")
+        number = (int, float, bool)
+        return cls(
+            kind=kind,
+            shape=tuple(shape),
+            stride=tuple(stride),
+            storage_offset=_get(data, "storage_offset", int, where, default=0),
+            dtype=_get(data, "dtype", str, where, default=""),
+            device=_get(data, "device", str, where, default=""),
+            requires_grad=_get(data, "requires_grad", bool, where, default=False),
+            min_value=_get(data, "min_value", number, where, default=None),
+            max_value=_get(data, "max_value", number, where, default=None),
+            value=data.get("value"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitReason:
+    """Why ThunderFX sent an op to inductor. `type` is thunder's SplitReasonType name (e.g. "MISSING_OP_SUPPORT").
+
+    `op` is the FX node that caused it (None where thunder's message names none); `exception` is the text of the
+    exception that thunder caught while checking the op, which thunder's own string form of the reasons drops.
+    """
+
+    type: str
+    info: str
+    exception: str | None = None
+    node: str | None = None
+    op: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> SplitReason:
+        return cls(
+            type=_get(data, "type", str, where),
+            info=_get(data, "info", str, where, default=""),
+            exception=_get(data, "exception", str, where, default=None),
+            node=_get(data, "node", str, where, default=None),
+            op=_get(data, "op", str, where, default=None),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionRecord:
+    """A fusion region of a Thunder trace: `nvFusionN` (nvFuser) or `TorchCompileN` (Thunder's torch.compile executor).
+
+    `ops` are the symbols fused into the region in trace order; `inputs`/`outputs` are the trace names of its
+    arguments and results, `input_meta` their metadata where known.
+    """
+
+    name: str
+    executor: str
+    phase: Phase
+    ops: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    input_meta: tuple[InputMeta, ...] = ()
+    timing: Timing | None = None
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.name}_{self.phase.value}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "executor": self.executor,
+            "phase": self.phase.value,
+            "ops": list(self.ops),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "input_meta": [m.to_json() for m in self.input_meta],
+            "timing": _timing_json(self.timing),
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> FusionRecord:
+        return cls(
+            name=_get(data, "name", str, where),
+            executor=_get(data, "executor", str, where, default=""),
+            phase=_enum(Phase, _get(data, "phase", str, where), f"{where}.phase"),
+            ops=_str_list(data, "ops", where),
+            inputs=_str_list(data, "inputs", where),
+            outputs=_str_list(data, "outputs", where),
+            input_meta=_records(data, "input_meta", where, InputMeta.from_json),
+            timing=_timing_or_none(data, "timing", where),
+            files=_files(data, where),
+        )
+
+
+def _files(data: Mapping[str, Any], where: str) -> dict[str, str]:
+    files = _get(data, "files", dict, where, default={})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise DumpError(f"{where}.files: expected a mapping of strings to relative paths")
+    return dict(files)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRecord:
+    """A submodule ThunderFX split a Dynamo graph into: `thunder_N` (run by Thunder) or `inductor_N` (torch.compile).
+
+    `timing` is the forward device time of the submodule's calls and `backward_timing` that of its backward.
+    `fwd_trace`/`bwd_trace` are the final Thunder traces (Python source), None for inductor splits or when the
+    split never ran. `error` is the text of a failure while compiling or running it, if any.
+    """
+
+    name: str
+    kind: SplitKind
+    ops: tuple[str, ...] = ()
+    reasons: tuple[SplitReason, ...] = ()
+    fusions: tuple[FusionRecord, ...] = ()
+    fwd_trace: str | None = None
+    bwd_trace: str | None = None
+    input_meta: tuple[InputMeta, ...] = ()
+    timing: Timing | None = None
+    backward_timing: Timing | None = None
+    outside_fusions_timing: Mapping[str, Timing] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
+        return tuple(f for f in self.fusions if f.phase == Phase(phase))
+
+    def to_json(self) -> dict[str, Any]:
+        # Traces live in their own files (fwd_trace.py, bwd_trace.py), named in `files`.
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "ops": list(self.ops),
+            "reasons": [r.to_json() for r in self.reasons],
+            "fusions": [f.to_json() for f in self.fusions],
+            "input_meta": [m.to_json() for m in self.input_meta],
+            "timing": _timing_json(self.timing),
+            "backward_timing": _timing_json(self.backward_timing),
+            "outside_fusions_timing": {k: v.to_json() for k, v in self.outside_fusions_timing.items()},
+            "error": self.error,
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, traces: Mapping[str, str | None] | None = None) -> SplitRecord:
+        traces = traces or {}
+        outside = _get(data, "outside_fusions_timing", dict, where, default={})
+        return cls(
+            name=_get(data, "name", str, where),
+            kind=_enum(SplitKind, _get(data, "kind", str, where), f"{where}.kind"),
+            ops=_str_list(data, "ops", where),
+            reasons=_records(data, "reasons", where, SplitReason.from_json),
+            fusions=_records(data, "fusions", where, FusionRecord.from_json),
+            fwd_trace=traces.get("fwd_trace"),
+            bwd_trace=traces.get("bwd_trace"),
+            input_meta=_records(data, "input_meta", where, InputMeta.from_json),
+            timing=_timing_or_none(data, "timing", where),
+            backward_timing=_timing_or_none(data, "backward_timing", where),
+            outside_fusions_timing={
+                k: Timing.from_json(v, f"{where}.outside_fusions_timing.{k}") for k, v in outside.items()
+            },
+            error=_get(data, "error", str, where, default=None),
+            files=_files(data, where),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphRecord:
+    """One Dynamo graph handed to the backend (a recompile of a frame gets its own record).
+
+    `compile_id` is Dynamo's ("0/0", "0/1" for the first recompile of frame 0); `break_reason` is why Dynamo ended
+    the graph where it did (None when the frame ended normally); `recompile_reason` the guard that failed, for
+    recompiles. `fallback` is True when the graph ran without Thunder after an error (THUNDERFX_DEBUG_ON_ERROR).
+    """
+
+    name: str
+    index: int
+    compile_id: str | None = None
+    break_reason: str | None = None
+    break_user_stack: tuple[str, ...] = ()
+    recompile_reason: str | None = None
+    node_count: int = 0
+    input_meta: tuple[InputMeta, ...] = ()
+    splits: tuple[SplitRecord, ...] = ()
+    unattributed_reasons: tuple[SplitReason, ...] = ()
+    calls: int = 0
+    timing: Timing | None = None
+    backward_timing: Timing | None = None
+    error: str | None = None
+    fallback: bool = False
+    compile_time_s: float | None = None
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def reasons(self) -> tuple[SplitReason, ...]:
+        """Every split reason of the graph, those attributed to an inductor split and those that were not."""
+        return tuple(r for s in self.splits for r in s.reasons) + self.unattributed_reasons
+
+    def split(self, name: str) -> SplitRecord:
+        for split in self.splits:
+            if split.name == name:
+                return split
+        raise KeyError(f"{self.name} has no split {name!r}; it has {[s.name for s in self.splits]}")
+
+    def fusions(self) -> Iterator[tuple[SplitRecord, FusionRecord]]:
+        for split in self.splits:
+            for fusion in split.fusions:
+                yield split, fusion
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "index": self.index,
+            "compile_id": self.compile_id,
+            "break_reason": self.break_reason,
+            "break_user_stack": list(self.break_user_stack),
+            "recompile_reason": self.recompile_reason,
+            "node_count": self.node_count,
+            "input_meta": [m.to_json() for m in self.input_meta],
+            "splits": [s.to_json() for s in self.splits],
+            "unattributed_reasons": [r.to_json() for r in self.unattributed_reasons],
+            "calls": self.calls,
+            "timing": _timing_json(self.timing),
+            "backward_timing": _timing_json(self.backward_timing),
+            "error": self.error,
+            "fallback": self.fallback,
+            "compile_time_s": self.compile_time_s,
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_json(
+        cls, data: Any, where: str, split_traces: Mapping[str, Mapping[str, str | None]] | None = None
+    ) -> GraphRecord:
+        split_traces = split_traces or {}
+        splits = tuple(
+            SplitRecord.from_json(item, f"{where}.splits[{i}]", split_traces.get(_get(item, "name", str, where)))
+            for i, item in enumerate(_get(data, "splits", list, where, default=[]))
+        )
+        return cls(
+            name=_get(data, "name", str, where),
+            index=_get(data, "index", int, where),
+            compile_id=_get(data, "compile_id", str, where, default=None),
+            break_reason=_get(data, "break_reason", str, where, default=None),
+            break_user_stack=_str_list(data, "break_user_stack", where),
+            recompile_reason=_get(data, "recompile_reason", str, where, default=None),
+            node_count=_get(data, "node_count", int, where, default=0),
+            input_meta=_records(data, "input_meta", where, InputMeta.from_json),
+            splits=splits,
+            unattributed_reasons=_records(data, "unattributed_reasons", where, SplitReason.from_json),
+            calls=_get(data, "calls", int, where, default=0),
+            timing=_timing_or_none(data, "timing", where),
+            backward_timing=_timing_or_none(data, "backward_timing", where),
+            error=_get(data, "error", str, where, default=None),
+            fallback=_get(data, "fallback", bool, where, default=False),
+            compile_time_s=_get(data, "compile_time_s", (int, float), where, default=None),
+            files=_files(data, where),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What the backend recorded about one process (rank) of a run.
+
+    `meta` holds the manifest's facts: versions, config, rank, environment (secrets redacted), warnings.
+    `str(report)` is the readable summary that `summary.txt` holds.
+    """
+
+    graphs: tuple[GraphRecord, ...] = ()
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def rank(self) -> int:
+        return int(self.meta.get("rank", 0))
+
+    def graph(self, name: str) -> GraphRecord:
+        for graph in self.graphs:
+            if graph.name == name:
+                return graph
+        raise KeyError(f"no graph {name!r}; the report has {[g.name for g in self.graphs]}")
+
+    def __str__(self) -> str:
+        from thunderfx_debug.render.summary import render_summary
+
+        return render_summary(self)
