@@ -1,0 +1,65 @@
+"""Shared fixtures: real Thunder runs on CPU (fusions from Thunder's torch.compile executor), CUDA tests marked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import thunderfx_debug  # noqa: F401  (installs the version workarounds before thunder is imported)
+
+CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords and not CUDA:
+            item.add_marker(skip_cuda)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(monkeypatch):
+    """Each test starts with Dynamo's caches empty and no THUNDERFX_DEBUG_* variable from the outside."""
+    for name in list(os.environ):
+        if name.startswith("THUNDERFX_DEBUG_"):
+            monkeypatch.delenv(name)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def cpu_executors():
+    """Thunder's default executors fuse nothing on CPU; its torch.compile executor does (TorchCompileN regions)."""
+    import thunder
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return [torch_compile_ex, *thunder.get_default_executors()]
+
+
+def tiny_gpt(seed: int = 0, device: str = "cpu", **overrides):
+    from thunderfx_debug.models import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    options = dict(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, graph_break=True, sinc_gate=True)
+    options.update(overrides)
+    config = GPTConfig(**options)
+    return GPT(config).to(device), config
+
+
+def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: int = 4):
+    """Runs `steps` AdamW steps; returns the losses (as tensors, read after training: no sync in the loop)."""
+    from thunderfx_debug.models import synthetic_batches
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = synthetic_batches(config, batch_size=batch_size, device=device)
+    losses = []
+    for _ in range(steps):
+        tokens, targets = next(batches)
+        loss = compiled(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses)

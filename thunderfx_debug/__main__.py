@@ -1,0 +1,5 @@
+import sys
+
+from thunderfx_debug.cli import main
+
+sys.exit(main())
