@@ -152,7 +152,7 @@ def thunder_replay(model_name: str, tiny: bool, device: str) -> dict:
     model, batches, loss_fn = build(model_name, tiny, device)
     batch = next(batches)
     started = time.perf_counter()
-    results = fx_report(lambda *b: loss_fn(model, b), *batch)
+    results = fx_report(lambda *b: loss_fn(model, b))(*batch)
     fx_report_s = time.perf_counter() - started
     fusions = 0
     for graph_report in results.fx_graph_reports:
