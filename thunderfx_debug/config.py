@@ -8,11 +8,15 @@ the environment variable wins, so a run can be re-pointed without touching code.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("thunderfx_debug")
 
 
 class ConfigError(ValueError):
@@ -141,7 +145,8 @@ def _parse_dir(text: str) -> Path | None:
     text = text.strip()
     if not text:
         return None
-    path = Path(text).expanduser()
+    # Absolute now: a relative directory means the one the run started in, even if the script changes directory later.
+    path = Path(text).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ValueError("allowed: a directory (this path exists and is not one)")
     return path
@@ -164,6 +169,19 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)
+ENV_PREFIX = "THUNDERFX_DEBUG_"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """THUNDERFX_DEBUG_* variables that are no setting (a typo, most likely) -> the closest setting's variable."""
+    known = [variable for variable, _ in _SETTINGS.values()]
+    suffixes = [variable[len(ENV_PREFIX):] for variable in known]  # the shared prefix would make every name close
+
+    def closest(name: str) -> str | None:
+        match = difflib.get_close_matches(name[len(ENV_PREFIX):], suffixes, n=1, cutoff=0.75)
+        return ENV_PREFIX + match[0] if match else None
+
+    return {name: closest(name) for name in sorted(environ) if name.startswith(ENV_PREFIX) and name not in known}
 
 
 def _from_argument(field: str, value: Any) -> Any:
@@ -203,6 +221,13 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
     unknown = set(arguments) - OWN_OPTIONS
     if unknown:
         raise ConfigError(f"unknown thunderfx_debug options {sorted(unknown)}; known: {sorted(OWN_OPTIONS)}")
+    for name, closest in unknown_variables(environ).items():
+        # Not an error (a newer thunderfx_debug may know it), but a setting that silently does nothing misleads.
+        log.warning(
+            "thunderfx_debug: %s is not a thunderfx_debug setting and is ignored%s",
+            name,
+            f" (did you mean {closest}?)" if closest else f"; known: {', '.join(environ_names().values())}",
+        )
     values: dict[str, Any] = {}
     for field, (variable, parse) in _SETTINGS.items():
         if variable in environ:

@@ -48,12 +48,24 @@ def check_writable(dump_dir: Path) -> None:
         ) from None
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it back at once
+    os.umask(mask)
+    return mask
+
+
+#: The mode of dump files: what `open()` would give (mkstemp's 0600 would hide the dump from the colleague or the
+#: web server that is to read it).
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def _atomic_write(path: Path, content: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode() if isinstance(content, str) else content
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _FILE_MODE)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -64,6 +76,12 @@ def _atomic_write(path: Path, content: str | bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def write_file_atomically(path: str | os.PathLike, content: str | bytes) -> None:
+    """Writes one file through a temporary file renamed over `path`: a reader never sees half of it, and where
+    `path` is a symbolic link (say, planted in a dump someone sent) the link is replaced, not written through."""
+    _atomic_write(Path(path), content)
 
 
 def write_files(rank_dir: Path, files: list[tuple[str, str | bytes]]) -> None:
@@ -95,7 +113,7 @@ def write_dump(backend) -> Path:
     for snapshot in snapshots:
         with recorder.failures.guard(f"collecting the traces of {snapshot.state.name}"):
             artifacts += trace_artifacts(snapshot)
-        if config.repro:
+        if config.repro or snapshot.state.error:  # a failed graph gets the repro of the failing piece regardless
             with recorder.failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
                 from thunderfx_debug.repro import scripts_for_graph
 
@@ -142,8 +160,17 @@ def trace_artifacts(snapshot) -> list[Artifact]:
 # ---- reading --------------------------------------------------------------------------------------------------------
 
 
+#: The largest JSON file `load_report` reads: a dump's graph.json is kilobytes to a few megabytes; a bigger one is
+#: not ours, and reading it would only exhaust memory.
+MAX_JSON_BYTES = 512 * 2**20
+
+
 def _read_json(path: Path, what: str) -> Any:
     try:
+        if not path.is_file():  # a FIFO or a device would block or never end; a directory is not JSON
+            raise DumpError(f"{path} is missing: {what}" if not path.exists() else f"{path} is not a regular file")
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise DumpError(f"{path} is over {MAX_JSON_BYTES // 2**20} MB: not a file thunderfx_debug wrote")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DumpError(f"{path} is missing: {what}") from None
@@ -153,6 +180,8 @@ def _read_json(path: Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise DumpError(f"{path} is damaged: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise DumpError(f"{path} is damaged: its JSON is nested too deeply to be a dump") from None
 
 
 def rank_dirs(path: str | os.PathLike) -> dict[int, Path]:
@@ -168,7 +197,7 @@ def rank_dirs(path: str | os.PathLike) -> dict[int, Path]:
     ranks = {}
     for child in root.iterdir():
         if child.is_dir() and child.name.startswith("rank") and child.name[4:].isdigit():
-            if (child / layout.MANIFEST).exists():
+            if (child / layout.MANIFEST).exists() and _resolves_inside(root, child):
                 ranks[int(child.name[4:])] = child
     if not ranks:
         raise DumpError(f"{root} holds no dump: no manifest.json in it nor in a rank<N>/ directory under it")
@@ -199,16 +228,19 @@ def load_reports(path: str | os.PathLike) -> dict[int, Report]:
 
 
 def _load_rank(rank_dir: Path) -> Report:
-    manifest = _read_json(rank_dir / layout.MANIFEST, "the dump's index")
+    manifest = _read_json(_inside(rank_dir, layout.MANIFEST, str(rank_dir)), "the dump's index")
     if not isinstance(manifest, dict):
         raise DumpError(f"{rank_dir / layout.MANIFEST} is damaged: expected a JSON object")
     version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        versions = manifest.get("versions")
+        writer = versions.get("thunderfx-debug") if isinstance(versions, dict) else None
         raise DumpError(
             f"{rank_dir} was written with dump schema version {version!r}; this thunderfx_debug reads version "
             f"{SCHEMA_VERSION}. Open it with the thunderfx_debug version that wrote it "
-            f"({manifest.get('versions', {}).get('thunderfx-debug', 'unknown')})."
+            f"({writer if isinstance(writer, str) else 'unknown'})."
         )
+    _check_meta_types(manifest, rank_dir / layout.MANIFEST)
     entries = manifest.get("graphs", [])
     if not isinstance(entries, list):
         raise DumpError(f"{rank_dir / layout.MANIFEST}: 'graphs' must be a list")
@@ -225,9 +257,61 @@ def _load_rank(rank_dir: Path) -> Report:
     return Report(graphs=tuple(graphs), meta=meta, schema_version=version)
 
 
+#: The facts of the manifest that renderers read, with the JSON types they must have.
+_META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "rank": int,
+    "world_size": int,
+    "pid": int,
+    "flushes": int,
+    "hostname": str,
+    "written_at": str,
+    "argv": list,
+    "versions": dict,
+    "device": dict,
+    "config": dict,
+    "thunder_options": dict,
+    "environment": dict,
+    "warnings": list,
+    "reporting_failures": list,
+}
+
+
+def _check_meta_types(manifest: dict[str, Any], where: Path) -> None:
+    for key, kind in _META_TYPES.items():
+        value = manifest.get(key)
+        if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is int)):
+            raise DumpError(f"{where}: {key!r} must be a JSON {_json_type_name(kind)}, found {value!r:.80}")
+
+
+def _json_type_name(kind: type | tuple[type, ...]) -> str:
+    return {int: "integer", str: "string", list: "array", dict: "object"}.get(kind, str(kind))  # type: ignore[arg-type]
+
+
+def _resolves_inside(root: Path, path: Path) -> bool:
+    """Whether `path`, symbolic links followed, lies inside `root` (a link in a dump may point anywhere)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
+def inside_dump(rank_dir: str | os.PathLike, relative: str) -> Path:
+    """The file a dump's JSON names by `relative`, checked to stay inside `rank_dir`: a relative path of plain names
+    (no '..', not absolute; `layout.safe_relative`) that does not leave the directory through a symbolic link.
+
+    Raises:
+        ValueError: the path would lead outside the dump.
+    """
+    rank_dir = Path(rank_dir)
+    path = rank_dir / layout.safe_relative(relative)
+    if not _resolves_inside(rank_dir, path):
+        raise ValueError(f"{relative!r} leads outside the dump through a symbolic link")
+    return path
+
+
 def _inside(rank_dir: Path, relative: str, where: str) -> Path:
     try:
-        return rank_dir / layout.safe_relative(relative)
+        return inside_dump(rank_dir, relative)
     except ValueError as e:
         raise DumpError(f"{where}: {e}") from None
 
@@ -245,8 +329,10 @@ def _split_traces(rank_dir: Path, graph_data: Any, where: str) -> dict[str, dict
             if isinstance(relative, str):
                 path = _inside(rank_dir, relative, f"{where}: {split.get('name')}.files.{label}")
                 try:
-                    found[label] = path.read_text(encoding="utf-8")
+                    # A missing (or not regular, or huge) trace file loses the trace text, not the report.
+                    ok = path.is_file() and path.stat().st_size <= MAX_JSON_BYTES
+                    found[label] = path.read_text(encoding="utf-8") if ok else None
                 except (OSError, UnicodeDecodeError):
-                    found[label] = None  # a missing trace file loses the trace text, not the report
+                    found[label] = None
         traces[str(split.get("name"))] = found
     return traces

@@ -20,18 +20,58 @@ RELEVANT_PREFIXES = (
     "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_", "OMP_NUM_THREADS", "TRITON", "INDUCTOR", "HF_", "TRANSFORMERS",
 )
 
+REDACTED = "<redacted>"
+
 _SECRET = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+# user:password@ in a URL (https://user:token@host/...), whatever the variable or argument is called.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s]+@")
+
+
+def _redact_value(value: str) -> str:
+    return _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{REDACTED}@", value)
 
 
 def redacted_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The relevant environment variables, with values of credential-like names replaced by '<redacted>'."""
+    """The relevant environment variables (see RELEVANT_PREFIXES), with the values of credential-like names
+    (SECRET_WORDS, e.g. HF_TOKEN, WANDB_API_KEY) replaced by '<redacted>' and credentials in URLs removed.
+
+    Example:
+        >>> redacted_environment({"HF_TOKEN": "hf_abc", "CUDA_VISIBLE_DEVICES": "0", "HOME": "/root"})
+        {'CUDA_VISIBLE_DEVICES': '0', 'HF_TOKEN': '<redacted>'}
+    """
     environ = os.environ if environ is None else environ
     recorded = {}
     for name in sorted(environ):
         if not name.upper().startswith(RELEVANT_PREFIXES) and not _SECRET.search(name):
             continue
-        recorded[name] = "<redacted>" if _SECRET.search(name) else environ[name]
+        recorded[name] = REDACTED if _SECRET.search(name) else _redact_value(environ[name])
     return recorded
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """The command line with the values of credential-like options redacted: `--hf-token X`, `--api-key=X`,
+    `password=X` (Hydra style), and credentials in URLs.
+
+    Example:
+        >>> redacted_argv(["train.py", "--hf-token", "hf_abc", "--lr=3e-4", "wandb.api_key=xyz"])
+        ['train.py', '--hf-token', '<redacted>', '--lr=3e-4', 'wandb.api_key=<redacted>']
+    """
+    redacted: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            redacted.append(REDACTED)
+            hide_next = False
+            continue
+        name, equals, _ = arg.partition("=")
+        if equals and _SECRET.search(name):
+            redacted.append(f"{name}={REDACTED}")
+        elif arg.startswith("-") and _SECRET.search(arg):
+            redacted.append(arg)
+            hide_next = True
+        else:
+            redacted.append(_redact_value(arg))
+    return redacted
 
 
 def package_versions() -> dict[str, str | None]:
@@ -74,7 +114,7 @@ def run_meta(backend) -> dict[str, Any]:
         "world_size": world_size,
         "hostname": platform.node(),
         "pid": os.getpid(),
-        "argv": list(sys.argv),
+        "argv": redacted_argv(list(sys.argv)),
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(),
         "device": device_facts(),
@@ -83,5 +123,6 @@ def run_meta(backend) -> dict[str, Any]:
         "environment": redacted_environment(),
         "warnings": list(backend.recorder.warnings),
         "reporting_failures": [{"what": f["what"], "error": f["error"]} for f in backend.recorder.failures.failures],
+        "reporting_failures_count": backend.recorder.failures.total,
         "flushes": backend._flushes,
     }

@@ -71,6 +71,7 @@ class GraphState:
     compile_time_s: float | None = None
     split_gm: Any = None
     real_inputs: Any = None
+    failures: ReportingFailures | None = None  # the recorder's, for the runners' guards on the training path
 
     @property
     def name(self) -> str:
@@ -128,6 +129,7 @@ class Recorder:
             clock=clock,
             forward=SampleSeries(clock),
             backward=SampleSeries(clock),
+            failures=self.failures,
         )
         self.graphs.append(state)
         return state
@@ -164,6 +166,12 @@ class Recorder:
                     with self.failures.guard(f"reading the fusion regions of {state.name}/{split.name}"):
                         snap.regions = thunder_adapter.fusion_regions(snap.fwd_trace, Phase.FORWARD)
                         snap.regions += thunder_adapter.fusion_regions(snap.bwd_trace, Phase.BACKWARD)
+                    for text in ("fwd_text", "bwd_text"):
+                        # Printed here, guarded, so that a trace that cannot be printed loses its text only,
+                        # not the record of its graph (which reads the text later).
+                        with self.failures.guard(f"printing the traces of {state.name}/{split.name}"):
+                            getattr(snap, text)
+                        snap.__dict__.setdefault(text, None)  # cached_property's slot: None after a failure
                 splits.append(snap)
             snapshots.append(GraphSnapshot(state, splits))
         return snapshots

@@ -1,29 +1,51 @@
 """Fail-safe reporting: a failure inside thunderfx_debug is logged once, with what was being done, and never reaches
-the training (unless strict mode asks for it, as tests do)."""
+the training (unless strict mode asks for it, as tests do).
+
+Example:
+    >>> failures = ReportingFailures(strict=False)
+    >>> with failures.guard("reading the traces of graph0/thunder_0"):
+    ...     raise RuntimeError("boom")          # logged once as a warning; execution goes on after the block
+    >>> failures.failures[0]["what"]
+    'reading the traces of graph0/thunder_0'
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import traceback
+from collections import Counter
 from collections.abc import Iterator
 
 log = logging.getLogger("thunderfx_debug")
 
+#: Failures kept with their details; more are only counted, so that a hook failing on every sampled call of a long
+#: run cannot grow the process's memory.
+MAX_KEPT_FAILURES = 100
+
 
 class ReportingFailures:
-    """Collects the failures of the reporting itself; each distinct (what, exception type) is logged once."""
+    """Collects the failures of the reporting itself; each distinct (kind of work, exception type) is logged once.
+
+    `failures` holds the first `MAX_KEPT_FAILURES` as {"what", "error", "traceback"}; `counts` counts all of them by
+    (kind of work, exception type), where the kind of work is `what` up to its first " of " ("reading the traces").
+    """
 
     def __init__(self, strict: bool):
         self.strict = strict
         self.failures: list[dict[str, str]] = []
-        self._logged: set[tuple[str, str]] = set()
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Runs the block; an exception in it is recorded and logged (re-raised in strict mode).
 
-        `what` says what was being recorded, e.g. "reading the traces of graph0/thunder_0".
+        `what` says what was being recorded, e.g. "reading the traces of graph0/thunder_0". Only `Exception`s are
+        caught: KeyboardInterrupt and SystemExit go through, as they would without the reporting.
         """
         try:
             yield
@@ -34,10 +56,14 @@ class ReportingFailures:
 
     def record(self, what: str, error: BaseException) -> None:
         summary = f"{type(error).__name__}: {error}"
-        self.failures.append({"what": what, "error": summary[:2000], "traceback": traceback.format_exc()[-4000:]})
-        key = (what.split(" of ")[0], type(error).__name__)
-        if key not in self._logged:
-            self._logged.add(key)
+        # A full disk and a read-only directory are different problems, though both are OSErrors.
+        errno_name = f" errno {error.errno}" if isinstance(error, OSError) and error.errno else ""
+        key = (what.split(" of ")[0], type(error).__name__ + errno_name)
+        self.counts[key] += 1
+        if len(self.failures) < MAX_KEPT_FAILURES:
+            details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            self.failures.append({"what": what, "error": summary[:2000], "traceback": details[-4000:]})
+        if self.counts[key] == 1:
             log.warning(
                 "thunderfx_debug: failed while %s (%s); training goes on, the report may be incomplete. "
                 "Set THUNDERFX_DEBUG_STRICT=1 to raise instead.",
