@@ -1,18 +1,31 @@
 """`thunderfx-debug`: the command line. It reads dumps (never importing thunder, except `demo` and `bench`) and
-reports user mistakes as one clear line on stderr with exit status 2, not as a traceback."""
+reports user mistakes (a missing or damaged dump, an unwritable output) as one clear line on stderr with exit
+status 2, not as a traceback.
+
+    thunderfx-debug summary DIR                 the run at a glance (ranks side by side for a multi-rank dump)
+    thunderfx-debug html DIR [-o FILE]          one self-contained HTML page with charts, traces and script links
+    thunderfx-debug diff DIR_A DIR_B            what changed between two runs, timing changes beyond noise flagged
+    thunderfx-debug bench DIR                   nvFuser/Thunder against inductor, region by region (needs CUDA)
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
 
 from thunderfx_debug.config import ConfigError
-from thunderfx_debug.records import DumpError
+from thunderfx_debug.records import DumpError, Report
 
 
 class UsageError(Exception):
     """A mistake of the command's user: printed as one line, exit status 2."""
+
+
+DIR_HELP = "a dump directory (THUNDERFX_DEBUG_DIR of a run, holding rank0/, rank1/, ...) or one rank directory"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -22,11 +35,153 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_summary(args: argparse.Namespace) -> int:
-    from thunderfx_debug.dump import load_report
+def _load(path: str, rank: int | None) -> dict[int, Report]:
+    """The ranks of the dump at `path` (only `rank` if given)."""
+    from thunderfx_debug.dump import load_report, load_reports
 
-    print(load_report(args.dir), end="")
+    if rank is not None:
+        report = load_report(path, rank)
+        return {report.rank: report}
+    return load_reports(path)
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from thunderfx_debug.render.summary import render_ranks
+
+    print(render_ranks(_load(args.dir, args.rank)), end="")
     return 0
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    try:
+        from thunderfx_debug.dump import write_file_atomically  # replaces a link planted at `path`, never follows it
+
+        write_file_atomically(path, text)
+    except OSError as e:
+        raise UsageError(f"cannot write the {what} to {path} ({e.strerror or e}); choose another path with -o") from None
+
+
+def _relative_url(target: Path, page_dir: Path) -> str:
+    """`target` as a relative URL seen from `page_dir` (both made absolute first)."""
+    relative = os.path.relpath(target.resolve(), page_dir.resolve())
+    return "/".join(quote(part) for part in Path(relative).parts)
+
+
+def _cmd_html(args: argparse.Namespace) -> int:
+    from thunderfx_debug.dump import rank_dirs
+    from thunderfx_debug.render.html import render_html
+
+    reports = _load(args.dir, args.rank)
+    directories = rank_dirs(args.dir)
+    root = Path(args.dir)
+    out = Path(args.output) if args.output else root / "report.html"
+    if out.exists() and out.is_dir():
+        raise UsageError(f"{out} is a directory; -o takes the path of the HTML file to write")
+    prefixes = {rank: _relative_url(directories[rank], out.parent) + "/" for rank in reports}
+    title = f"ThunderFX report: {root.resolve().name}"
+    _write(out, render_html(reports, prefixes, title=title), "HTML report")
+    print(out)
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from thunderfx_debug.dump import load_report
+    from thunderfx_debug.render.diff import diff_reports, render_diff
+
+    a, b = load_report(args.dir_a, args.rank), load_report(args.dir_b, args.rank)
+    print(render_diff(diff_reports(a, b), args.dir_a, args.dir_b, show_all=args.all), end="")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from thunderfx_debug import bench
+    from thunderfx_debug.dump import rank_dirs
+    from thunderfx_debug.render.triage import render_triage
+
+    (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
+    rank_dir = Path(report.meta["dump_dir"])
+    comparisons = bench.plan(report)
+    if not comparisons:
+        raise UsageError(
+            f"{rank_dir} has no pairs of repro scripts to compare (nvFusion regions with _repro_nvfuser.py and "
+            "_repro_inductor.py, Thunder splits with _repro_thunder.py and _repro_inductor.py); record the run with "
+            "THUNDERFX_DEBUG_REPRO=split,fusion on CUDA"
+        )
+    if args.results is not None:
+        results_dir = Path(args.results)
+        if not results_dir.is_dir():
+            raise UsageError(f"--results {results_dir} is not a directory of earlier results")
+        fetch = lambda script: bench.read_result(results_dir / bench.result_name(script), script)  # noqa: E731
+    else:
+        _check_can_run(args.allow_cpu)
+        results_dir = Path(args.results_dir) if args.results_dir else rank_dir / "bench"
+        try:
+            results_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create {results_dir} ({e.strerror or e}); choose one with --results-dir") from None
+        total = 2 * len(comparisons)
+        done = [0]
+
+        def fetch(script: str) -> bench.ScriptResult:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {script}", file=sys.stderr)
+            return bench.run_script(rank_dir, script, results_dir, args.timeout)
+
+    ranked = bench.rank(comparisons, bench.collect(comparisons, fetch), args.tolerance)
+    out = Path(args.output) if args.output else rank_dir / "triage.md"
+    prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
+    # Scripts as the reader of the report finds them: relative to it when it lies beside the dump, else absolute.
+    prefix = "" if prefix == "." else str(rank_dir.resolve()) + "/" if prefix.startswith("..") else prefix + "/"
+    text = render_triage(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix)
+    _write(out, text, "triage report")
+    print(text, end="")
+    print(f"triage report written to {out}", file=sys.stderr)
+    return 0
+
+
+def _check_can_run(allow_cpu: bool) -> None:
+    """bench runs CUDA scripts: say so up front instead of failing every script."""
+    import importlib.util
+
+    if importlib.util.find_spec("thunder") is None:
+        raise UsageError("bench runs the dump's Thunder scripts, but thunder is not installed here "
+                         "(pip install lightning-thunder), or pass --results DIR to triage results measured elsewhere")
+    import torch
+
+    if not torch.cuda.is_available() and not allow_cpu:
+        raise UsageError("bench compares nvFuser and inductor on a CUDA device and none is visible here; run it on a "
+                         "GPU machine, pass --results DIR to triage results measured elsewhere, or --allow-cpu")
+
+
+def _fraction(text: str) -> float:
+    """A tolerance as a fraction: "0.1", "10%"."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction such as 0.1 or 10%") from None
+    if not 0 <= value < 10:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 10 (1000%)")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _rank(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (a whole number)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (>= 0)")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,20 +198,56 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(run=_cmd_demo)
 
-    summary = commands.add_parser("summary", help="print the summary of a dump")
-    summary.add_argument("dir", help="a dump directory (THUNDERFX_DEBUG_DIR of a run) or one of its rank dirs")
+    summary = commands.add_parser(
+        "summary", help="print the run at a glance: graphs, recompiles, splits and reasons, fusions, top regions",
+        description="Graphs and compile ids, recompiles, split reasons grouped by type and op, fusions per split and, "
+                    "where timed, the regions that cost most with their share of the step. For a multi-rank dump, "
+                    "the ranks side by side with stragglers and ranks that split differently flagged.")
+    summary.add_argument("dir", help=DIR_HELP)
+    summary.add_argument("--rank", type=_rank, help="only this rank of a multi-rank dump")
     summary.set_defaults(run=_cmd_summary)
+
+    page = commands.add_parser(
+        "html", help="write one self-contained HTML page: charts, traces, links to the repro scripts",
+        description="Writes a single HTML file (no network, no scripts) with charts of the time per graph, split and "
+                    "fusion, the split reasons, a timeline of the samples, the traces and relative links to the "
+                    "repro scripts. Multi-rank dumps get the ranks side by side.")
+    page.add_argument("dir", help=DIR_HELP)
+    page.add_argument("-o", "--output", help="the HTML file to write (default: DIR/report.html)")
+    page.add_argument("--rank", type=_rank, help="only this rank of a multi-rank dump")
+    page.set_defaults(run=_cmd_html)
+
+    diff = commands.add_parser(
+        "diff", help="what changed between two runs: graphs, splits, reasons, fusions, timing beyond noise",
+        description="Compares run B with run A: graphs, splits and split reasons, fusion regions (ops gained and lost) "
+                    "and timing, as the ratio B/A of the medians, flagged when beyond noise (Mann-Whitney rank test "
+                    "on the raw samples, p < 0.05, and at least 2%%; disjoint sample ranges with too few samples).")
+    diff.add_argument("dir_a", help="run A: " + DIR_HELP)
+    diff.add_argument("dir_b", help="run B: " + DIR_HELP)
+    diff.add_argument("--rank", type=_rank, help="the rank to compare (default: the lowest of each dump)")
+    diff.add_argument("--all", action="store_true", help="list every timed piece, not only changes beyond noise")
+    diff.set_defaults(run=_cmd_diff)
+
+    bench = commands.add_parser(
+        "bench", help="run the dump's scripts: nvFuser vs inductor per region, Thunder vs inductor per split (CUDA)",
+        description="Runs the dump's fusion scripts (_repro_nvfuser.py against _repro_inductor.py) and Thunder split "
+                    "scripts (_repro_thunder.py against _repro_inductor.py) with --benchmark --json, ranks the pieces "
+                    "by the time ThunderFX loses per step, and writes a markdown triage report listing the pieces "
+                    "beyond the tolerance with their repro scripts. Needs CUDA, thunder and nvFuser.")
+    bench.add_argument("dir", help=DIR_HELP)
+    bench.add_argument("--rank", type=_rank, help="the rank whose scripts to run (default: the lowest)")
+    bench.add_argument("--tolerance", type=_fraction, default=0.10,
+                       help="report pieces whose ThunderFX time differs from inductor's by more than this "
+                            "(default: 0.10, i.e. 10%%)")
+    bench.add_argument("-o", "--output", help="the triage report to write (default: <rank dir>/triage.md)")
+    bench.add_argument("--results-dir", help="where the scripts write their JSON results (default: <rank dir>/bench)")
+    bench.add_argument("--results", metavar="DIR",
+                       help="run nothing: triage the JSON results an earlier bench wrote into DIR")
+    bench.add_argument("--timeout", type=_positive_int, default=600, help="seconds per script (default: 600)")
+    bench.add_argument("--allow-cpu", action="store_true",
+                       help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
+    bench.set_defaults(run=_cmd_bench)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,178 @@
+"""`thunderfx-debug summary | html | diff | bench` on the checked-in dump fixtures: they work, and user mistakes
+(missing dir, not a dump, damaged JSON, other schema version, a path leaving the dump, unwritable output) end with
+one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thunderfx_debug.cli import main
+from thunderfx_debug.dump import load_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NORMAL = FIXTURES / "normal"
+TWO_RANK = FIXTURES / "two_rank"
+DAMAGED = FIXTURES / "damaged"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_summary_single_rank(capsys):
+    code, out, err = run(capsys, "summary", str(NORMAL))
+    assert code == 0 and not err
+    report = load_report(NORMAL)
+    assert out == str(report)
+    assert all(g.compile_id in out for g in report.graphs)
+
+
+def test_summary_multi_rank_shows_both_ranks(capsys):
+    code, out, _ = run(capsys, "summary", str(TWO_RANK))
+    assert code == 0
+    assert "2 ranks" in out and "rank 1 against rank 0" in out
+    code, only_one, _ = run(capsys, "summary", str(TWO_RANK), "--rank", "1")
+    assert code == 0 and only_one == str(load_report(TWO_RANK, rank=1))
+
+
+def test_html_writes_one_self_contained_file(tmp_path, capsys):
+    out = tmp_path / "pages" / "report.html"
+    code, printed, _ = run(capsys, "html", str(TWO_RANK), "-o", str(out))
+    assert code == 0 and printed.strip() == str(out)
+    page = out.read_text()
+    assert 'id="rank0"' in page and 'id="rank1"' in page
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    # Links are relative to the page and resolve to the dump's files.
+    hrefs = [h for h in _hrefs(page) if not h.startswith("#")]
+    assert hrefs
+    for href in hrefs:
+        assert not os.path.isabs(href) and (out.parent / href).resolve().is_file(), href
+
+
+def test_html_default_output_is_in_the_dump(tmp_path, capsys):
+    dump = tmp_path / "dump"
+    shutil.copytree(NORMAL, dump)
+    code, printed, _ = run(capsys, "html", str(dump))
+    assert code == 0 and Path(printed.strip()) == dump / "report.html" and (dump / "report.html").is_file()
+
+
+def _hrefs(page: str) -> list[str]:
+    import re
+    from urllib.parse import unquote
+
+    return [unquote(h) for h in re.findall(r'href="([^"]*)"', page)]
+
+
+def test_diff_between_runs(capsys):
+    code, out, err = run(capsys, "diff", str(NORMAL), str(TWO_RANK / "rank1"))
+    assert code == 0 and not err
+    assert "split removed: graph0/inductor_1" in out and "graph removed: graph1" in out
+    code, same, _ = run(capsys, "diff", str(NORMAL), str(NORMAL), "--all")
+    assert code == 0 and "SLOWER" not in same and "FASTER" not in same and "WITHIN NOISE" in same
+
+
+def test_bench_triages_earlier_results(tmp_path, capsys):
+    """--results: no script runs, so no GPU needed; the dump gets the script names the results belong to."""
+    dump = tmp_path / "dump"
+    shutil.copytree(NORMAL, dump)
+    graph_json = dump / "rank0" / "graph0" / "graph.json"
+    data = json.loads(graph_json.read_text())
+    split = next(s for s in data["splits"] if s["name"] == "thunder_0")
+    split["files"].update(repro_thunder="graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py",
+                          repro_inductor="graph0/graph0_thunder_0/graph0_thunder_0_repro_inductor.py")
+    fusion = split["fusions"][0]
+    fusion.update(name="nvFusion0", executor="nvfuser", files={
+        "repro_nvfuser": "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py",
+        "repro_inductor": "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_inductor.py"})
+    graph_json.write_text(json.dumps(data))
+    out = tmp_path / "triage.md"
+    code, text, _ = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out))
+    assert code == 0 and out.read_text() == text
+    losses = text.split("## Where ThunderFX loses time")[1]
+    assert "graph0/thunder_0/nvFusion0 forward" in losses and "graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py" in losses
+    code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
+                       "--tolerance", "60%")
+    assert code == 0 and "nvFusion0 forward" not in out.read_text().split("## Where ThunderFX loses time")[1].split("##")[0]
+
+
+def test_bench_without_scripts_or_cuda_is_a_clear_error(capsys):
+    code, _, err = run(capsys, "bench", str(TWO_RANK))  # recorded without repro scripts
+    assert code == 2 and "THUNDERFX_DEBUG_REPRO" in err and "Traceback" not in err
+
+
+def _unwritable(tmp_path: Path) -> str:
+    if os.geteuid() == 0:
+        return "/proc/thunderfx_debug_cannot_write_here/report.html"  # even root cannot create files in /proc
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    return str(locked / "report.html")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["summary", "/nonexistent/dump"], "does not exist"),
+        (["summary", "{empty}"], "holds no dump"),
+        (["summary", str(DAMAGED / "bad_json")], "not valid JSON"),
+        (["html", str(DAMAGED / "bad_json"), "-o", "{tmp}/x.html"], "not valid JSON"),
+        (["summary", str(DAMAGED / "wrong_schema")], "schema version 999"),
+        (["diff", str(NORMAL), str(DAMAGED / "wrong_schema")], "schema version 999"),
+        (["summary", str(DAMAGED / "dotdot")], "'..'"),
+        (["html", str(NORMAL), "-o", "{unwritable}"], "cannot write"),
+        (["html", str(NORMAL), "-o", "{tmp}"], "is a directory"),
+        (["summary", str(NORMAL), "--rank", "7"], "has no dump of rank 7"),
+        (["bench", str(NORMAL), "--results", "/nonexistent/results"], None),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, argv, expected):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [a.format(empty=empty, tmp=tmp_path, unwritable=_unwritable(tmp_path)) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"thunderfx-debug {argv[0]}: ")
+    if expected:
+        assert expected in err
+
+
+def test_bad_arguments_exit_2_with_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(NORMAL), "--tolerance", "lots"])
+    assert exit_info.value.code == 2 and "not a fraction" in capsys.readouterr().err
+
+
+def test_console_script_help_and_error():
+    """The installed entry point: --help works for every command, and an error reaches the shell as status 2."""
+    for command in ("summary", "html", "diff", "bench"):
+        done = subprocess.run([sys.executable, "-m", "thunderfx_debug", command, "--help"], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and "usage: thunderfx-debug" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "thunderfx_debug", "summary", str(DAMAGED / "bad_json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "not valid JSON" in done.stderr
+
+
+def test_reading_commands_import_neither_torch_nor_thunder(tmp_path):
+    """summary, html and diff work on a laptop without torch or thunder: they must not import them."""
+    code = (
+        "import sys\n"
+        "from thunderfx_debug.cli import main\n"
+        f"assert main(['summary', {str(TWO_RANK)!r}]) == 0\n"
+        f"assert main(['html', {str(TWO_RANK)!r}, '-o', {str(tmp_path / 'r.html')!r}]) == 0\n"
+        f"assert main(['diff', {str(NORMAL)!r}, {str(TWO_RANK)!r}]) == 0\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'thunder'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,389 @@
+"""Rendering from checked-in dump fixtures (tests/fixtures, made by make_fixtures.py from real CPU runs): summary
+facts, multi-rank comparison, diff with its noise test, HTML escaping, and the bench triage logic. No thunder
+compile here: these read dumps only, as on a laptop."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from thunderfx_debug import bench
+from thunderfx_debug.dump import load_report, load_reports
+from thunderfx_debug.records import Phase, Report, SplitKind, Timing
+from thunderfx_debug.render import digest, noise
+from thunderfx_debug.render.diff import diff_reports, render_diff
+from thunderfx_debug.render.html import render_html
+from thunderfx_debug.render.summary import render_ranks, render_summary
+from thunderfx_debug.render.triage import render_triage
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NORMAL = FIXTURES / "normal"
+TWO_RANK = FIXTURES / "two_rank"
+
+
+@pytest.fixture(scope="module")
+def normal() -> Report:
+    return load_report(NORMAL)
+
+
+@pytest.fixture(scope="module")
+def ranks() -> dict[int, Report]:
+    return load_reports(TWO_RANK)
+
+
+def scaled(timing: Timing | None, factor: float) -> Timing | None:
+    return None if timing is None else dataclasses.replace(timing, samples_ms=tuple(s * factor for s in timing.samples_ms))
+
+
+def with_split_timing(report: Report, graph: str, split: str, factor: float) -> Report:
+    """`report` with one split's forward samples multiplied by `factor`."""
+    graphs = []
+    for g in report.graphs:
+        if g.name == graph:
+            splits = tuple(dataclasses.replace(s, timing=scaled(s.timing, factor)) if s.name == split else s
+                           for s in g.splits)
+            g = dataclasses.replace(g, splits=splits)
+        graphs.append(g)
+    return dataclasses.replace(report, graphs=tuple(graphs))
+
+
+def without_fusion_timing(report: Report) -> Report:
+    """`report` as a dump recorded with THUNDERFX_DEBUG_TIMING=split has it: no fusion or outside-fusion timing."""
+    graphs = []
+    for g in report.graphs:
+        splits = tuple(dataclasses.replace(s, outside_fusions_timing={},
+                                           fusions=tuple(dataclasses.replace(f, timing=None) for f in s.fusions))
+                       for s in g.splits)
+        graphs.append(dataclasses.replace(g, splits=splits))
+    return dataclasses.replace(report, graphs=tuple(graphs))
+
+
+# ---- summary facts ----------------------------------------------------------------------------------------------
+
+
+def test_fixture_is_a_real_run_with_timing(normal):
+    assert [g.name for g in normal.graphs] == ["graph0", "graph1"]
+    assert all(g.calls == 12 and g.timing is not None and g.timing.count > 1 for g in normal.graphs)
+    inductor = [s for g in normal.graphs for s in g.splits if s.kind is SplitKind.INDUCTOR]
+    assert inductor and all(s.reasons for s in inductor)
+    assert any(s.fwd_trace for g in normal.graphs for s in g.splits)
+
+
+def test_counts_match_the_records(normal):
+    c = digest.counts(normal)
+    splits = [s for g in normal.graphs for s in g.splits]
+    assert c["graphs"] == len(normal.graphs)
+    assert c["thunder splits"] + c["inductor splits"] == len(splits)
+    assert c["forward fusions"] + c["backward fusions"] == sum(len(s.fusions) for s in splits)
+    assert c["split reasons"] == sum(len(s.reasons) for s in splits)
+    assert c["recompiles"] == 0
+
+
+def test_split_reasons_grouped_by_type_and_op(normal):
+    groups = digest.group_reasons(normal)
+    sinc = [g for g in groups if g.op == "torch.sinc"]
+    assert len(sinc) == 1 and sinc[0].type == "MISSING_OP_SUPPORT"
+    assert sinc[0].count == sum(1 for g in normal.graphs for s in g.splits for r in s.reasons if r.op == "torch.sinc")
+    assert all(place.startswith("graph0/inductor_") for place in sinc[0].places)
+    # Grouping a reason list duplicated three times triples the counts and keeps the groups.
+    tripled = dataclasses.replace(normal.graphs[0], unattributed_reasons=normal.graphs[0].reasons * 2)
+    assert [g.count for g in digest.group_reasons([tripled])] == [3 * g.count for g in digest.group_reasons([normal.graphs[0]])]
+
+
+def test_recompiles_are_found_by_frame(normal):
+    g0 = normal.graphs[0]
+    recompiled = dataclasses.replace(g0, name="graph2", index=2, compile_id=g0.compile_id.split("/")[0] + "/1",
+                                     recompile_reason="tensor 'x' size mismatch at index 0")
+    report = dataclasses.replace(normal, graphs=normal.graphs + (recompiled,))
+    frames = digest.recompiled_frames(report)
+    assert list(frames) == [g0.compile_id.split("/")[0]]
+    assert [g.name for g in next(iter(frames.values()))] == ["graph0", "graph2"]
+    assert digest.counts(report)["recompiles"] == 1
+    assert "tensor 'x' size mismatch" in render_summary(report)
+
+
+def test_step_time_and_shares(normal):
+    steps = digest.estimated_steps(normal)
+    assert steps == 12
+    expected = sum((t.median_ms or 0) * g.calls / steps for g in normal.graphs for t in (g.timing, g.backward_timing) if t)
+    assert digest.step_ms(normal) == pytest.approx(expected)
+    top = digest.top_regions(normal, limit=100)
+    times = [piece.ms_per_step for piece, _ in top]
+    assert times == sorted(times, reverse=True)
+    assert all(share == pytest.approx(p.ms_per_step / expected) for p, share in top)
+
+
+def test_top_regions_are_fusions_where_fusions_are_timed(normal):
+    """The fixture was timed at fusion level: Thunder splits are represented by their fusion regions and the time
+    outside them, inductor splits (no fusions) by themselves. Without fusion timing, splits are the regions."""
+    fusion_timed = sum(1 for g in normal.graphs for s in g.splits for f in s.fusions if f.timing and f.timing.count)
+    assert fusion_timed == sum(len(s.fusions) for g in normal.graphs for s in g.splits) > 0
+    for report, thunder_levels in ((normal, {"fusion", "outside fusions"}), (without_fusion_timing(normal), {"split"})):
+        top = digest.top_regions(report, limit=100)
+        levels: dict[tuple[str, str], set[str]] = {}
+        for p, _ in top:
+            levels.setdefault((p.graph, p.split), set()).add(p.level)
+        for g in report.graphs:
+            for s in g.splits:
+                expected = thunder_levels if s.kind is SplitKind.THUNDER else {"split"}
+                assert levels.get((g.name, s.name)) == expected, (g.name, s.name)
+    names = [p.name for p, _ in digest.top_regions(normal, limit=100) if p.level == "fusion"]
+    assert sorted(names) == sorted(f.name for g in normal.graphs for s in g.splits for f in s.fusions)
+
+
+def test_summary_renders_every_graph_and_split(normal):
+    text = render_summary(normal)
+    assert str(normal) == text
+    for g in normal.graphs:
+        assert g.name in text and (g.compile_id or "") in text
+        for s in g.splits:
+            assert s.name in text
+
+
+# ---- ranks ------------------------------------------------------------------------------------------------------
+
+
+def test_two_rank_fixture_flags_the_rank_that_differs(ranks):
+    assert sorted(ranks) == [0, 1]
+    rows = {row.rank: row for row in digest.compare_ranks(ranks)}
+    assert not rows[0].splits_differently and rows[1].splits_differently
+    assert rows[1].counts["inductor splits"] < rows[0].counts["inductor splits"]
+    # The fixture's rank 1 trained with a thread competing for the GIL: it is the straggler.
+    assert rows[1].step_ms > rows[0].step_ms
+    assert rows[1].straggler and not rows[0].straggler
+    text = render_ranks(ranks)
+    assert "rank 1 against rank 0" in text and "graph0/inductor_1" in text
+
+
+def test_straggler_needs_more_than_ten_percent(ranks):
+    base = ranks[0]
+    slightly = {0: base, 1: dataclasses.replace(base, meta={**base.meta, "rank": 1}), 2: base}
+    assert not any(r.straggler or r.splits_differently for r in digest.compare_ranks(slightly))
+    slow = with_split_timing(base, "graph0", "thunder_0", 1.0)
+    slow = dataclasses.replace(slow, graphs=tuple(
+        dataclasses.replace(g, timing=scaled(g.timing, 3.0)) for g in slow.graphs))
+    rows = digest.compare_ranks({0: base, 1: slow, 2: base})
+    assert [r.straggler for r in rows] == [False, True, False]
+
+
+# ---- diff -------------------------------------------------------------------------------------------------------
+
+
+def test_diff_of_a_run_with_itself_is_empty(normal):
+    d = diff_reports(normal, normal)
+    assert not d.structure_changed and not d.significant_timings
+    assert all(t.change.ratio == pytest.approx(1.0) for t in d.timings)
+
+
+def test_diff_finds_structural_changes(normal, ranks):
+    d = diff_reports(normal, ranks[1])  # rank 1: no graph break, no torch.sinc
+    assert d.graphs_removed == ["graph1"]
+    assert set(d.splits_removed) == {"graph0/inductor_1", "graph0/thunder_2"}
+    assert ("MISSING_OP_SUPPORT", "torch.sinc") in {(t, op) for t, op, a, b in d.reasons if b == 0}
+    changed = {(f.split, f.name, f.phase) for f in d.fusions if f.status == "changed"}
+    assert ("graph0/thunder_0", "TorchCompile0", "forward") in changed
+    forward = next(f for f in d.fusions if f.name == "TorchCompile0" and f.phase == "forward")
+    assert forward.ops_added  # the whole model is one split now: more ops in its fusion
+    reverse = diff_reports(ranks[1], normal)
+    assert reverse.graphs_added == ["graph1"] and set(reverse.splits_added) == set(d.splits_removed)
+
+
+def test_diff_flags_a_slowdown_beyond_noise_only(normal):
+    rng = random.Random(0)
+    samples = tuple(1.0 + 0.05 * rng.random() for _ in range(30))
+    base = dataclasses.replace(normal.graphs[0].splits[0].timing, samples_ms=samples, calls=tuple(range(30)))
+    graph = dataclasses.replace(normal.graphs[0], splits=(dataclasses.replace(normal.graphs[0].splits[0], timing=base),))
+    a = dataclasses.replace(normal, graphs=(graph,))
+    for factor, expected in ((1.5, "slower"), (0.7, "faster"), (1.005, "within noise")):
+        b = with_split_timing(a, "graph0", graph.splits[0].name, factor)
+        change = next(t for t in diff_reports(a, b).timings if t.level == "split" and t.phase == "forward").change
+        assert change.verdict == expected, (factor, change)
+        assert change.ratio == pytest.approx(factor)
+    # Same distribution, different draws: not flagged.
+    other = dataclasses.replace(base, samples_ms=tuple(1.0 + 0.05 * rng.random() for _ in range(30)))
+    b = dataclasses.replace(a, graphs=(dataclasses.replace(graph, splits=(dataclasses.replace(graph.splits[0], timing=other),)),))
+    assert not diff_reports(a, b).significant_timings
+    assert "no timing change beyond noise" in render_diff(diff_reports(a, b))
+
+
+def test_mann_whitney_exact_values():
+    assert noise.mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    assert noise.mann_whitney_p([1, 2, 3], [1.5, 2.5, 3.5]) == pytest.approx(0.7)
+    assert noise.mann_whitney_p([1, 2], [3, 4]) == pytest.approx(1 / 3)
+    # Exact and normal approximation agree where the method switches (m * n around 2500).
+    a = [i + 0.3 for i in range(50)]
+    b = [i + 4.1 for i in range(50)]
+    exact = noise.mann_whitney_p(a, b)
+    approx = noise.mann_whitney_p(a, b + [200.0])
+    assert exact == pytest.approx(approx, rel=0.35)
+    assert noise.mann_whitney_p([1.0] * 60, [1.0] * 60) == 1.0  # all tied
+
+
+def test_few_samples_use_disjoint_ranges():
+    a, b = Timing((1.0, 1.1)), Timing((2.0, 2.1))
+    change = noise.compare_timings(a, b)
+    assert change.method == "disjoint ranges" and change.verdict == "slower"
+    assert noise.compare_timings(a, Timing((1.05, 2.0))).verdict == "within noise"
+    assert noise.compare_timings(a, None).verdict == "not comparable"
+
+
+# ---- HTML -------------------------------------------------------------------------------------------------------
+
+
+def test_html_has_charts_traces_and_links(normal):
+    page = render_html({0: normal}, {0: "rank0/"})
+    assert page.count("<svg") >= 4  # split reasons, time per graph, time per split, timeline
+    for g in normal.graphs:
+        assert f'id="{g.name}"' in page
+    trace = next(s.fwd_trace for g in normal.graphs for s in g.splits if s.fwd_trace)
+    assert html.escape(trace.splitlines()[-1]) in page  # the traces are in, escaped
+    for g in normal.graphs:
+        for s in g.splits:
+            for path in s.files.values():
+                assert f'href="rank0/{path}"' in page
+    assert "<script" not in page.lower() and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def hostile_dump(tmp_path: Path) -> Path:
+    """A copy of the normal fixture whose strings try to inject markup and whose file paths try to leave it."""
+    root = tmp_path / "hostile"
+    shutil.copytree(NORMAL, root)
+    graph_json = root / "rank0" / "graph0" / "graph.json"
+    data = json.loads(graph_json.read_text())
+    data["break_reason"] = '"><img src=x onerror=alert(1)>'
+    inductor = next(s for s in data["splits"] if s["kind"] == "inductor")
+    inductor["reasons"][0].update(op="<script>alert('op')</script>", exception="</pre><script>alert(2)</script>")
+    thunder = next(s for s in data["splits"] if s["kind"] == "thunder")
+    thunder["files"]["repro_evil"] = "javascript:alert(3)"
+    thunder["files"]["repro_up"] = "x/../../../etc/passwd"
+    thunder["fusions"][0]["ops"].append("<svg onload=alert(4)>")
+    graph_json.write_text(json.dumps(data))
+    trace = root / "rank0" / thunder["files"]["fwd_trace"]
+    trace.write_text(trace.read_text() + "\n# </pre><script>alert(5)</script>\n")
+    return root
+
+
+def test_html_escapes_everything_from_the_dump(tmp_path):
+    report = load_report(hostile_dump(tmp_path))
+    page = render_html({0: report}, {0: "rank0/"}, title="<script>alert(6)</script>")
+    lowered = page.lower()
+    assert "<script" not in lowered and "<img" not in lowered and "onload=alert" not in lowered.replace("onload=alert(4)&gt;", "")
+    assert "javascript:" not in lowered.replace("javascript:alert(3)", "") and 'href="javascript' not in lowered
+    hrefs = re.findall(r'href="([^"]*)"', page)
+    assert hrefs and all(h.startswith("rank0/") and ".." not in h and ":" not in h for h in hrefs)
+    assert "&lt;script&gt;alert(&#x27;op&#x27;)&lt;/script&gt;" in page  # shown, escaped
+    # Only the <svg> elements the renderer draws are real tags.
+    assert len(re.findall(r"<svg[\s>]", page)) == page.count('<svg xmlns="http://www.w3.org/2000/svg"')
+
+
+# ---- bench triage -----------------------------------------------------------------------------------------------
+
+RESULTS = FIXTURES / "bench_results"
+
+
+def triage_plan() -> list[bench.Comparison]:
+    """The pieces whose results tests/fixtures/bench_results holds (names as the repro writer makes them)."""
+    fusion = "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion{}_{}_repro_{}.py"
+    split = "graph0/graph0_thunder_{0}/graph0_thunder_{0}_repro_{1}.py"
+    comparisons = [bench.Comparison("split", f"graph0/thunder_{i}", "thunder", split.format(i, "thunder"),
+                                    split.format(i, "inductor"), 1.0, f"graph0/thunder_{i}") for i in (0, 2)]
+    for n, phase in ((0, "forward"), (1, "forward"), (2, "backward"), (3, "backward")):
+        comparisons.append(bench.Comparison("fusion", f"graph0/thunder_0/nvFusion{n} {phase}", "nvfuser",
+                                            fusion.format(n, phase, "nvfuser"), fusion.format(n, phase, "inductor"),
+                                            2.0 if n == 3 else 1.0, "graph0/thunder_0"))
+    return comparisons
+
+
+def test_triage_ranks_by_time_lost_per_step():
+    comparisons = triage_plan()
+    results = bench.collect(comparisons, lambda s: bench.read_result(RESULTS / bench.result_name(s), s))
+    ranked = bench.rank(comparisons, results, tolerance=0.10)
+    by_path = {r.comparison.path: r for r in ranked}
+    # nvFusion3 backward: 0.30 vs 0.20 ms, run twice per step -> 0.2 ms lost per step, more than nvFusion0's 0.15.
+    assert by_path["graph0/thunder_0/nvFusion3 backward"].loss_ms == pytest.approx(0.2)
+    assert by_path["graph0/thunder_0/nvFusion0 forward"].loss_ms == pytest.approx(0.15)
+    losses = [r.comparison.path for r in ranked if r.error is None and r.beyond and r.loss_ms > 0]
+    assert losses[:3] == ["graph0/thunder_0", "graph0/thunder_0/nvFusion3 backward", "graph0/thunder_0/nvFusion0 forward"]
+    # nvFusion1 is 5% slower: within the tolerance. nvFusion2's inductor script failed (no result file).
+    assert not by_path["graph0/thunder_0/nvFusion1 forward"].beyond
+    assert by_path["graph0/thunder_0/nvFusion2 backward"].error and ranked[-1].error
+    assert by_path["graph0/thunder_2"].loss_ms < 0 and by_path["graph0/thunder_2"].beyond  # a gain
+    explained = {e.split: e for e in bench.explain(ranked)}["graph0/thunder_0"]
+    assert explained.split_loss_ms == pytest.approx(0.5)
+    assert explained.regions_beyond_loss_ms == pytest.approx(0.35)
+
+    text = render_triage(ranked, 0.10, "fixture", script_prefix="rank0/")
+    listed = text.split("## Where ThunderFX loses time")[1].split("## Where ThunderFX gains")[0]
+    assert "nvFusion3" in listed and "nvFusion0" in listed and "nvFusion1" not in listed
+    assert "rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion3_backward_repro_nvfuser.py" in listed
+    assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions beyond tolerance
+    # With a 60% tolerance the fusion regions (at most 1.5x) are all within it.
+    wide = bench.rank(comparisons, results, tolerance=0.6)
+    assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
+
+
+def test_plan_pairs_scripts_from_the_records(normal):
+    def add_files(report: Report) -> Report:
+        graphs = []
+        for g in report.graphs:
+            splits = []
+            for s in g.splits:
+                if s.kind is SplitKind.THUNDER:
+                    files = {**s.files, "repro_thunder": f"{g.name}/{g.name}_{s.name}_repro_thunder.py",
+                             "repro_inductor": f"{g.name}/{g.name}_{s.name}_repro_inductor.py"}
+                    fusions = tuple(dataclasses.replace(f, files={
+                        "repro_nvfuser": f"x/{g.name}_{s.name}_{f.qualified_name}_repro_nvfuser.py",
+                        "repro_inductor": f"x/{g.name}_{s.name}_{f.qualified_name}_repro_inductor.py"})
+                        for f in s.fusions)
+                    s = dataclasses.replace(s, files=files, fusions=fusions)
+                splits.append(s)
+            graphs.append(dataclasses.replace(g, splits=tuple(splits)))
+        return dataclasses.replace(report, graphs=tuple(graphs))
+
+    recorded = {p for g in normal.graphs for s in g.splits for p in [*s.files.values(),
+                *(v for f in s.fusions for v in f.files.values())]}
+    assert all({c.ours_script, c.theirs_script} <= recorded for c in bench.plan(normal))
+    comparisons = bench.plan(add_files(normal))
+    thunder_splits = [s for g in normal.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
+    assert sum(c.level == "split" for c in comparisons) == len(thunder_splits)
+    assert sum(c.level == "fusion" for c in comparisons) == sum(len(s.fusions) for s in thunder_splits)
+    assert all(c.calls_per_step == 1.0 for c in comparisons)  # every graph ran once per step
+
+
+def test_run_script_follows_the_json_contract(tmp_path):
+    rank_dir = tmp_path / "rank0"
+    rank_dir.mkdir()
+    (rank_dir / "good_repro_thunder.py").write_text(
+        "import json, sys\n"
+        "assert sys.argv[1] == '--benchmark' and sys.argv[2] == '--json'\n"
+        "json.dump({'script': __file__, 'piece': 'x', 'executor': 'thunder', 'forward_ms': 1.5, 'backward_ms': 2.0},"
+        " open(sys.argv[3], 'w'))\n")
+    (rank_dir / "bad_repro_inductor.py").write_text("import sys\nsys.exit('inductor failed: out of memory')\n")
+    (rank_dir / "mismatch_repro_inductor.py").write_text(
+        "import json, sys, warnings\n"
+        "json.dump({'forward_ms': 0.5, 'backward_ms': None}, open(sys.argv[3], 'w'))\n"
+        "print('  forward outputs vs eager: largest error 0.5: MISMATCH')\n"
+        "warnings.warn('transformer_engine module not found!')\n"
+        "sys.exit(1)\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    good = bench.run_script(rank_dir, "good_repro_thunder.py", results, timeout_s=60)
+    assert (good.forward_ms, good.backward_ms, good.error) == (1.5, 2.0, None)
+    bad = bench.run_script(rank_dir, "bad_repro_inductor.py", results, timeout_s=60)
+    assert bad.error and "out of memory" in bad.error
+    mismatch = bench.run_script(rank_dir, "mismatch_repro_inductor.py", results, timeout_s=60)
+    assert mismatch.forward_ms == 0.5 and mismatch.error is None and "MISMATCH" in mismatch.note
+    comparison = bench.Comparison("split", "graph0/thunder_0", "thunder", "good_repro_thunder.py",
+                                  "mismatch_repro_inductor.py")
+    ranked = bench.rank([comparison], {"good_repro_thunder.py": good, "mismatch_repro_inductor.py": mismatch})
+    assert ranked[0].ours_ms == 1.5 and ranked[0].theirs_ms == 0.5  # forward only: inductor measured no backward
+    assert "MISMATCH" in render_triage(ranked, 0.1, "t").split("failed their own check")[1]
+    assert bench.run_script(rank_dir, "../escape.py", results, timeout_s=60).error
+    assert bench.run_script(rank_dir, "missing_repro_thunder.py", results, timeout_s=60).error

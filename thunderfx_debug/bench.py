@@ -1,0 +1,239 @@
+"""`thunderfx-debug bench`: where does ThunderFX lose time against inductor, region by region?
+
+Runs the repro scripts of a dump in pairs, each in its own process, with `--benchmark --json PATH` (the contract of
+the repro scripts: they write {"script", "piece", "executor", "forward_ms", "backward_ms"}):
+    fusion regions:  ..._nvFusionN_<phase>_repro_nvfuser.py  against  ..._nvFusionN_<phase>_repro_inductor.py
+    thunder splits:  ..._thunder_N_repro_thunder.py          against  ..._thunder_N_repro_inductor.py
+then ranks the pieces by the time ThunderFX loses (or gains) per training step there: (ours - inductor) x calls
+per step, the calls per step coming from the records (see `render.digest`). `render.triage` writes the report.
+
+Planning and ranking are pure and run anywhere (tests use fixture results); running needs the scripts' own
+requirements (CUDA, thunder, nvFuser), checked by the command, not imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from thunderfx_debug import layout
+from thunderfx_debug.records import Report, SplitKind
+from thunderfx_debug.render import digest
+
+DEFAULT_TOLERANCE = 0.10
+
+
+class BenchError(Exception):
+    """A benchmark that could not be planned (no scripts in the dump) or whose results cannot be read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """A piece of the run and its two scripts: `ours` (nvFuser or Thunder) and `theirs` (inductor).
+
+    `level` is "fusion" or "split"; `path` names the piece ("graph0/thunder_0/nvFusion0 forward"); script paths
+    are relative to the rank directory; `calls_per_step` weighs the piece by how often the run called it.
+    """
+
+    level: str
+    path: str
+    ours_executor: str
+    ours_script: str
+    theirs_script: str
+    calls_per_step: float = 1.0
+    split: str = ""  # "graph0/thunder_0": the split the piece belongs to (itself for splits)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptResult:
+    """What one script measured (ms per call; backward None where the piece has none), or why it measured nothing
+    (`error`). `note` is set when the script measured but exited non-zero, e.g. its self-check against eager
+    found a mismatch: the time is still worth comparing, and the mismatch is a finding of its own."""
+
+    script: str
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    error: str | None = None
+    note: str | None = None
+
+
+def _script(files: Mapping[str, str], kind: str) -> str | None:
+    """The script of `kind` (nvfuser, inductor, thunder) among a record's files, by label or by file name."""
+    for label, path in files.items():
+        if label == f"repro_{kind}" or path.endswith(f"_repro_{kind}.py"):
+            return path
+    return None
+
+
+def plan(report: Report) -> list[Comparison]:
+    """The pairs of scripts to run for `report`: every nvFusion region and every Thunder split that has both."""
+    steps = digest.estimated_steps(report) or 1
+    comparisons = []
+    for graph in report.graphs:
+        per_step = graph.calls / steps if graph.calls else 1.0
+        for split in graph.splits:
+            if split.kind is not SplitKind.THUNDER:
+                continue
+            where = f"{graph.name}/{split.name}"
+            thunder, inductor = _script(split.files, "thunder"), _script(split.files, "inductor")
+            if thunder and inductor:
+                comparisons.append(Comparison("split", where, "thunder", thunder, inductor, per_step, where))
+            for fusion in split.fusions:
+                nvfuser, inductor = _script(fusion.files, "nvfuser"), _script(fusion.files, "inductor")
+                if nvfuser and inductor:
+                    comparisons.append(Comparison("fusion", f"{where}/{fusion.name} {fusion.phase.value}", "nvfuser",
+                                                  nvfuser, inductor, per_step, where))
+    return comparisons
+
+
+def result_name(script: str) -> str:
+    """The results file of a script: its file name with .json for .py (names in a dump are unique by design)."""
+    name = Path(script).name
+    return (name[: -len(".py")] if name.endswith(".py") else name) + ".json"
+
+
+def read_result(path: Path, script: str) -> ScriptResult:
+    """Reads one script's JSON result; a missing or malformed file is a result with an error, not an exception."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return ScriptResult(script, error=f"no result file {path.name}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return ScriptResult(script, error=f"unreadable result {path.name}: {e}")
+    if not isinstance(data, dict):
+        return ScriptResult(script, error=f"{path.name}: expected a JSON object")
+    values = {}
+    for key in ("forward_ms", "backward_ms"):
+        value = data.get(key)
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                               and value >= 0)
+        if not ok:
+            return ScriptResult(script, error=f"{path.name}: {key} must be a non-negative number or null")
+        values[key] = None if value is None else float(value)
+    if values["forward_ms"] is None:
+        return ScriptResult(script, error=f"{path.name}: no forward_ms")
+    return ScriptResult(script, **values)
+
+
+def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
+               python: str = sys.executable) -> ScriptResult:
+    """Runs `script` (relative to `rank_dir`) with --benchmark --json and reads what it wrote."""
+    try:
+        path = (rank_dir / layout.safe_relative(script)).resolve()  # absolute: the script runs in its own folder
+    except ValueError as e:
+        return ScriptResult(script, error=str(e))
+    if not path.is_file():
+        return ScriptResult(script, error=f"{script} is not in the dump")
+    out = (results_dir / result_name(script)).resolve()
+    out.unlink(missing_ok=True)
+    command = [python, str(path), "--benchmark", "--json", str(out)]
+    try:
+        done = subprocess.run(command, cwd=path.parent, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return ScriptResult(script, error=f"timed out after {timeout_s:g} s")
+    result = read_result(out, script)
+    if done.returncode != 0:
+        why = f"exit status {done.returncode}: {_why(done.stdout + chr(10) + done.stderr)}"
+        return dataclasses.replace(result, note=why) if result.error is None else ScriptResult(script, error=why)
+    return result
+
+
+def _why(output: str) -> str:
+    """The telling line of a failed script's output: a MISMATCH or an error, not the warnings around it."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lines = [line for line in lines if "warn" not in line.lower()] or lines or ["no output"]
+    telling = [line for line in lines if "MISMATCH" in line or "Error" in line]
+    return "; ".join(telling[-2:] if telling else lines[-1:])[:400]
+
+
+def collect(comparisons: Iterable[Comparison], fetch: Callable[[str], ScriptResult]) -> dict[str, ScriptResult]:
+    """Each distinct script's result, fetched once (run it, or read a result measured before)."""
+    results: dict[str, ScriptResult] = {}
+    for c in comparisons:
+        for script in (c.ours_script, c.theirs_script):
+            if script not in results:
+                results[script] = fetch(script)
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranked:
+    """A compared piece: ms per call of ours and inductor's, ratio ours/theirs (above 1: ThunderFX is slower),
+    `loss_ms` the time ThunderFX loses per step there (negative: it gains), `beyond` whether |ratio - 1| exceeds
+    the tolerance; `error` when a script failed (then no figures)."""
+
+    comparison: Comparison
+    ours_ms: float | None
+    theirs_ms: float | None
+    error: str | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    notes: tuple[str, ...] = ()  # scripts that measured but exited non-zero (self-check mismatches)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ours_ms is None or self.theirs_ms is None or self.theirs_ms <= 0:
+            return None
+        return self.ours_ms / self.theirs_ms
+
+    @property
+    def loss_ms(self) -> float:
+        if self.ours_ms is None or self.theirs_ms is None:
+            return 0.0
+        return (self.ours_ms - self.theirs_ms) * self.comparison.calls_per_step
+
+    @property
+    def beyond(self) -> bool:
+        return self.ratio is not None and abs(self.ratio - 1) > self.tolerance
+
+
+def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, float | None]:
+    """Forward, plus backward where both scripts measured one (so both sides time the same work)."""
+    if ours.forward_ms is None or theirs.forward_ms is None:
+        return None, None
+    both_backward = ours.backward_ms is not None and theirs.backward_ms is not None
+    return (ours.forward_ms + (ours.backward_ms if both_backward else 0.0),
+            theirs.forward_ms + (theirs.backward_ms if both_backward else 0.0))
+
+
+def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
+         tolerance: float = DEFAULT_TOLERANCE) -> list[Ranked]:
+    """The compared pieces, those where ThunderFX loses most per step first, failures last."""
+    ranked = []
+    for c in comparisons:
+        ours = results.get(c.ours_script, ScriptResult(c.ours_script, error="not run"))
+        theirs = results.get(c.theirs_script, ScriptResult(c.theirs_script, error="not run"))
+        error = "; ".join(f"{Path(r.script).name}: {r.error}" for r in (ours, theirs) if r.error) or None
+        ours_ms, theirs_ms = (None, None) if error else _total(ours, theirs)
+        notes = tuple(f"{Path(r.script).name}: {r.note}" for r in (ours, theirs) if r.note)
+        ranked.append(Ranked(c, ours_ms, theirs_ms, error, tolerance, notes))
+    return sorted(ranked, key=lambda r: (r.error is not None, -r.loss_ms, r.comparison.path))
+
+
+@dataclasses.dataclass(frozen=True)
+class Explained:
+    """For one split: its own loss (whole split, Thunder vs inductor) and the sum of its fusion regions' losses."""
+
+    split: str
+    split_loss_ms: float | None
+    regions_loss_ms: float
+    regions_beyond_loss_ms: float
+
+
+def explain(ranked: Iterable[Ranked]) -> list[Explained]:
+    """How much of each split's gap its fusion regions account for (all of them, and those beyond tolerance)."""
+    by_split: dict[str, dict[str, float | None]] = {}
+    for r in ranked:
+        entry = by_split.setdefault(r.comparison.split, {"split": None, "regions": 0.0, "beyond": 0.0})
+        if r.error:
+            continue
+        if r.comparison.level == "split":
+            entry["split"] = r.loss_ms
+        else:
+            entry["regions"] += r.loss_ms
+            entry["beyond"] += r.loss_ms if r.beyond else 0.0
+    return [Explained(s, e["split"], e["regions"], e["beyond"]) for s, e in sorted(by_split.items())]

@@ -1,0 +1,182 @@
+"""What changed between two runs (`thunderfx-debug diff A B`): graphs, splits and split reasons, fusion regions and
+their ops, and timing with the ratio B/A, flagging changes beyond noise (see `noise` for the test).
+
+Graphs are matched by name (graph0, graph1, ... in compile order), splits by name within a graph, fusion regions
+by name and phase within a split: names are what a person greps for in both dumps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from thunderfx_debug.records import Report, SplitRecord, Timing
+from thunderfx_debug.render import digest
+from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, Change, compare_timings
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionChange:
+    """A fusion region added, removed or changed (`status`), with the ops it gained and lost (op -> count)."""
+
+    split: str  # "graph0/thunder_0"
+    name: str  # "nvFusion0"
+    phase: str
+    status: str  # "added" | "removed" | "changed"
+    executor_a: str | None
+    executor_b: str | None
+    ops_added: dict[str, int]
+    ops_removed: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingChange:
+    level: str
+    path: str
+    phase: str
+    a: Timing | None
+    b: Timing | None
+    change: Change
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDiff:
+    graphs_added: list[str]
+    graphs_removed: list[str]
+    compile_ids: list[tuple[str, str | None, str | None]]  # graphs whose compile id changed: (graph, a, b)
+    splits_added: list[str]
+    splits_removed: list[str]
+    reasons: list[tuple[str, str, int, int]]  # (type, op, count in A, count in B) where the counts differ
+    fusions: list[FusionChange]
+    timings: list[TimingChange]  # every piece timed in A or B
+    step_ms: tuple[float | None, float | None]
+
+    @property
+    def structure_changed(self) -> bool:
+        return any((self.graphs_added, self.graphs_removed, self.splits_added, self.splits_removed, self.reasons,
+                    self.fusions))
+
+    @property
+    def significant_timings(self) -> list[TimingChange]:
+        return [t for t in self.timings if t.change.significant]
+
+
+def diff_reports(a: Report, b: Report) -> RunDiff:
+    """The differences from run `a` to run `b`."""
+    graphs_a = {g.name: g for g in a.graphs}
+    graphs_b = {g.name: g for g in b.graphs}
+    common = [name for name in graphs_a if name in graphs_b]
+    splits_added, splits_removed, fusions = [], [], []
+    for name in common:
+        splits_a = {s.name: s for s in graphs_a[name].splits}
+        splits_b = {s.name: s for s in graphs_b[name].splits}
+        splits_added += [f"{name}/{s}" for s in splits_b if s not in splits_a]
+        splits_removed += [f"{name}/{s}" for s in splits_a if s not in splits_b]
+        for split in splits_a.keys() & splits_b.keys():
+            fusions += _fusion_changes(f"{name}/{split}", splits_a[split], splits_b[split])
+    reasons_a = Counter({(g.type, g.op): g.count for g in digest.group_reasons(a)})
+    reasons_b = Counter({(g.type, g.op): g.count for g in digest.group_reasons(b)})
+    reasons = [
+        (t, op, reasons_a[(t, op)], reasons_b[(t, op)])
+        for t, op in sorted(reasons_a.keys() | reasons_b.keys())
+        if reasons_a[(t, op)] != reasons_b[(t, op)]
+    ]
+    return RunDiff(
+        graphs_added=[n for n in graphs_b if n not in graphs_a],
+        graphs_removed=[n for n in graphs_a if n not in graphs_b],
+        compile_ids=[(n, graphs_a[n].compile_id, graphs_b[n].compile_id) for n in common
+                     if graphs_a[n].compile_id != graphs_b[n].compile_id],
+        splits_added=splits_added,
+        splits_removed=splits_removed,
+        reasons=reasons,
+        fusions=sorted(fusions, key=lambda f: (f.split, f.phase, f.name)),
+        timings=_timing_changes(a, b),
+        step_ms=(digest.step_ms(a), digest.step_ms(b)),
+    )
+
+
+def _fusion_changes(where: str, a: SplitRecord, b: SplitRecord) -> list[FusionChange]:
+    fusions_a = {(f.name, f.phase.value): f for f in a.fusions}
+    fusions_b = {(f.name, f.phase.value): f for f in b.fusions}
+    changes = []
+    for key in sorted(fusions_a.keys() | fusions_b.keys()):
+        fa, fb = fusions_a.get(key), fusions_b.get(key)
+        ops_a, ops_b = Counter(fa.ops if fa else ()), Counter(fb.ops if fb else ())
+        added, removed = dict(ops_b - ops_a), dict(ops_a - ops_b)
+        status = "added" if fa is None else "removed" if fb is None else "changed"
+        if status == "changed" and not added and not removed and fa.executor == fb.executor:
+            continue
+        changes.append(FusionChange(where, key[0], key[1], status, fa.executor if fa else None,
+                                    fb.executor if fb else None, added, removed))
+    return changes
+
+
+def _timing_changes(a: Report, b: Report) -> list[TimingChange]:
+    pieces_a = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(a)}
+    pieces_b = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(b)}
+    keys = list(pieces_a) + [k for k in pieces_b if k not in pieces_a]
+    return [TimingChange(level, path, phase, pieces_a.get((level, path, phase)), pieces_b.get((level, path, phase)),
+                         compare_timings(pieces_a.get((level, path, phase)), pieces_b.get((level, path, phase))))
+            for level, path, phase in keys]
+
+
+# ---- text ---------------------------------------------------------------------------------------------------------
+
+
+def _ops(ops: dict[str, int]) -> str:
+    return ", ".join(f"{op}" + (f" x{n}" if n > 1 else "") for op, n in sorted(ops.items()))
+
+
+def render_structure_changes(d: RunDiff) -> list[str]:
+    """Lines for what ThunderFX did differently (graphs, compile ids, splits, reasons, fusions); no timings."""
+    lines = [f"graph added: {g}" for g in d.graphs_added] + [f"graph removed: {g}" for g in d.graphs_removed]
+    lines += [f"compile id of {g}: {a} -> {b}" for g, a, b in d.compile_ids]
+    lines += [f"split added: {s}" for s in d.splits_added] + [f"split removed: {s}" for s in d.splits_removed]
+    lines += [f"split reason {t} {op}: {na} -> {nb}" for t, op, na, nb in d.reasons]
+    for f in d.fusions:
+        line = f"fusion {f.status}: {f.split}/{f.name} {f.phase}"
+        if f.status == "changed":
+            if f.executor_a != f.executor_b:
+                line += f", executor {f.executor_a} -> {f.executor_b}"
+            line += (f", ops gained: {_ops(f.ops_added)}" if f.ops_added else "")
+            line += (f", ops lost: {_ops(f.ops_removed)}" if f.ops_removed else "")
+        else:
+            ops = f.ops_added or f.ops_removed
+            line += f" ({f.executor_b or f.executor_a}, {sum(ops.values())} ops)"
+        lines.append(line)
+    return lines or ["no change in graphs, splits, split reasons or fusions"]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bool = False) -> str:
+    """The diff as text: structure first, then the timing changes beyond noise (all timed pieces if `show_all`)."""
+    lines = [f"A = {label_a}", f"B = {label_b}", "", "structure:"]
+    lines += ["  " + line for line in render_structure_changes(d)]
+    step_a, step_b = d.step_ms
+    lines += ["", "timing (median ms; ratio B/A above 1 means B is slower):"]
+    if step_a and step_b:
+        lines.append(f"  step: {_ms(step_a)} -> {_ms(step_b)} ms per step, ratio {step_b / step_a:.3f}")
+    shown = d.timings if show_all else d.significant_timings
+    if not shown:
+        lines.append("  no timing change beyond noise" if d.timings else "  neither run has timing samples")
+    for t in shown:
+        ratio = "-" if t.change.ratio is None else f"{t.change.ratio:.3f}"
+        a = _ms(t.a.median_ms if t.a else None)
+        b = _ms(t.b.median_ms if t.b else None)
+        p = "" if t.change.p_value is None else f", p={t.change.p_value:.3g}"
+        label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level == "outside fusions" else "")
+        lines.append(f"  {label}: {a} -> {b}  ratio {ratio}  {t.change.verdict.upper()} "
+                     f"({t.change.method}{p})")
+    hidden = len(d.timings) - len(shown)
+    if hidden:
+        lines.append(f"  ({hidden} timed pieces within noise or not comparable; --all shows them)")
+    lines += [
+        "",
+        f"Beyond noise means: Mann-Whitney rank test on the raw samples, two-sided p < {ALPHA}, and a change of the "
+        f"median of at least {MIN_EFFECT:.0%}; with too few samples for the test to reach p < {ALPHA}, the sample "
+        "ranges [min, max] of A and B must not overlap instead.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,213 @@
+"""Facts derived from a Report that every renderer shows: grouped split reasons, recompiles, the estimated step,
+the timed pieces with their share of the step, and how ranks compare. Pure functions of records, no I/O.
+
+Time per step. Dumps record how often each graph ran (`calls`) but not how many training steps there were, so the
+step count is estimated as the call count of the least-called graph (a graph runs at least once per step; the
+usual case, each graph once per step, is then exact). A piece's time per step is its median sampled time times
+its graph's calls per step. Medians, not means: the first samples of a run often include a late compile or an
+allocator warm-up, and one such outlier would otherwise decide the ranking. The step is the sum of the graphs'
+times per step, so the shares of pieces that nest (fusions in splits in graphs) come out close to, not exactly,
+their part of 100%.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+
+from thunderfx_debug.records import GraphRecord, Phase, Report, SplitKind, SplitReason, Timing
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasonGroup:
+    """Split reasons of one type and op, with where they occurred (`places`: "graph0/inductor_1", ...)."""
+
+    type: str
+    op: str
+    count: int
+    places: tuple[str, ...]
+    exceptions: tuple[str, ...]  # distinct last lines of the exceptions thunder caught, for the reader
+
+
+def reason_op(reason: SplitReason) -> str:
+    """The op a reason is about: the recorded op, else the start of thunder's message."""
+    return reason.op or reason.info.split(",")[0].strip() or "?"
+
+
+def group_reasons(report_or_graphs: Report | Iterable[GraphRecord]) -> list[ReasonGroup]:
+    """Split reasons grouped by (type, op), most frequent first, then by type and op name."""
+    graphs = report_or_graphs.graphs if isinstance(report_or_graphs, Report) else report_or_graphs
+    places: dict[tuple[str, str], list[str]] = defaultdict(list)
+    exceptions: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for graph in graphs:
+        located = [(f"{graph.name}/{s.name}", r) for s in graph.splits for r in s.reasons]
+        located += [(graph.name, r) for r in graph.unattributed_reasons]
+        for place, reason in located:
+            key = (reason.type, reason_op(reason))
+            places[key].append(place)
+            if reason.exception and reason.exception.strip():
+                last = reason.exception.strip().splitlines()[-1][:200]
+                if last not in exceptions[key]:
+                    exceptions[key].append(last)
+    groups = [ReasonGroup(t, op, len(p), tuple(p), tuple(exceptions[(t, op)])) for (t, op), p in places.items()]
+    return sorted(groups, key=lambda g: (-g.count, g.type, g.op))
+
+
+def recompiled_frames(report: Report) -> dict[str, list[GraphRecord]]:
+    """Dynamo frames compiled more than once ("0" -> its graphs with compile ids 0/0, 0/1, ...)."""
+    frames: dict[str, list[GraphRecord]] = defaultdict(list)
+    for graph in report.graphs:
+        if graph.compile_id:
+            frames[graph.compile_id.split("/")[0]].append(graph)
+    return {frame: graphs for frame, graphs in frames.items() if len(graphs) > 1}
+
+
+def estimated_steps(report: Report) -> int | None:
+    """Training steps of the run, estimated as the calls of its least-called graph (see the module docstring)."""
+    calls = [g.calls for g in report.graphs if g.calls > 0]
+    return min(calls) if calls else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A timed piece of the run, flattened: a graph, a split, a fusion region or a split's time outside fusions,
+    in one phase. `path` names it ("graph0/thunder_0/nvFusion0"), `executor` is what ran it (thunder, inductor,
+    nvfuser, torchcompile, ...), `calls_per_step` how often it runs in a step."""
+
+    level: str  # "graph" | "split" | "fusion" | "outside fusions"
+    graph: str
+    split: str | None
+    name: str
+    phase: str
+    executor: str
+    timing: Timing
+    calls_per_step: float
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return "/".join(p for p in (self.graph, self.split, self.name if self.level == "fusion" else None) if p)
+
+    @property
+    def label(self) -> str:
+        suffix = " (outside fusions)" if self.level == "outside fusions" else ""
+        return f"{self.path} {self.phase}{suffix}"
+
+    @property
+    def ms_per_step(self) -> float:
+        return (self.timing.median_ms or 0.0) * self.calls_per_step
+
+
+def outside_phase(key: str) -> str:
+    """The phase of an `outside_fusions_timing` key: the recorder writes "outside_forward", "outside_backward"."""
+    return key.removeprefix("outside_")
+
+
+def timed_pieces(report: Report) -> list[Piece]:
+    """Every piece of `report` that has timing samples, in report order."""
+    steps = estimated_steps(report) or 1
+    pieces: list[Piece] = []
+    for graph in report.graphs:
+        per_step = graph.calls / steps if graph.calls else 1.0
+
+        def add(level, split, name, phase, executor, timing, files=None):
+            if timing is not None and timing.count:
+                pieces.append(Piece(level, graph.name, split, name, phase, executor, timing, per_step, files or {}))
+
+        add("graph", None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
+        add("graph", None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
+        for split in graph.splits:
+            executor = split.kind.value
+            add("split", split.name, split.name, "forward", executor, split.timing, split.files)
+            add("split", split.name, split.name, "backward", executor, split.backward_timing, split.files)
+            for fusion in split.fusions:
+                add("fusion", split.name, fusion.name, fusion.phase.value, fusion.executor, fusion.timing, fusion.files)
+            for key, timing in sorted(split.outside_fusions_timing.items()):
+                add("outside fusions", split.name, split.name, outside_phase(key), executor, timing)
+    return pieces
+
+
+def step_ms(report: Report) -> float | None:
+    """Estimated device time of one training step: the graphs' forward and backward, times calls per step."""
+    graphs = [p for p in timed_pieces(report) if p.level == "graph"]
+    return sum(p.ms_per_step for p in graphs) if graphs else None
+
+
+def top_regions(report: Report, limit: int = 10) -> list[tuple[Piece, float | None]]:
+    """The costliest regions with their share of the step (None without graph timing): fusion regions and the time
+    outside them where fusions were timed, plus inductor splits; thunder splits where fusions were not timed."""
+    pieces = timed_pieces(report)
+    fused_splits = {(p.graph, p.split) for p in pieces if p.level in ("fusion", "outside fusions")}
+    regions = [
+        p for p in pieces
+        if p.level in ("fusion", "outside fusions") or (p.level == "split" and (p.graph, p.split) not in fused_splits)
+    ]
+    step = step_ms(report)
+    regions.sort(key=lambda p: -p.ms_per_step)
+    return [(p, p.ms_per_step / step if step else None) for p in regions[:limit]]
+
+
+def clock(report: Report) -> str | None:
+    """The clock of the report's samples ("cuda" or "host"), None when nothing was timed."""
+    clocks = Counter(p.timing.clock for p in timed_pieces(report))
+    return clocks.most_common(1)[0][0] if clocks else None
+
+
+def counts(report: Report) -> dict[str, int]:
+    splits = [s for g in report.graphs for s in g.splits]
+    return {
+        "graphs": len(report.graphs),
+        "thunder splits": sum(s.kind is SplitKind.THUNDER for s in splits),
+        "inductor splits": sum(s.kind is SplitKind.INDUCTOR for s in splits),
+        "forward fusions": sum(len(s.fusions_in(Phase.FORWARD)) for s in splits),
+        "backward fusions": sum(len(s.fusions_in(Phase.BACKWARD)) for s in splits),
+        "split reasons": sum(len(g.reasons) for g in report.graphs),
+        "recompiles": sum(len(g) - 1 for g in recompiled_frames(report).values()),
+        "errors": sum(bool(g.error) for g in report.graphs) + sum(bool(s.error) for s in splits),
+    }
+
+
+def structure(report: Report) -> tuple:
+    """What ThunderFX made of the run, without timings: equal for ranks that split and fused alike."""
+    return tuple(
+        (g.name, tuple((s.name, tuple(sorted(Counter((f.executor, f.phase.value) for f in s.fusions).items())))
+                       for s in g.splits))
+        for g in report.graphs
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RankRow:
+    rank: int
+    counts: dict[str, int]
+    step_ms: float | None
+    straggler: bool  # step time beyond STRAGGLER_FACTOR x the ranks' median
+    splits_differently: bool  # graphs, splits or fusions differ from those of most ranks
+
+
+STRAGGLER_FACTOR = 1.10
+
+
+def compare_ranks(reports: Mapping[int, Report]) -> list[RankRow]:
+    """One row per rank; flags the ranks that are slower than the others or split differently.
+
+    A rank is a straggler when its estimated step time is more than 10% above the median over ranks; it splits
+    differently when its structure (graphs, splits, fusion counts) is not the one most ranks share.
+    """
+    steps = {rank: step_ms(report) for rank, report in reports.items()}
+    known = [s for s in steps.values() if s is not None]
+    median = statistics.median(known) if len(known) > 1 else None
+    shapes = {rank: structure(report) for rank, report in reports.items()}
+    common, _ = Counter(shapes.values()).most_common(1)[0]
+    return [
+        RankRow(
+            rank=rank,
+            counts=counts(report),
+            step_ms=steps[rank],
+            straggler=bool(median and steps[rank] is not None and steps[rank] > STRAGGLER_FACTOR * median),
+            splits_differently=len(reports) > 1 and shapes[rank] != common,
+        )
+        for rank, report in reports.items()
+    ]

@@ -1,0 +1,235 @@
+"""One self-contained HTML page of a dump (`thunderfx-debug html`): charts, tables, traces and links to the repro
+scripts, for one rank or several side by side.
+
+Self-contained and inert: inline CSS and inline SVG only, no script at all, nothing fetched; a Content-Security-Policy
+forbids scripts and every network load, so even a dump crafted to inject markup could not run code. Everything read
+from the dump is escaped (`svg.esc`), and links are made only from paths that stay inside the dump
+(`layout.safe_relative`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from urllib.parse import quote
+
+from thunderfx_debug import layout
+from thunderfx_debug.records import GraphRecord, Report, SplitKind, Timing
+from thunderfx_debug.render import digest
+from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
+
+STYLE = """
+body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1300px}
+h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-top:.6em}h3{font-size:1.05em}
+table{border-collapse:collapse;margin:.4em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;
+vertical-align:top;font-size:13px}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.flag{color:#fff;background:#c0392b;padding:0 5px;border-radius:3px;font-size:12px}
+pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:500px;font-size:12px}
+details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:block;margin:.4em 0 1em}
+"""
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _median(timing: Timing | None) -> float | None:
+    return timing.median_ms if timing is not None and timing.count else None
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """Cells are HTML already (escape before calling)."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _links(files: Mapping[str, str], prefix: str | None) -> str:
+    """Relative links to a record's files (repro scripts first); paths that leave the dump are not linked."""
+    items = []
+    for label, path in sorted(files.items(), key=lambda item: (not item[0].startswith("repro"), item[0])):
+        try:
+            safe = layout.safe_relative(path)
+        except ValueError:
+            items.append(f'<span class="muted">{esc(label)}: path outside the dump, not linked</span>')
+            continue
+        if prefix is None:
+            items.append(f"{esc(label)}: <code>{esc(safe)}</code>")
+        else:
+            href = prefix + "/".join(quote(part) for part in safe.parts)
+            items.append(f'<a href="{esc(href)}">{esc(safe.name)}</a>')
+    return " · ".join(items)
+
+
+def _overview(report: Report) -> str:
+    c = digest.counts(report)
+    step = digest.step_ms(report)
+    rows = [[esc(k), str(v)] for k, v in c.items()]
+    if step is not None:
+        rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report))} clock, "
+                                         f"{digest.estimated_steps(report)} steps)"])
+    html = _table(["", "rank " + str(report.rank)], rows)
+    for warning in report.meta.get("warnings", []):
+        html += f'<p><span class="flag">warning</span> {esc(warning)}</p>'
+    for failure in report.meta.get("reporting_failures", []):
+        if isinstance(failure, Mapping):
+            html += (f'<p><span class="flag">reporting failure</span> while {esc(failure.get("what"))}: '
+                     f'{esc(failure.get("error"))}</p>')
+    return html
+
+
+def _compiles(report: Report) -> str:
+    rows = [[esc(g.name), esc(g.compile_id or "?"), str(g.node_count), str(g.calls),
+             "-" if g.compile_time_s is None else f"{g.compile_time_s:.1f} s",
+             esc((g.break_reason or "-").strip().splitlines()[0][:200] if (g.break_reason or "").strip() else "-"),
+             esc((g.recompile_reason or "").strip()[:200])]
+            for g in report.graphs]
+    html = "<h3>Compiles</h3>" + _table(
+        ["graph", "compile id", "ops", "calls", "compile time", "graph break", "recompile reason"], rows, {2, 3, 4})
+    for frame, graphs in digest.recompiled_frames(report).items():
+        html += f"<p>Frame {esc(frame)} was compiled {len(graphs)} times: {esc(', '.join(g.compile_id or '?' for g in graphs))}</p>"
+    return html
+
+
+def _reasons(report: Report) -> str:
+    groups = digest.group_reasons(report)
+    if not groups:
+        return "<h3>Split reasons</h3><p>No split reasons: every op ran under Thunder.</p>"
+    chart = bar_chart([Bar(f"{g.type} {g.op}", g.count, g.type) for g in groups], title="split reasons",
+                      value_format="{:.0f}")
+    rows = [[esc(g.type), f"<code>{esc(g.op)}</code>", str(g.count), esc(", ".join(sorted(set(g.places)))),
+             "<br>".join(esc(e) for e in g.exceptions)] for g in groups]
+    return "<h3>Split reasons</h3>" + chart + _table(["type", "op", "count", "where", "exception"], rows, {2})
+
+
+def _timing_charts(report: Report) -> str:
+    pieces = digest.timed_pieces(report)
+    if not pieces:
+        return "<h3>Timing</h3><p>No timing samples in this dump (THUNDERFX_DEBUG_TIMING=off, or too few calls).</p>"
+    step = digest.step_ms(report)
+    html = f"<h3>Timing</h3><p>Device time per step: median per call x calls per step ({esc(digest.clock(report))} clock).</p>"
+    for level, title in (("graph", "time per graph"), ("split", "time per split"), ("fusion", "time per fusion region")):
+        chosen = [p for p in pieces if p.level == level]
+        bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level != "graph" else p.phase,
+                    note=f"{100 * p.ms_per_step / step:.1f}%" if step else "") for p in chosen]
+        if bars:
+            html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(bars, unit="ms", title=title)
+    top = digest.top_regions(report, 15)
+    if top:
+        rows = [[str(i), esc(p.label), esc(p.executor), _ms(p.timing.median_ms), _ms(p.timing.p10_ms),
+                 _ms(p.timing.p90_ms), _ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%"]
+                for i, (p, s) in enumerate(top, 1)]
+        html += "<h4>Top regions</h4>" + _table(
+            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step"], rows,
+            {0, 3, 4, 5, 6, 7})
+    series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
+                                                         p.timing.samples_ms)))
+              for p in pieces if p.level == "graph"]
+    html += "<h4>Samples over the run</h4>" + timeline(series, title="timeline of samples")
+    return html
+
+
+def _graph(graph: GraphRecord, prefix: str | None) -> str:
+    html = f'<h3 id="{esc(graph.name)}">{esc(graph.name)} <span class="muted">compile id {esc(graph.compile_id or "?")}</span></h3>'
+    if graph.error:
+        html += f'<p><span class="flag">error</span></p><pre>{esc(graph.error)}</pre>'
+    if graph.files:
+        html += f"<p>Scripts: {_links(graph.files, prefix)}</p>"
+    rows = []
+    for s in graph.splits:
+        reasons = "<br>".join(esc(f"{r.type} {digest.reason_op(r)}") for r in s.reasons)
+        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)), _ms(_median(s.timing)),
+                     _ms(_median(s.backward_timing)), reasons, _links(s.files, prefix)])
+    html += _table(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms", "split reasons", "files"],
+                   rows, {2, 3, 4, 5})
+    for s in graph.splits:
+        if s.kind is not SplitKind.THUNDER:
+            continue
+        html += f"<details><summary>{esc(s.name)}: {len(s.fusions)} fusion regions, traces</summary>"
+        frows = [[esc(f.name), esc(f.phase.value), esc(f.executor), str(len(f.ops)), _ms(_median(f.timing)),
+                  f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
+                  _links(f.files, prefix)] for f in s.fusions]
+        html += _table(["region", "phase", "executor", "ops", "median ms", "fused ops", "repro"], frows, {3, 4})
+        for label, text in (("forward trace", s.fwd_trace), ("backward trace", s.bwd_trace)):
+            if text:
+                cut = "" if len(text) <= MAX_TRACE_CHARS else f"\n# ... cut here; the whole trace is in the dump"
+                html += (f"<details><summary>{label} of {esc(s.name)}</summary>"
+                         f"<pre>{esc(text[:MAX_TRACE_CHARS])}{esc(cut)}</pre></details>")
+        if s.error:
+            html += f"<pre>{esc(s.error)}</pre>"
+        html += "</details>"
+    return html
+
+
+def rank_section(report: Report, prefix: str | None) -> str:
+    """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
+    parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report), _compiles(report),
+             _reasons(report), _timing_charts(report), "<h3>Graphs</h3>"]
+    parts += [_graph(g, prefix) for g in report.graphs]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _ranks_compared(reports: Mapping[int, Report]) -> str:
+    from thunderfx_debug.render.diff import diff_reports, render_structure_changes
+
+    rows_by_rank = digest.compare_ranks(reports)
+    keys = list(rows_by_rank[0].counts)
+    rows = []
+    for row in rows_by_rank:
+        flags = " ".join(f'<span class="flag">{f}</span>' for f, on in
+                         (("straggler", row.straggler), ("splits differently", row.splits_differently)) if on)
+        rows.append([f'<a href="#rank{row.rank}">rank {row.rank}</a>', *(str(row.counts[k]) for k in keys),
+                     _ms(row.step_ms), flags])
+    html = "<h2>Ranks side by side</h2>" + _table(["rank", *map(esc, keys), "step ms", ""], rows,
+                                                   set(range(1, len(keys) + 2)))
+    html += "<h4>Estimated step time per rank</h4>"
+    html += bar_chart([Bar(f"rank {r.rank}", r.step_ms or 0.0, "straggler" if r.straggler else "thunderfx")
+                       for r in rows_by_rank], unit="ms", title="estimated step time per rank")
+    per_call: dict[int, dict[int, float]] = {}
+    for rank, report in reports.items():
+        totals: dict[int, float] = defaultdict(float)
+        for p in digest.timed_pieces(report):
+            if p.level == "graph":
+                for call, ms in zip(p.timing.calls, p.timing.samples_ms):
+                    totals[call] += ms
+        per_call[rank] = totals
+    html += "<h4>Sampled calls per rank (graphs' forward + backward)</h4>" + timeline(
+        [Series(f"rank {rank}", tuple(sorted(t.items()))) for rank, t in per_call.items()],
+        title="time of the sampled calls per rank")
+    base_rank, base = next(iter(reports.items()))
+    for rank, report in reports.items():
+        if rank != base_rank and digest.structure(report) != digest.structure(base):
+            changes = render_structure_changes(diff_reports(base, report))
+            html += (f"<h4>Rank {rank} against rank {base_rank}</h4><ul>"
+                     + "".join(f"<li>{esc(c)}</li>" for c in changes) + "</ul>")
+    return html
+
+
+def render_html(reports: Mapping[int, Report], link_prefixes: Mapping[int, str] | None = None,
+                title: str = "ThunderFX report") -> str:
+    """The page for the ranks of a dump.
+
+    Args:
+        reports: rank -> Report (`dump.load_reports(dir)`).
+        link_prefixes: rank -> relative URL of that rank's directory seen from where the page is written
+            (e.g. "rank0/"); ranks without one get no links, only the file names.
+        title: the page title (escaped).
+    """
+    link_prefixes = link_prefixes or {}
+    body = [f"<h1>{esc(title)}</h1>"]
+    if len(reports) > 1:
+        body.append(_ranks_compared(reports))
+    body += [rank_section(report, link_prefixes.get(rank)) for rank, report in reports.items()]
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>" + "".join(body) + "</body></html>\n"
+    )

@@ -1,0 +1,79 @@
+"""The triage report of `thunderfx-debug bench` (markdown): the regions where ThunderFX loses time against inductor
+beyond a tolerance, ranked by the time lost per step, with the repro scripts worth handing to the compiler team."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from thunderfx_debug.bench import Ranked, explain
+
+
+def _md(text: object) -> str:
+    """Text safe in a markdown table cell."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _row(i: int, r: Ranked) -> str:
+    c = r.comparison
+    return (f"| {i} | {_md(c.path)} | {c.level} | {_md(c.ours_executor)} | {_ms(r.ours_ms)} | {_ms(r.theirs_ms)} | "
+            f"{r.ratio:.2f}x | {_ms(r.loss_ms)} | {c.calls_per_step:g} |")
+
+
+HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inductor ms | ratio | lost ms per step "
+          "| calls per step |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "") -> str:
+    """Markdown. `script_prefix` is prepended to the scripts' dump-relative paths (their location seen from the
+    report file)."""
+    ok = [r for r in ranked if r.error is None and r.ratio is not None]
+    losses = [r for r in ok if r.beyond and r.loss_ms > 0]
+    gains = sorted((r for r in ok if r.beyond and r.loss_ms < 0), key=lambda r: r.loss_ms)
+    failed = [r for r in ranked if r.error is not None]
+    lines = [
+        f"# ThunderFX triage: {_md(title)}",
+        "",
+        f"{len(ok)} pieces compared ({sum(r.comparison.level == 'fusion' for r in ok)} nvFusion regions against "
+        f"inductor, {sum(r.comparison.level == 'split' for r in ok)} Thunder splits against inductor), "
+        f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
+        "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
+        "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records.",
+        "",
+        "## Where ThunderFX loses time",
+        "",
+    ]
+    if losses:
+        lines += [HEADER, *(_row(i, r) for i, r in enumerate(losses, 1)), "", "### Repro scripts to hand over", ""]
+        for i, r in enumerate(losses, 1):
+            c = r.comparison
+            lines.append(f"{i}. **{_md(c.path)}** ({r.ratio:.2f}x, {_ms(r.loss_ms)} ms per step): "
+                         f"`python {script_prefix}{c.ours_script} --benchmark` against "
+                         f"`python {script_prefix}{c.theirs_script} --benchmark`")
+    else:
+        lines.append(f"No piece is more than {tolerance:.0%} slower under ThunderFX than under inductor.")
+    if gains:
+        lines += ["", "## Where ThunderFX gains time", "", HEADER, *(_row(i, r) for i, r in enumerate(gains, 1))]
+    explained = [e for e in explain(ranked) if e.split_loss_ms is not None and e.regions_loss_ms]
+    if explained:
+        lines += ["", "## How much of each split's gap its fusion regions explain", "",
+                  "| split | split lost ms per step | its regions | its regions beyond tolerance | explained |",
+                  "|---|---|---|---|---|"]
+        for e in explained:
+            share = f"{e.regions_beyond_loss_ms / e.split_loss_ms:.0%}" if e.split_loss_ms > 0 else "-"
+            lines.append(f"| {_md(e.split)} | {_ms(e.split_loss_ms)} | {_ms(e.regions_loss_ms)} | "
+                         f"{_ms(e.regions_beyond_loss_ms)} | {share} |")
+    checked = [r for r in ranked if r.notes]
+    if checked:
+        lines += ["", "## Scripts that measured but failed their own check", "",
+                  "Their times are used above; a mismatch against eager is worth a report of its own.", ""]
+        lines += [f"- {_md(r.comparison.path)}: " + "; ".join(_md(n) for n in r.notes) for r in checked]
+    within = len(ok) - len(losses) - len(gains)
+    lines += ["", f"{within} pieces are within tolerance and not listed."]
+    if failed:
+        lines += ["", "## Not measured", ""]
+        lines += [f"- {_md(r.comparison.path)}: {_md(r.error)}" for r in failed]
+    return "\n".join(lines) + "\n"
