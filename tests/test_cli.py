@@ -102,6 +102,11 @@ def test_bench_triages_earlier_results(tmp_path, capsys):
     code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
                        "--tolerance", "60%")
     assert code == 0 and "nvFusion0 forward" not in out.read_text().split("## Where ThunderFX loses time")[1].split("##")[0]
+    code, text, _ = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
+                        "--match", "nvFusion0")
+    assert code == 0 and "1 pieces compared" in text and "graph0/thunder_0 |" not in text
+    code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "--match", "zzz")
+    assert code == 2 and "matches 'zzz'" in err
 
 
 def test_bench_without_scripts_or_cuda_is_a_clear_error(capsys):
@@ -176,3 +181,25 @@ def test_reading_commands_import_neither_torch_nor_thunder(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.cuda
+def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
+    """On a GPU with thunder and nvFuser: a tiny GPT recorded with split and fusion scripts, then bench on one
+    split's pieces. Every compared piece must be measured (both scripts wrote their JSON), fusions included."""
+    import torch
+
+    from conftest import tiny_gpt, train
+    from thunderfx_debug import ReportingBackend
+
+    model, config = tiny_gpt(device="cuda", n_embd=64, block_size=64)
+    backend = ReportingBackend(dump_dir=tmp_path / "dump", repro="split,fusion", timing="fusion", timing_every=2,
+                               timing_warmup=1)
+    train(torch.compile(model, backend=backend), model, config, steps=6, device="cuda")
+    rank_dir = backend.flush()
+    code, text, err = run(capsys, "bench", str(rank_dir), "--match", "graph0/thunder_0", "--timeout", "300")
+    assert code == 0, err
+    assert (rank_dir / "triage.md").read_text() == text
+    results = sorted(p.name for p in (rank_dir / "bench").glob("*.json"))
+    assert any("nvFusion" in name and name.endswith("_repro_nvfuser.json") for name in results), results
+    assert "## Not measured" not in text, text

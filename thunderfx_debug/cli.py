@@ -101,6 +101,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
     rank_dir = Path(report.meta["dump_dir"])
     comparisons = bench.plan(report)
+    if comparisons and args.match:
+        comparisons = [c for c in comparisons if args.match in c.path]
+        if not comparisons:
+            raise UsageError(f"no compared piece of {rank_dir} matches {args.match!r}; pieces are named like "
+                             f"{bench.plan(report)[0].path!r}")
     if not comparisons:
         raise UsageError(
             f"{rank_dir} has no pairs of repro scripts to compare (nvFusion regions with _repro_nvfuser.py and "
@@ -243,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--results-dir", help="where the scripts write their JSON results (default: <rank dir>/bench)")
     bench.add_argument("--results", metavar="DIR",
                        help="run nothing: triage the JSON results an earlier bench wrote into DIR")
+    bench.add_argument("--match", metavar="TEXT",
+                       help="only the pieces whose name contains TEXT (e.g. graph0/thunder_0, nvFusion3)")
     bench.add_argument("--timeout", type=_positive_int, default=600, help="seconds per script (default: 600)")
     bench.add_argument("--allow-cpu", action="store_true",
                        help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
