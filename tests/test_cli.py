@@ -104,7 +104,7 @@ def test_bench_triages_earlier_results(tmp_path, capsys):
     assert code == 0 and "nvFusion0 forward" not in out.read_text().split("## Where ThunderFX loses time")[1].split("##")[0]
     code, text, _ = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
                         "--match", "nvFusion0")
-    assert code == 0 and "1 pieces compared" in text and "graph0/thunder_0 |" not in text
+    assert code == 0 and "1 piece compared" in text and "graph0/thunder_0 |" not in text
     code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "--match", "zzz")
     assert code == 2 and "matches 'zzz'" in err
 

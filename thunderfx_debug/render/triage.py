@@ -37,7 +37,7 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
     lines = [
         f"# ThunderFX triage: {_md(title)}",
         "",
-        f"{len(ok)} pieces compared ({sum(r.comparison.level == 'fusion' for r in ok)} nvFusion regions against "
+        f"{len(ok)} piece{'' if len(ok) == 1 else 's'} compared ({sum(r.comparison.level == 'fusion' for r in ok)} nvFusion regions against "
         f"inductor, {sum(r.comparison.level == 'split' for r in ok)} Thunder splits against inductor), "
         f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
         "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
