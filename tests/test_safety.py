@@ -132,6 +132,10 @@ def faulty(tmp_path_factory):
         patch = stack.enter_context(pytest.MonkeyPatch.context())
         for name in [n for n in os.environ if n.startswith("THUNDERFX_DEBUG_")]:
             patch.delenv(name)
+        # Bit-equal losses need one thread: with two, Inductor's CPU kernels (Thunder's TorchCompile fusions and the
+        # inductor splits) differ by an ulp from run to run in this process, with or without any reporting.
+        stack.callback(torch.set_num_threads, torch.get_num_threads())
+        torch.set_num_threads(1)
         mount = stack.enter_context(small_tmpfs(base / "tmpfs"))
         dump_dir = (mount or base) / "dump"
         options = dict(executors=cpu_executors(), timing="split", timing_every=2, timing_warmup=0)
@@ -413,3 +417,36 @@ def test_each_recompile_is_recorded_with_its_guard_and_warned_about(caplog):
     assert f"scaled_sine ({__file__}:" in warnings[0] and "compiled 3 times" in warnings[0]
     assert "RECOMPILE_WARN=2" in warnings[0] and "actual 5" in warnings[0]
     assert report.meta["warnings"] == [warnings[0].removeprefix("thunderfx_debug: ")]
+
+
+def test_real_input_capture_respects_its_cap_and_keeps_no_originals(tmp_path):
+    """THUNDERFX_DEBUG_INPUTS=real keeps host copies of a graph's first inputs up to INPUTS_MAX_MB; a graph over the
+    cap gets metadata only (its script says why). The originals are not kept."""
+    cap_mb = 0.002  # 2097 bytes: a 2x8 float input and the 8x4 weight fit, a 256x8 one does not
+
+    def scaled_sine(x, w):
+        return torch.sin(x @ w).sum(0)
+
+    backend = ReportingBackend(dump_dir=tmp_path, executors=cpu_executors(), inputs="real", inputs_max_mb=cap_mb,
+                               repro="graph", strict=True)
+    compiled = torch.compile(scaled_sine, backend=backend, dynamic=False)
+    w = torch.randn(8, 4, requires_grad=True)
+    watched = []
+    for rows in (2, 256):
+        x = torch.randn(rows, 8, requires_grad=True)
+        out = compiled(x, w)
+        out.sum().backward()
+        watched += [weakref.ref(x), weakref.ref(out)]
+        del x, out
+    gc.collect()
+    assert [ref() for ref in watched] == [None] * 4
+    rank_dir = backend.flush()
+
+    saved = list(rank_dir.rglob("*_inputs.pt"))
+    assert [p.relative_to(rank_dir).as_posix() for p in saved] == ["graph0/inputs/graph0_inputs.pt"]
+    content = torch.load(saved[0], weights_only=True)
+    tensors = [v["flat"] for v in [*content["inputs"], *(content["outputs"] or [])] if isinstance(v, dict)]
+    assert [t.shape for t in tensors[:2]] == [torch.Size([16]), torch.Size([32])]  # x (2x8) and w (8x4)
+    assert sum(t.numel() * t.element_size() for t in tensors) <= cap_mb * 2**20
+    over = (rank_dir / "graph1" / "graph1_repro_eager.py").read_text()
+    assert "THUNDERFX_DEBUG_INPUTS_MAX_MB" in over and "not saved" in over

@@ -100,18 +100,13 @@ def run_meta(backend) -> dict[str, Any]:
     """`Report.meta` of a live backend."""
     from thunderfx_debug import thunder_adapter
 
-    world_size = 1
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        world_size = torch.distributed.get_world_size()
     try:
         thunder_options = thunder_adapter.thunder_options_repr(backend.thunder_options)
     except Exception as e:  # options thunder cannot resolve are still worth showing
         thunder_options = {"error": repr(e)}
     return {
         "rank": backend.rank,
-        "world_size": world_size,
+        "world_size": backend.world_size,
         "hostname": platform.node(),
         "pid": os.getpid(),
         "argv": redacted_argv(list(sys.argv)),

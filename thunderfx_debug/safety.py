@@ -28,7 +28,9 @@ class ReportingFailures:
     """Collects the failures of the reporting itself; each distinct (kind of work, exception type) is logged once.
 
     `failures` holds the first `MAX_KEPT_FAILURES` as {"what", "error", "traceback"}; `counts` counts all of them by
-    (kind of work, exception type), where the kind of work is `what` up to its first " of " ("reading the traces").
+    (kind of work, exception type and errno), where the kind of work is `what` up to its first " of " ("reading the
+    traces"): the same failure on every split or every sampled call is logged once, a full disk and a read-only
+    directory twice.
     """
 
     def __init__(self, strict: bool):
