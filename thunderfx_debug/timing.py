@@ -5,6 +5,9 @@ complete, or at flush where waiting is allowed), or host perf_counter readings o
 the raw samples of one piece; statistics are computed by the records (`records.Timing`). `Sampling` decides which
 calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
 
+`RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that `fusion_timing`
+inserts into its Thunder traces; `Ranges` names those regions for Nsight Systems and torch.profiler.
+
 The clock is injectable so that the sampling logic is tested with a fake clock and exact expected output.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from thunderfx_debug.records import Timing
@@ -84,29 +87,54 @@ class Sampling:
 class SampleSeries:
     """The samples of one piece (a graph's forward, a split's backward, a fusion region...).
 
-    Marks are stored as pending pairs and resolved later: `resolve()` without waiting on sampled calls,
-    `resolve(wait=True)` at flush.
+    A sample is the time from a start mark to an end mark (`add`), or the sum of several such spans (`add_spans`:
+    the time of a split's trace outside its fusion regions). Marks are stored as pending and resolved later:
+    `resolve()` without waiting on sampled calls, `resolve(wait=True)` at flush.
+
+    Example (a fake clock whose marks are numbers of milliseconds):
+        >>> series = SampleSeries(HostClock(counter=iter([0, 2_000_000, 5_000_000, 6_000_000]).__next__))
+        >>> series.add(6, series.clock.mark(), series.clock.mark())
+        >>> series.add_spans(11, [(series.clock.mark(), series.clock.mark())])
+        >>> series.resolve(); series.samples_ms, series.calls
+        ([2.0, 1.0], [6, 11])
     """
 
     def __init__(self, clock: Clock):
         self.clock = clock
         self.samples_ms: list[float] = []
         self.calls: list[int] = []
-        self._pending: list[tuple[int, Any, Any]] = []
+        self._pending: list[tuple[int, tuple[tuple[Any, Any], ...]]] = []
 
     def add(self, call: int, start: Any, end: Any) -> None:
-        self._pending.append((call, start, end))
+        """One sample of call `call` (1-based call number of the piece's graph): from mark `start` to mark `end`."""
+        self._pending.append((call, ((start, end),)))
+
+    def add_spans(self, call: int, spans: Sequence[tuple[Any, Any]]) -> None:
+        """One sample of call `call`: the sum of the (start, end) spans (no span: a sample of 0 ms)."""
+        self._pending.append((call, tuple(spans)))
 
     def resolve(self, wait: bool = False) -> None:
+        """Turns pending marks into samples; with `wait=False` (the training path) marks that are not complete stay
+        pending and nothing waits for the device."""
         still_pending = []
-        for call, start, end in self._pending:
-            elapsed = self.clock.elapsed_ms(start, end, wait)
+        for call, spans in self._pending:
+            elapsed = self._elapsed_ms(spans, wait)
             if elapsed is None:
-                still_pending.append((call, start, end))
+                still_pending.append((call, spans))
             else:
                 self.samples_ms.append(elapsed)
                 self.calls.append(call)
         self._pending = still_pending
+
+    def _elapsed_ms(self, spans: tuple[tuple[Any, Any], ...], wait: bool) -> float | None:
+        total = 0.0
+        # The last end first: on one stream, once it is complete so are the marks before it.
+        for start, end in reversed(spans):
+            elapsed = self.clock.elapsed_ms(start, end, wait)
+            if elapsed is None:
+                return None
+            total += elapsed
+        return total
 
     @property
     def pending(self) -> int:
@@ -122,3 +150,125 @@ class SampleSeries:
             calls=tuple(self.calls[i] for i in order),
             clock=self.clock.name,
         )
+
+
+class Ranges:
+    """Named ranges that show up in Nsight Systems (NVTX, on CUDA builds with a device) and in torch.profiler
+    (`record_function`), pushed and popped in stack order. They cost a few microseconds of host time each, on every
+    call: an option for profiling sessions (THUNDERFX_DEBUG_NVTX=1), not for every run."""
+
+    def __init__(self):
+        import torch
+
+        self._nvtx = torch.cuda.nvtx if torch.cuda.is_available() else None
+        self._record_function = torch.autograd.profiler.record_function
+        self._open: list[Any] = []
+
+    def push(self, name: str) -> None:
+        if self._nvtx is not None:
+            self._nvtx.range_push(name)
+        scope = self._record_function(name)
+        scope.__enter__()
+        self._open.append(scope)
+
+    def pop(self) -> None:
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+        if self._nvtx is not None:
+            self._nvtx.range_pop()
+
+
+class RegionTimer:
+    """The clock marks of one thunder split's fusion regions, called by the split's instrumented Thunder traces.
+
+    An instrumented trace calls `begin_trace(phase)`, then `begin_region(key)` / `end_region(key)` around each fusion
+    region (key: "nvFusion0_forward"), then `end_trace(phase)`. A run of the trace records only while its phase is
+    armed with the number of a sampled call: `forward_call` is set by the split's runner around the forward of a
+    sampled call, `backward_call` by the gradient hooks of that call (see `runner.BackwardMarks`). Other runs pay one
+    attribute check per mark.
+
+    At `end_trace` each region's (start, end) goes to `series[key]`, and the gaps between regions (from the trace's
+    start to the first region, between regions, from the last region to the end) to `series["outside_<phase>"]`,
+    so the regions and the outside time of a call add up to the whole trace.
+
+    Args:
+        clock: makes the marks (CUDA events on the current stream, or host time).
+        series: the split's `region_series`, filled here (created on first use).
+        ranges: with a name prefix ("graph0/thunder_0"), every run (sampled or not) also opens a named range per
+            region and per trace, "graph0/thunder_0/nvFusion0_forward" (see `Ranges`); None for no ranges.
+
+    Example (host clock counting one millisecond per mark):
+        >>> ticks = iter(range(0, 10**9, 10**6))
+        >>> timer = RegionTimer(HostClock(counter=lambda: next(ticks)), series={})
+        >>> timer.forward_call = 6
+        >>> timer.begin_trace("forward"); timer.begin_region("F0_forward"); timer.end_region("F0_forward")
+        >>> timer.end_trace("forward"); timer.forward_call = 0
+        >>> for s in timer.series.values(): s.resolve()
+        >>> {k: (s.samples_ms, s.calls) for k, s in timer.series.items()}
+        {'F0_forward': ([1.0], [6]), 'outside_forward': ([2.0], [6])}
+    """
+
+    def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None):
+        self.clock = clock
+        self.series = series
+        self.forward_call = 0
+        self.backward_call = 0
+        self._ranges, self._prefix = ranges if ranges is not None else (None, "")
+        self._call = 0  # the sampled call the running trace records, 0 when it does not record
+        self._phase = ""
+        self._marks: list[tuple[str | None, Any]] = []
+
+    # ---- called by the instrumented traces ------------------------------------------------------------------------
+    def begin_trace(self, phase: str) -> None:
+        if self._ranges is not None:
+            self._ranges.push(f"{self._prefix} {phase}")
+        call = self.forward_call if phase == "forward" else self.backward_call
+        if not call:
+            return
+        for series in self.series.values():  # earlier samples whose marks are complete, without waiting
+            series.resolve()
+        self._call, self._phase = call, phase
+        self._marks = [(None, self.clock.mark())]
+
+    def begin_region(self, key: str) -> None:
+        if self._ranges is not None:
+            self._ranges.push(f"{self._prefix}/{key}")
+        if self._call:
+            self._marks.append((key, self.clock.mark()))
+
+    def end_region(self, key: str) -> None:
+        if self._call:
+            self._marks.append((key, self.clock.mark()))
+        if self._ranges is not None:
+            self._ranges.pop()
+
+    def end_trace(self, phase: str) -> None:
+        if self._call and phase == self._phase:
+            self._marks.append((None, self.clock.mark()))
+            self._store(self._call, phase, self._marks)
+            if phase == "backward":
+                self.backward_call = 0  # one backward per sampled call
+        self._call, self._marks = 0, []
+        if self._ranges is not None:
+            self._ranges.pop()
+
+    # ---- called by the runner's hooks -----------------------------------------------------------------------------
+    def disarm_backward(self) -> None:
+        self.backward_call = 0
+
+    def _store(self, call: int, phase: str, marks: list[tuple[str | None, Any]]) -> None:
+        # marks: trace start, (start, end) of each region in trace order, trace end
+        gaps = []
+        previous_end = marks[0][1]
+        for (key, start), (_, end) in zip(marks[1:-1:2], marks[2:-1:2]):
+            self._series(key).add(call, start, end)
+            gaps.append((previous_end, start))
+            previous_end = end
+        gaps.append((previous_end, marks[-1][1]))
+        self._series(f"outside_{phase}").add_spans(call, gaps)
+
+    def _series(self, key: str) -> SampleSeries:
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = SampleSeries(self.clock)
+        return series

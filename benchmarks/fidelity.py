@@ -1,0 +1,179 @@
+"""Fidelity of fusion-level timing: each fusion region's time as ReportingBackend measures it (CUDA events around
+the region, read lazily) against the time torch.profiler measures for the kernels of the same region.
+
+    source .gpu/setup.sh && python benchmarks/fidelity.py --json fidelity.json    # H200: 12-layer GPT, ~2-3 min
+    python benchmarks/fidelity.py --tiny                                          # CPU smoke test (host times)
+
+Method. One training run under `ReportingBackend(timing="fusion", timing_every=1, nvtx=True)`. With `nvtx=True`
+each fusion region runs inside a `torch.profiler.record_function` range (and an NVTX range) named after the region,
+"graph0/thunder_0/nvFusion3_forward": the very key of the region in the report, so matching needs no guessing.
+The range is opened before the region's start mark and closed after its end mark. After the warm-up (compile
+included), `--steps` steps run under torch.profiler (CPU and CUDA activities):
+  - backend: the region's samples on those calls (CUDA events recorded before and after the region on the stream);
+  - profiler: for each occurrence of the region's range, the summed duration of the kernels launched inside it
+    (the profiler links a kernel to the CPU op that launched it through CUPTI correlation ids;
+    `FunctionEvent.device_time_total` of the range adds its kernels and those of the ops nested in it).
+Per region, the ratio of the medians (backend / profiler); the target is within 10%. Events measure the stream
+between two points, so idle gaps inside a region (waiting for a launch) and the events' own cost (about a
+microsecond) count as region time, while the profiler counts kernel time only: short regions (a few microseconds)
+differ most, so the summary also gives the time-weighted agreement. On CPU (--tiny) the profiler side is the
+range's CPU time instead, which only checks that the matching works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported)
+from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+
+TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+TOLERANCE = 0.10
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="a tiny GPT (CPU works): a smoke test of this script")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (compile included)")
+    parser.add_argument("--steps", type=int, default=10, help="profiled steps, each one sampled")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; tiny 4)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.batch = args.batch or (4 if args.tiny else 8)
+    return args
+
+
+def profiled_run(args, config: GPTConfig):
+    """Trains under the backend; returns (report, {range name: [profiler time of each occurrence, ms]}, calls)."""
+    from thunderfx_debug import ReportingBackend
+
+    cuda = args.device.startswith("cuda")
+    options = {}
+    if not cuda:
+        import thunder
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        options["executors"] = [torch_compile_ex, *thunder.get_default_executors()]
+    backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=args.warmup, nvtx=True, **options)
+    torch.manual_seed(0)
+    model = GPT(config).to(device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [b for _, b in zip(range(4), synthetic_batches(config, args.batch, args.device))]
+
+    def step(i):
+        tokens, targets = batches[i % len(batches)]
+        loss = compiled(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for i in range(args.warmup):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        for i in range(args.steps):
+            step(args.warmup + i)
+        if cuda:
+            torch.cuda.synchronize()
+    profiled_calls = set(range(args.warmup + 1, args.warmup + args.steps + 1))
+
+    ranges: dict[str, list[float]] = {}
+    for event in profile.events():
+        if event.name.startswith("graph") and "/" in event.name and " " not in event.name:  # region ranges only
+            micros = event.device_time_total if cuda else event.cpu_time_total
+            ranges.setdefault(event.name, []).append(micros / 1e3)
+    return backend.report(), ranges, profiled_calls
+
+
+def compare(report, ranges: dict[str, list[float]], calls: set[int]) -> list[dict]:
+    rows = []
+    for graph in report.graphs:
+        for split, fusion in graph.fusions():
+            name = f"{graph.name}/{split.name}/{fusion.qualified_name}"
+            timing = fusion.timing
+            backend_ms = [ms for ms, call in zip(timing.samples_ms, timing.calls) if call in calls] if timing else []
+            profiler_ms = ranges.get(name, [])
+            row = {"region": name, "executor": fusion.executor, "backend_samples": len(backend_ms),
+                   "profiler_samples": len(profiler_ms)}
+            if backend_ms and profiler_ms:
+                row["backend_median_ms"] = statistics.median(backend_ms)
+                row["profiler_median_ms"] = statistics.median(profiler_ms)
+                row["ratio"] = row["backend_median_ms"] / row["profiler_median_ms"] if row["profiler_median_ms"] else None
+                row["within_tolerance"] = row["ratio"] is not None and abs(row["ratio"] - 1) <= TOLERANCE
+            rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    matched = [r for r in rows if r.get("ratio") is not None]
+    backend_total = sum(r["backend_median_ms"] for r in matched)
+    profiler_total = sum(r["profiler_median_ms"] for r in matched)
+    within = [r for r in matched if r["within_tolerance"]]
+    return {
+        "regions": len(rows),
+        "matched_regions": len(matched),
+        "regions_within_tolerance": len(within),
+        "share_of_regions_within_tolerance": len(within) / len(matched) if matched else None,
+        "share_of_profiler_time_in_regions_within_tolerance":
+            sum(r["profiler_median_ms"] for r in within) / profiler_total if profiler_total else None,
+        "ratio_of_totals": backend_total / profiler_total if profiler_total else None,
+        "median_ratio": statistics.median(r["ratio"] for r in matched) if matched else None,
+        "backend_total_ms": backend_total,
+        "profiler_total_ms": profiler_total,
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cleared = sorted(name for name in os.environ if name.startswith("THUNDERFX_DEBUG_"))
+    for name in cleared:
+        del os.environ[name]
+    if cleared:
+        print(f"note: cleared {', '.join(cleared)} (they would override the settings this benchmark needs)")
+    config = TINY if args.tiny else GPT_12_LAYER
+    report, ranges, calls = profiled_run(args, config)
+    rows = compare(report, ranges, calls)
+    summary = summarize(rows)
+
+    unit = "kernel" if args.device.startswith("cuda") else "range CPU"
+    print(f"{'region':<48} {'backend ms':>11} {f'{unit} ms':>14} {'ratio':>7}")
+    for row in sorted(rows, key=lambda r: -r.get("profiler_median_ms", 0.0)):
+        if "ratio" not in row:
+            print(f"{row['region']:<48} unmatched (backend {row['backend_samples']} samples, "
+                  f"profiler {row['profiler_samples']} ranges)")
+            continue
+        flag = "" if row["within_tolerance"] else "  > 10%"
+        print(f"{row['region']:<48} {row['backend_median_ms']:11.4f} {row['profiler_median_ms']:14.4f} "
+              f"{row['ratio']:7.3f}{flag}")
+    print(f"\n{summary['matched_regions']} of {summary['regions']} regions matched; "
+          f"{summary['regions_within_tolerance']} within {TOLERANCE:.0%} "
+          f"({(summary['share_of_regions_within_tolerance'] or 0):.0%} of regions, "
+          f"{(summary['share_of_profiler_time_in_regions_within_tolerance'] or 0):.0%} of the regions' time); "
+          f"sum of medians: backend {summary['backend_total_ms']:.3f} ms vs profiler {summary['profiler_total_ms']:.3f} ms "
+          f"(ratio {summary['ratio_of_totals'] or float('nan'):.3f}); median ratio {summary['median_ratio'] or float('nan'):.3f}")
+    if args.json is not None:
+        data = {"benchmark": "fidelity", "device": args.device, "tolerance": TOLERANCE,
+                "model": {"n_layer": config.n_layer, "n_embd": config.n_embd, "seq": config.block_size,
+                          "batch": args.batch},
+                "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps},
+                "summary": summary, "regions": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.json}")
+    return 0 if summary["matched_regions"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

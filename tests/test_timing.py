@@ -1,0 +1,385 @@
+"""Timing: which calls are sampled, how pending marks resolve, and fusion-level timing on a real Thunder run (CPU).
+
+The sampling logic runs on fake clocks with exact expected samples; the real run checks that every TorchCompile
+region of the forward and backward traces was timed on exactly the sampled calls, and that instrumenting the traces
+changed no number.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import cpu_executors, tiny_gpt, train
+from thunderfx_debug.runner import TimedPiece
+from thunderfx_debug.timing import HostClock, Ranges, RegionTimer, SampleSeries, Sampling
+
+MS = 1_000_000  # nanoseconds
+
+
+class FakeEvent:
+    def __init__(self, time_ms: float):
+        self.time_ms = time_ms
+        self.done = False
+
+
+class FakeDeviceClock:
+    """Marks like CUDA events: not complete until the test says so (`complete()`), waited for only when asked."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.marks: list[FakeEvent] = []
+        self.waits = 0
+
+    def mark(self) -> FakeEvent:
+        event = FakeEvent(self.now_ms)
+        self.now_ms += 1.0
+        self.marks.append(event)
+        return event
+
+    def complete(self) -> None:
+        for event in self.marks:
+            event.done = True
+
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent, wait: bool) -> float | None:
+        if not end.done:
+            if not wait:
+                return None
+            self.waits += 1
+            end.done = True
+        return end.time_ms - start.time_ms
+
+
+class CountingHostClock(HostClock):
+    """A host clock whose marks are 1 ms apart, counting the marks it made."""
+
+    def __init__(self):
+        ticks = itertools.count(0, MS)
+        super().__init__(counter=lambda: next(ticks))
+        self.count = 0
+
+    def mark(self) -> int:
+        self.count += 1
+        return super().mark()
+
+
+def sampled(sampling: Sampling, calls: int) -> list[int]:
+    return [call for call in range(1, calls + 1) if sampling.is_sampled(call)]
+
+
+# ---- Sampling -------------------------------------------------------------------------------------------------------
+def test_sampling_takes_every_nth_call_after_the_warmup():
+    assert sampled(Sampling(every=3, warmup=1), 10) == [2, 5, 8]
+    assert sampled(Sampling(every=50, warmup=5), 120) == [6, 56, 106]
+    assert sampled(Sampling(every=1, warmup=0), 4) == [1, 2, 3, 4]
+    assert sampled(Sampling(every=2, warmup=3), 3) == []
+    assert sampled(Sampling(every=1, warmup=0, enabled=False), 10) == []
+
+
+# ---- SampleSeries ---------------------------------------------------------------------------------------------------
+def test_pending_marks_resolve_on_a_later_call_without_waiting():
+    clock = FakeDeviceClock()
+    series = SampleSeries(clock)
+    assert series.timing() is None
+    series.add(6, clock.mark(), clock.mark())
+    series.resolve()
+    assert (series.samples_ms, series.pending) == ([], 1)  # not complete: left for later, nobody waited
+    clock.complete()
+    series.resolve()
+    assert (series.samples_ms, series.calls, series.pending, clock.waits) == ([1.0], [6], 0, 0)
+
+
+def test_flush_waits_for_what_is_still_pending_and_timing_orders_by_call():
+    clock = FakeDeviceClock()
+    series = SampleSeries(clock)
+    late = (clock.mark(), clock.mark(), clock.mark())  # a 2 ms sample, recorded first, completed last
+    early_start, early_end = clock.mark(), clock.mark()
+    early_start.done = early_end.done = True
+    series.add(56, late[0], late[2])
+    series.add(6, early_start, early_end)
+    series.resolve()
+    assert (series.calls, series.pending) == ([6], 1)
+    series.resolve(wait=True)
+    assert clock.waits == 1
+    timing = series.timing()
+    assert (timing.calls, timing.samples_ms, timing.clock) == ((6, 56), (1.0, 2.0), "fake")
+
+
+def test_a_sample_of_spans_is_their_sum_and_waits_for_all_of_them():
+    clock = FakeDeviceClock()
+    series = SampleSeries(clock)
+    marks = [clock.mark() for _ in range(6)]  # at 0, 1, ..., 5 ms
+    series.add_spans(2, [(marks[0], marks[1]), (marks[3], marks[5])])
+    series.add_spans(5, [])
+    marks[1].done = True
+    series.resolve()
+    assert (series.calls, series.samples_ms, series.pending) == ([5], [0.0], 1)  # the second span is not complete
+    clock.complete()
+    series.resolve()
+    assert (series.calls, series.samples_ms) == ([5, 2], [0.0, 3.0])
+
+
+# ---- TimedPiece, BackwardMarks, RegionTimer ------------------------------------------------------------------------
+class FakeSplit(torch.autograd.Function):
+    """Stands for a thunder split whose traces are instrumented: two fusion regions forward, one backward."""
+
+    timer: RegionTimer | None = None
+
+    @staticmethod
+    def forward(ctx, x):
+        timer = FakeSplit.timer
+        timer.begin_trace("forward")
+        for key in ("F0_forward", "F1_forward"):
+            timer.begin_region(key)
+            timer.end_region(key)
+        timer.end_trace("forward")
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        timer = FakeSplit.timer
+        timer.begin_trace("backward")
+        timer.begin_region("B0_backward")
+        timer.end_region("B0_backward")
+        timer.end_trace("backward")
+        return grad * 2
+
+
+def run_calls(piece: TimedPiece, sampling: Sampling, calls: int, backward_on=lambda call: True):
+    for call in range(1, calls + 1):
+        x = torch.ones(3, requires_grad=True)
+        args = (x,)
+        out = piece.run_sampled(FakeSplit.apply, args, call) if sampling.is_sampled(call) else FakeSplit.apply(*args)
+        if backward_on(call):
+            out.sum().backward()
+
+
+def test_timed_piece_times_forward_and_backward_of_sampled_calls_only():
+    clock = CountingHostClock()
+    FakeSplit.timer = RegionTimer(clock, series={})  # not attached: its marks never run
+    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    run_calls(piece, Sampling(every=3, warmup=1), calls=8)
+    piece.forward.resolve()
+    piece.backward.resolve()
+    # marks per sampled call: forward start, end (1 ms), backward start at the output's gradient, end (1 ms)
+    assert (piece.forward.calls, piece.forward.samples_ms) == ([2, 5, 8], [1.0, 1.0, 1.0])
+    assert (piece.backward.calls, piece.backward.samples_ms) == ([2, 5, 8], [1.0, 1.0, 1.0])
+    assert clock.count == 3 * 4  # unsampled calls made no mark
+    assert FakeSplit.timer.series == {}
+
+
+def test_a_backward_that_never_ran_is_dropped_at_the_next_sampled_call():
+    clock = CountingHostClock()
+    FakeSplit.timer = RegionTimer(clock, series={})
+    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    run_calls(piece, Sampling(every=3, warmup=1), calls=5, backward_on=lambda call: call != 2)
+    piece.forward.resolve()
+    piece.backward.resolve()
+    assert piece.forward.calls == [2, 5]
+    assert piece.backward.calls == [5]
+    assert piece._backward_marks.handles == []  # the hooks of call 5 fired and were removed
+
+
+class LaterConsumer(torch.autograd.Function):
+    """Another consumer of a piece's input, whose backward runs after the piece's (and makes a mark)."""
+
+    clock: CountingHostClock | None = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        LaterConsumer.clock.mark()
+        return grad * 3
+
+
+def test_the_backward_ends_with_the_pieces_own_nodes_not_when_its_inputs_gradients_are_complete():
+    # Like a tied embedding weight: the input's gradient is complete only after another consumer's backward.
+    clock = CountingHostClock()
+    FakeSplit.timer = RegionTimer(clock, series={})
+    LaterConsumer.clock = clock
+    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    x = torch.ones(3, requires_grad=True)
+    other = LaterConsumer.apply(x)
+    out = piece.run_sampled(FakeSplit.apply, (x,), call=1)
+    (out.sum() + other.sum()).backward()  # autograd runs FakeSplit's node first, the later consumer's next
+    piece.backward.resolve()
+    assert clock.count == 5  # forward start, end, backward start, end, the later consumer's mark
+    assert piece.backward.samples_ms == [1.0]  # the later consumer's backward is not in it
+    assert piece._backward_marks.handles == []
+
+
+def test_region_timer_records_regions_and_outside_time_of_sampled_calls():
+    clock = CountingHostClock()
+    timer = RegionTimer(clock, series={})
+    FakeSplit.timer = timer
+    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock), regions=timer)
+    run_calls(piece, Sampling(every=3, warmup=1), calls=8)
+    for series in [piece.forward, piece.backward, *timer.series.values()]:
+        series.resolve()
+    samples = {key: (series.calls, series.samples_ms) for key, series in timer.series.items()}
+    # Marks of a sampled call, 1 ms apart: split start | trace start, F0 begin, F0 end, F1 begin, F1 end, trace end |
+    # split end | backward start | trace start, B0 begin, B0 end, trace end | backward end.
+    assert samples == {
+        "F0_forward": ([2, 5, 8], [1.0] * 3),
+        "F1_forward": ([2, 5, 8], [1.0] * 3),
+        "outside_forward": ([2, 5, 8], [3.0] * 3),  # trace start -> F0, F0 -> F1, F1 -> trace end
+        "B0_backward": ([2, 5, 8], [1.0] * 3),
+        "outside_backward": ([2, 5, 8], [2.0] * 3),
+    }
+    assert piece.forward.samples_ms == [7.0] * 3
+    assert piece.backward.samples_ms == [5.0] * 3
+    assert clock.count == 3 * 14
+    assert (timer.forward_call, timer.backward_call) == (0, 0)  # disarmed after each sampled call
+
+
+def test_ranges_name_every_region_on_every_call_for_the_profiler():
+    timer = RegionTimer(CountingHostClock(), series={}, ranges=(Ranges(), "graph0/thunder_0"))
+    FakeSplit.timer = timer
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        FakeSplit.apply(torch.ones(3, requires_grad=True)).sum().backward()  # not a sampled call
+    names = [e.name for e in profile.events() if e.name.startswith("graph0/")]
+    assert sorted(names) == [
+        "graph0/thunder_0 backward", "graph0/thunder_0 forward", "graph0/thunder_0/B0_backward",
+        "graph0/thunder_0/F0_forward", "graph0/thunder_0/F1_forward",
+    ]
+    assert timer.series == {}  # ranges only: no marks on an unsampled call
+
+
+# ---- trace.json layout ----------------------------------------------------------------------------------------------
+def test_chrome_trace_packs_each_sampled_call_without_overlaps():
+    from thunderfx_debug.records import FusionRecord, GraphRecord, Phase, Report, SplitKind, SplitRecord, Timing
+    from thunderfx_debug.render.chrome_trace import chrome_trace
+
+    def timing(*samples):
+        return Timing(samples_ms=samples, calls=(2, 5), clock="cuda")
+
+    thunder = SplitRecord(
+        name="thunder_0", kind=SplitKind.THUNDER, timing=timing(6.0, 7.0), backward_timing=timing(9.0, 9.5),
+        fusions=(FusionRecord("nvFusion0", "nvfuser", Phase.FORWARD, timing=timing(2.0, 2.5)),
+                 FusionRecord("nvFusion1", "nvfuser", Phase.FORWARD, timing=timing(1.0, 1.0)),
+                 FusionRecord("nvFusion0", "nvfuser", Phase.BACKWARD, timing=timing(4.0, 4.0))),
+        outside_fusions_timing={"outside_forward": timing(2.5, 3.0), "outside_backward": timing(4.5, 5.0)},
+    )
+    inductor = SplitRecord(name="inductor_1", kind=SplitKind.INDUCTOR, timing=timing(1.0, 1.0),
+                           backward_timing=timing(2.0, 2.0))
+    graph = GraphRecord(name="graph0", index=0, splits=(thunder, inductor), timing=timing(7.5, 8.5),
+                        backward_timing=timing(11.5, 12.0))
+    events = [e for e in chrome_trace(Report(graphs=(graph,)))["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == 2 * (2 + 4 + 3 + 2)  # every sample once: graph, splits, fusions, outside fusions
+    by_name = {(e["name"], e["args"]["call"]): e for e in events}
+    for call in (2, 5):
+        forward, backward = by_name[("graph0 forward", call)], by_name[("graph0 backward", call)]
+        assert backward["ts"] == forward["ts"] + forward["dur"]
+        split_fwd, split_bwd = by_name[("graph0/thunder_0 forward", call)], by_name[("graph0/thunder_0 backward", call)]
+        assert split_fwd["ts"] == forward["ts"]
+        # backward runs the splits in reverse order: inductor_1 first, then thunder_0
+        assert split_bwd["ts"] == backward["ts"] + by_name[("graph0/inductor_1 backward", call)]["dur"]
+        f0, f1 = by_name[("graph0/thunder_0/nvFusion0_forward", call)], by_name[("graph0/thunder_0/nvFusion1_forward", call)]
+        outside = by_name[("graph0/thunder_0 outside fusions forward", call)]
+        assert (f0["ts"], f1["ts"], outside["ts"]) == (split_fwd["ts"], f0["ts"] + f0["dur"], f1["ts"] + f1["dur"])
+        assert outside["ts"] + outside["dur"] <= split_fwd["ts"] + split_fwd["dur"]
+        assert by_name[("graph0/thunder_0/nvFusion0_backward", call)]["ts"] == split_bwd["ts"]
+    tracks: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        tracks.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():
+        spans.sort()
+        assert all(a_end <= b_start + 1e-9 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+# ---- a real Thunder run on CPU -------------------------------------------------------------------------------------
+STEPS, EVERY, WARMUP = 8, 3, 1
+SAMPLED = (2, 5, 8)
+
+
+def _train(**options):
+    from thunderfx_debug import ReportingBackend
+
+    torch._dynamo.reset()
+    model, config = tiny_gpt(seed=0)
+    backend = ReportingBackend(executors=cpu_executors(), strict=True, **options)
+    compiled = torch.compile(model, backend=backend)
+    losses = train(compiled, model, config, STEPS)
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return backend, compiled, model, config, losses, params
+
+
+@pytest.fixture(scope="module")
+def runs():
+    # One CPU thread: with several, CPU kernels reduce in an order that varies from run to run, and two runs of the
+    # same settings already differ in the last bits of the parameters.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        off = _train(timing="off")
+        fusion = _train(timing="fusion", timing_every=EVERY, timing_warmup=WARMUP, nvtx=True)
+        backend, compiled, model, config, _, _ = fusion
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            train(compiled, model, config, steps=1)  # call 9: not sampled, the ranges are there all the same
+        range_names = {e.name for e in profile.events() if e.name.startswith("graph")}
+        yield off, fusion, range_names
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+
+
+def test_fusion_timing_changes_no_number(runs):
+    (_, _, _, _, off_losses, off_params), (_, _, _, _, losses, params), _ = runs
+    assert torch.equal(off_losses, losses), (off_losses, losses)
+    for name in off_params:
+        assert torch.equal(off_params[name], params[name]), name
+
+
+def test_every_region_of_forward_and_backward_is_timed_on_exactly_the_sampled_calls(runs):
+    backend = runs[1][0]
+    report = backend.report()
+    thunder_splits = [s for g in report.graphs for s in g.splits if s.kind.value == "thunder"]
+    assert len(thunder_splits) >= 2
+    for split in thunder_splits:
+        phases = {f.phase.value for f in split.fusions}
+        assert phases == {"forward", "backward"}, split.name
+        for fusion in split.fusions:
+            assert fusion.name.startswith("TorchCompile"), fusion.name
+            assert fusion.timing is not None and fusion.timing.calls == SAMPLED, (split.name, fusion.qualified_name)
+            assert fusion.timing.clock == "host"
+        assert sorted(split.outside_fusions_timing) == ["outside_backward", "outside_forward"]
+        for phase, timing in split.outside_fusions_timing.items():
+            assert timing.calls == SAMPLED, (split.name, phase)
+        # The trace runs inside the split's call: its regions and the time outside them fit in the split's time.
+        forward = [s for f in split.fusions_in("forward") for s in f.timing.samples_ms]
+        for i, call in enumerate(SAMPLED):
+            in_trace = sum(f.timing.samples_ms[i] for f in split.fusions_in("forward"))
+            in_trace += split.outside_fusions_timing["outside_forward"].samples_ms[i]
+            assert 0 < in_trace <= split.timing.samples_ms[i], (split.name, call)
+        assert all(s > 0 for s in forward)
+
+
+def without_provenance(trace: str | None) -> str | None:
+    """A trace's text without its first line, which says how many milliseconds Thunder's last pass took."""
+    return None if trace is None else trace.split("\n", 1)[1]
+
+
+def test_the_recorded_traces_are_the_ones_thunder_built_without_timing_calls(runs):
+    off_report, report = runs[0][0].report(), runs[1][0].report()
+    for off_graph, graph in zip(off_report.graphs, report.graphs, strict=True):
+        for off_split, split in zip(off_graph.splits, graph.splits, strict=True):
+            assert without_provenance(split.fwd_trace) == without_provenance(off_split.fwd_trace), split.name
+            assert without_provenance(split.bwd_trace) == without_provenance(off_split.bwd_trace), split.name
+            assert [f.qualified_name for f in split.fusions] == [f.qualified_name for f in off_split.fusions]
+            if split.fwd_trace is not None:
+                assert "thunderfx_debug" not in split.fwd_trace + split.bwd_trace
+
+
+def test_nvtx_ranges_name_the_regions_in_the_profiler(runs):
+    report = runs[1][0].report()
+    expected = {f"{g.name}/{s.name}/{f.qualified_name}" for g in report.graphs for s, f in g.fusions()}
+    expected |= {f"{g.name}/{s.name} {phase}" for g in report.graphs for s in g.splits if s.fusions
+                 for phase in ("forward", "backward")}
+    assert runs[2] == expected

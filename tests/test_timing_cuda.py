@@ -1,0 +1,124 @@
+"""Timing on CUDA with nvFuser: CUDA events around every nvFusion region on exactly the sampled calls, no change in
+any number, and no device synchronisation on unsampled steps (`torch.cuda.set_sync_debug_mode("error")`).
+
+Run on a GPU machine: `python -m pytest tests/test_timing_cuda.py -q -m cuda`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_gpt, train
+
+pytestmark = pytest.mark.cuda
+
+STEPS, EVERY, WARMUP = 8, 3, 1
+SAMPLED = (2, 5, 8)
+
+
+def _train(**options):
+    from thunderfx_debug import ReportingBackend
+
+    torch._dynamo.reset()
+    model, config = tiny_gpt(seed=0, device="cuda")
+    backend = ReportingBackend(strict=True, **options)  # Thunder's default executors: nvFuser fuses on CUDA
+    compiled = torch.compile(model, backend=backend)
+    losses = train(compiled, model, config, STEPS, device="cuda")
+    torch.cuda.synchronize()
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return backend, losses, params
+
+
+@pytest.fixture(scope="module")
+def runs():
+    off = _train(timing="off")
+    fusion = _train(timing="fusion", timing_every=EVERY, timing_warmup=WARMUP)
+    yield off, fusion
+    torch._dynamo.reset()
+
+
+def _differences(a, b) -> list[str]:
+    (_, a_losses, a_params), (_, b_losses, b_params) = a, b
+    names = ["losses"] if not torch.equal(a_losses, b_losses) else []
+    return names + [name for name in a_params if not torch.equal(a_params[name], b_params[name])]
+
+
+def test_fusion_timing_changes_no_number_on_cuda(runs):
+    off, fusion = runs
+    differences = _differences(off, fusion)
+    if differences:  # tell a real difference from a baseline that differs from itself (atomics in some kernels)
+        again = _differences(off, _train(timing="off"))
+        assert not again, f"two runs without timing differ already ({again}); this check needs a deterministic run"
+    assert not differences, differences
+
+
+def test_every_nvfusion_region_is_timed_with_cuda_events_on_the_sampled_calls(runs):
+    backend = runs[1][0]
+    report = backend.report()  # after synchronize: every event is complete, nothing waits
+    fusions = [(s, f) for g in report.graphs for s, f in g.fusions()]
+    assert {f.phase.value for _, f in fusions} == {"forward", "backward"}
+    assert any(f.name.startswith("nvFusion") for _, f in fusions)
+    for split, fusion in fusions:
+        assert fusion.timing is not None and fusion.timing.calls == SAMPLED, (split.name, fusion.qualified_name)
+        assert fusion.timing.clock == "cuda"
+        assert all(ms > 0 for ms in fusion.timing.samples_ms)
+    for graph in report.graphs:
+        for split in graph.splits:
+            if split.fusions:
+                assert sorted(split.outside_fusions_timing) == ["outside_backward", "outside_forward"]
+                for timing in split.outside_fusions_timing.values():
+                    assert timing.calls == SAMPLED
+
+
+def _train_unsampled_steps_in_sync_error_mode(**options):
+    """Warms up (compile, the first sampled call), then trains steps that are not sampled with any synchronisation
+    of the device an error. The batches are copied to the device before: a copy from pageable host memory
+    synchronises by itself."""
+    from thunderfx_debug import ReportingBackend
+    from thunderfx_debug.models import synthetic_batches
+
+    torch._dynamo.reset()
+    model, config = tiny_gpt(seed=0, device="cuda")
+    backend = ReportingBackend(strict=True, **options)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = synthetic_batches(config, batch_size=4, device="cuda")
+    steps = [next(batches) for _ in range(12)]
+    torch.cuda.synchronize()
+
+    def step(tokens, targets):
+        loss = compiled(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    warmup = options["timing_warmup"] + 1  # the warm-up calls and the first sampled one
+    for tokens, targets in steps[:warmup]:
+        step(tokens, targets)
+    torch.cuda.synchronize()
+    losses = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for tokens, targets in steps[warmup:]:
+            losses.append(step(tokens, targets))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return backend, torch.stack(losses)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(dict(timing_warmup=5), id="defaults"),  # graph timing every 50 calls
+        pytest.param(dict(timing="fusion", timing_every=50, timing_warmup=2), id="fusion"),
+        pytest.param(dict(timing="fusion", timing_every=50, timing_warmup=2, nvtx=True), id="fusion+nvtx"),
+    ],
+)
+def test_unsampled_steps_never_synchronise_the_device(options):
+    backend, losses = _train_unsampled_steps_in_sync_error_mode(**options)
+    assert torch.isfinite(losses).all()
+    report = backend.report()
+    assert all(g.timing.calls == (options["timing_warmup"] + 1,) for g in report.graphs)  # sampled once, before

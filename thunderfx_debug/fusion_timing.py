@@ -1,0 +1,165 @@
+"""Fusion-level timing: a Thunder trace transform that brackets every fusion region of a thunder split's final
+forward and backward traces with clock marks, and optionally with named NVTX / profiler ranges.
+
+This module is coupled to Thunder's internals (checked against lightning-thunder 0.2.6), like `thunder_adapter`;
+a Thunder upgrade may need changes here. What it relies on:
+
+- `Transform.transform_trace_post_optimization` runs on the final forward trace and then on the final backward trace
+  of every cache entry Thunder builds (thunder/__init__.py, `apply_transforms_and_build_cache_entry`), after fusion,
+  rematerialisation and `del_last_used`. Inserting calls there leaves every fusion decision untouched, so results
+  are bit-identical (`dev_utils/nvtx_profile_transform.py` works the same way). The backward trace is the one whose
+  signature is `backward_fn` (thunder/transforms/autodiff.py).
+- Thunder iterates the very list object that `thunder.compile_data(module).transforms` holds, so appending to it
+  before the module's first call (ThunderFX modules compile lazily, on their first call) adds a transform to it.
+  That list is shared: by all splits of a graph (they are compiled by one `partial(jit, **thunder_options)`), and,
+  when the user passed `transforms=[...]`, by all graphs (0.2.6's `_with_prologue_pruning_transform` appends to
+  it). So one `FusionTimingTransform` is appended per list, and it finds the split a trace belongs to through the
+  compile data that Thunder makes current while it builds a cache entry (`get_compile_data()`).
+- Each inserted call is a bound symbol of an operator of our own executor, with a per-split `_call_ctx` that binds
+  its name to the split's `RegionTimer` method (the way fusion executors bind their compiled callables).
+
+The marks themselves (what is recorded, when, and how) live in `timing.RegionTimer`; nothing here runs on the
+training path except the generated calls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from thunder.core.compile_data import get_compile_data
+from thunder.core.prims import PrimIDs
+from thunder.core.symbol import BoundSymbol
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
+from thunder.core.transform_common import Transform
+from thunder.extend import OperatorExecutor
+
+from thunderfx_debug.records import Phase, SplitKind
+from thunderfx_debug.timing import RegionTimer, Ranges, Sampling
+
+_timing_ex = OperatorExecutor("thunderfx_debug_timing")
+
+
+def _no_output(label: str) -> None:
+    return None
+
+
+# The operators of the inserted calls, named after the RegionTimer methods they call.
+_MARK_OPS = {
+    method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output)
+    for method in ("begin_trace", "begin_region", "end_region", "end_trace")
+}
+_MARK_NAMES = frozenset(op.name for op in _MARK_OPS.values())
+_PROVENANCE = "thunderfx_debug fusion timing marks"
+
+
+def instrument_graph(state, sampling: Sampling, nvtx: bool = False, time_regions: bool = True) -> None:
+    """Instruments every thunder split of a just-compiled graph (before its first call).
+
+    Args:
+        state: the graph's `recorder.GraphState`; its `split_gm` holds the `runner.SplitRunner` of each split.
+        sampling: which calls are timed (the runner arms the timers on those calls; kept for the signature).
+        nvtx: also open a named range around each region and trace on every call ("graph0/thunder_0/nvFusion0_forward",
+            "graph0/thunder_0 forward"), for Nsight Systems (NVTX) and torch.profiler (`record_function`).
+        time_regions: record clock marks on sampled calls into each split's `region_series`; False for ranges only.
+
+    Raises:
+        RuntimeError: a split was already compiled (its cache entries would not be instrumented).
+    """
+    del sampling  # the runners decide which calls are sampled and arm the timers then
+    for split in state.splits:
+        if split.piece.kind is not SplitKind.THUNDER:
+            continue
+        ranges = (Ranges(), f"{state.name}/{split.name}") if nvtx else None
+        timer = RegionTimer(state.clock, split.region_series, ranges)
+        if time_regions:
+            getattr(state.split_gm, split.name).attach_regions(timer)
+        attach(split.piece.compiled, timer)
+
+
+def attach(thunder_module, timer: RegionTimer) -> None:
+    """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `timer`."""
+    import thunder
+
+    compile_data = thunder.compile_data(thunder_module)
+    stats = thunder.compile_stats(thunder_module)
+    if compile_data is None:
+        raise RuntimeError(f"{type(thunder_module).__name__} is not a Thunder-compiled module")
+    if stats is not None and stats.interpreter_cache:
+        raise RuntimeError("the Thunder module was already compiled; fusion timing must be attached before its first call")
+    transforms = compile_data.transforms
+    transform = next((t for t in transforms if isinstance(t, FusionTimingTransform)), None)
+    if transform is None:
+        transform = FusionTimingTransform()
+        transforms.append(transform)  # last: after every other transform of the user's, on the final traces
+    transform.timers[compile_data] = timer
+
+
+class FusionTimingTransform(Transform):
+    """Brackets the fusion regions of the final traces of the modules registered in `timers` (keyed by their
+    compile data); traces of other modules sharing the transform list pass unchanged."""
+
+    def __init__(self):
+        self.timers: weakref.WeakKeyDictionary[Any, RegionTimer] = weakref.WeakKeyDictionary()
+
+    def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs) -> TraceCtx:
+        timer = self.timers.get(get_compile_data())
+        if timer is None:
+            return computation_trace
+        return instrument_trace(computation_trace, timer)
+
+
+def trace_phase(trace: TraceCtx) -> Phase:
+    """Forward or backward: Thunder names the backward trace's function `backward_fn`."""
+    return Phase.BACKWARD if trace.siginfo().name == "backward_fn" else Phase.FORWARD
+
+
+def instrument_trace(trace: TraceCtx, timer: RegionTimer) -> TraceCtx:
+    """A copy of `trace` with calls to `timer` at its start, before and after every fusion region, and before its
+    return. The region keys are "<fusion name>_<phase>" ("nvFusion0_forward", "TorchCompile1_backward")."""
+    phase = trace_phase(trace).value
+
+    def mark(method: str, label: str):
+        op = _MARK_OPS[method]
+        # Built directly: `bind` and `from_bsym` would reset the call ctx to the operator's registered one (none).
+        return BoundSymbol(op, args=(label,), kwargs={}, output=None, _call_ctx={op.name: getattr(timer, method)})
+
+    body = list(trace.bound_symbols)
+    return_index = next(
+        (i for i in range(len(body) - 1, -1, -1) if body[i].sym.id == PrimIDs.RETURN), len(body)
+    )
+    instrumented = [mark("begin_trace", phase)]
+    for bsym in body[:return_index]:
+        if bsym.sym.is_fusion:
+            key = f"{bsym.sym.name}_{phase}"
+            instrumented += [mark("begin_region", key), bsym, mark("end_region", key)]
+        else:
+            instrumented.append(bsym)
+    instrumented += [mark("end_trace", phase), *body[return_index:]]
+
+    new_trace = from_trace(trace)
+    new_trace.bound_symbols = instrumented
+    new_trace.set_provenance(TraceProvenance(_PROVENANCE))
+    new_trace._thunderfx_debug_uninstrumented = trace  # what the records show (see `without_marks`)
+    return new_trace
+
+
+def is_mark(bsym) -> bool:
+    return bsym.sym.name in _MARK_NAMES
+
+
+def without_marks(trace: TraceCtx | None) -> TraceCtx | None:
+    """The trace as Thunder built it, without the timing calls: the trace this transform started from, or, for a
+    trace Thunder derived from an instrumented one (the forward of a no-grad call is unwrapped afterwards), a copy
+    with the calls removed."""
+    if trace is None:
+        return None
+    source = getattr(trace, "_thunderfx_debug_uninstrumented", None)
+    if source is not None:
+        return source
+    if not any(is_mark(b) for b in trace.bound_symbols):
+        return trace
+    stripped = from_trace(trace)
+    stripped.bound_symbols = [b for b in trace.bound_symbols if not is_mark(b)]
+    stripped.set_provenance(TraceProvenance(f"{trace.get_provenance()} (the timing calls removed)"))
+    return stripped
