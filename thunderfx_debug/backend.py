@@ -13,7 +13,7 @@ import torch
 from thunder.dynamo import ThunderCompiler
 
 from thunderfx_debug import compat, thunder_adapter
-from thunderfx_debug.config import Config, ConfigError, OnError, OWN_OPTIONS, Timing, load_config
+from thunderfx_debug.config import Config, ConfigError, Inputs, OnError, OWN_OPTIONS, Timing, load_config
 from thunderfx_debug.recorder import GraphState, Recorder, describe_exception
 from thunderfx_debug.records import Report
 from thunderfx_debug.runner import GraphRunner, SplitRunner
@@ -96,6 +96,8 @@ class ReportingBackend(ThunderCompiler):
         with self.recorder.failures.guard(f"wrapping the splits of {state.name}"):
             for split in state.splits:
                 wrapped = SplitRunner(split.piece.compiled, split, state, sampling, timed=timing >= Timing.SPLIT)
+                if self.config.inputs is Inputs.REAL:
+                    wrapped.first_call = self._on_first_split_call
                 setattr(split_gm, split.name, wrapped)
             if timing >= Timing.FUSION:
                 self._instrument_fusions(state, sampling)
@@ -129,9 +131,31 @@ class ReportingBackend(ThunderCompiler):
 
             repro_inputs.capture(state, args, self.config.inputs_max_mb)
 
+    def _on_first_output(self, state: GraphState, outputs) -> None:
+        if self.config.inputs is not Inputs.REAL:
+            return
+        with self.recorder.failures.guard(f"capturing the first outputs of {state.name}"):
+            from thunderfx_debug.repro import inputs as repro_inputs
+
+            repro_inputs.capture_outputs(state, outputs)
+
+    def _on_first_split_call(self, split, args, inner):
+        """Runs a split's first call, keeping host copies of its inputs and outputs (THUNDERFX_DEBUG_INPUTS=real)."""
+        from thunderfx_debug.repro import inputs as repro_inputs
+
+        with self.recorder.failures.guard(f"capturing the real inputs of {split.name}"):
+            repro_inputs.capture_split(split, args, self.config.inputs_max_mb)
+        out = inner(*args)
+        with self.recorder.failures.guard(f"capturing the first outputs of {split.name}"):
+            repro_inputs.capture_split_outputs(split, out)
+        return out
+
     def _on_graph_error(self, state: GraphState, error: BaseException, args):
         """A graph failed to compile or run with Thunder: record it, write its repro, then re-raise or fall back."""
         self.recorder.graph_failed(state, error, state.failed_piece)
+        if state.real_inputs is None:  # failed to compile: the inputs Dynamo handed the backend are the real ones
+            self._on_first_call(state, args)
+        state.fallback = self.config.on_error is OnError.FALLBACK  # before the flush, so that the dump says so
         if self.config.dump_dir is not None:
             with self.recorder.failures.guard(f"writing the failure report of {state.name}"):
                 self.flush()

@@ -85,11 +85,16 @@ class SplitRunner(torch.nn.Module):
         self._split, self._graph = split_state, graph_state
         self._sampling = sampling
         self._timed = TimedPiece(split_state.forward, split_state.backward) if timed else None
+        # Set by the backend when THUNDERFX_DEBUG_INPUTS=real: `first_call(split_state, args, inner)` runs the first
+        # call itself, keeping host copies of its inputs and outputs for the repro scripts.
+        self.first_call: Callable | None = None
 
     def forward(self, *args):
         split = self._split
         split.calls += 1
         try:
+            if split.calls == 1 and self.first_call is not None:
+                return self.first_call(split, args, self.inner)
             if self._timed is not None and self._sampling.is_sampled(self._graph.calls):
                 return self._timed.run_sampled(self.inner, args, self._graph.calls)
             return self.inner(*args)
@@ -120,7 +125,10 @@ class GraphRunner:
         try:
             if self._timed is not None and self.sampling.is_sampled(state.calls):
                 return self._timed.run_sampled(self.split_gm, args, state.calls)
-            return self.split_gm(*args)
+            out = self.split_gm(*args)
+            if state.calls == 1:
+                self.backend._on_first_output(state, out)
+            return out
         except Exception as e:
             self._fallback = self.backend._on_graph_error(state, e, args)
             return self._fallback(*args)

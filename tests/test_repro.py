@@ -1,0 +1,214 @@
+"""Repro scripts from a real ThunderFX run on CPU (Thunder's torch.compile executor gives TorchCompileN regions):
+every script a dump lists exists and runs to exit 0, with metadata inputs and with the run's real tensors; a split
+that Thunder fails on gets its repro written before the exception propagates, and fallback keeps training.
+
+Running ~30 scripts as fresh interpreters costs ~15 s each here, mostly importing torch and Thunder, so the scripts
+run in children forked from one interpreter that imported them once (each child runs one script as __main__ in its
+own directory, as `python script.py` would). Two scripts also run as plain `python script.py` subprocesses: the
+benchmark one and the failing piece's repro.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cpu_executors, tiny_gpt, train
+from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.config import Inputs
+
+SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of inductor compile workers per script
+
+FORK_RUNNER = r"""
+import json, os, runpy, sys, traceback
+import torch, thunderfx_debug, thunder, torch._dynamo, torch._inductor.compile_fx  # once, for every child
+results, running = {}, {}
+def run(path):
+    os.chdir(os.path.dirname(path)); sys.argv = [path]
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc(); code = 1
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(code)
+def reap():
+    pid, status = os.wait(); results[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+for path in sys.argv[1:]:
+    while len(running) >= 2:
+        reap()
+    with open(path + ".log", "w") as log:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2); run(path)
+    running[pid] = path
+while running:
+    reap()
+print(json.dumps(results))
+"""
+
+
+def _expected_scripts(rank_dir: Path) -> dict[str, Path]:
+    """label@owner -> path of every script the report of `rank_dir` should list, from its graphs/splits/fusions."""
+    report = load_report(rank_dir)
+    expected = {}
+    for graph in report.graphs:
+        for kind in ("eager", "thunder", "torchcompile"):
+            expected[f"{graph.name}:repro_{kind}"] = graph.files.get(f"repro_{kind}")
+        for split in graph.splits:
+            kinds = ("eager", "thunder", "inductor") if split.kind.value == "thunder" else ("eager", "inductor")
+            for kind in kinds:
+                expected[f"{graph.name}/{split.name}:repro_{kind}"] = split.files.get(f"repro_{kind}")
+            for fusion in split.fusions:
+                kinds = ("nvfuser", "inductor") if fusion.executor == "nvfuser" else ("inductor",)
+                for kind in kinds:
+                    key = f"{graph.name}/{split.name}/{fusion.name}_{fusion.phase.value}:repro_{kind}"
+                    expected[key] = fusion.files.get(f"repro_{kind}")
+    return {key: (rank_dir / path if path else None) for key, path in expected.items()}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """One training run (1 layer, an inductor split from torch.sinc), dumped twice: real inputs, then metadata."""
+    root = tmp_path_factory.mktemp("repro")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("THUNDERFX_DEBUG_")]:
+            patch.delenv(name)
+        torch._dynamo.reset()
+        model, config = tiny_gpt(graph_break=False)
+        backend = ReportingBackend(
+            dump_dir=root / "real", repro="all", inputs="real", executors=cpu_executors(), strict=True
+        )
+        train(torch.compile(model, backend=backend), model, config, steps=2)
+        real = backend.flush()
+        backend.config = dataclasses.replace(backend.config, inputs=Inputs.META, dump_dir=root / "meta")
+        meta = backend.flush()
+        torch._dynamo.reset()
+    return {"real": real, "meta": meta}
+
+
+def test_every_piece_has_its_scripts_and_real_inputs(dumps):
+    for mode, rank_dir in dumps.items():
+        expected = _expected_scripts(rank_dir)
+        assert len(expected) >= 15, expected  # 1 graph, 3 splits (one inductor), 4 TorchCompile regions
+        missing = [key for key, path in expected.items() if path is None or not path.is_file()]
+        assert not missing, (mode, missing)
+        report = load_report(rank_dir)
+        assert any(f.executor == "torchcompile" for s in report.graphs[0].splits for f in s.fusions)
+    # With real inputs, each graph and split has its saved tensors, and its scripts load them (weights_only).
+    real_inputs = sorted(p.relative_to(dumps["real"]).as_posix() for p in dumps["real"].rglob("*.pt"))
+    assert real_inputs == sorted(
+        ["graph0/inputs/graph0_inputs.pt"]
+        + [f"graph0/graph0_{s}/inputs/graph0_{s}_inputs.pt" for s in ("thunder_0", "inductor_1", "thunder_2")]
+    )
+    saved = torch.load(dumps["real"] / "graph0/inputs/graph0_inputs.pt", weights_only=True)
+    assert saved["outputs"] is not None and len(saved["inputs"]) > 10
+    thunder_script = dumps["real"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py"
+    assert "runtime.load_inputs('inputs/graph0_thunder_0_inputs.pt'" in thunder_script.read_text()
+    assert "torch.load" not in (dumps["meta"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py").read_text()
+    # The run's executors, by name (Thunder 0.2.6's own writer drops them).
+    assert "runtime.executors(['torchcompile', 'sdpa', 'torchcompile_xentropy'])" in thunder_script.read_text()
+
+
+def test_every_script_runs_and_checks_itself(dumps):
+    scripts = sorted(str(p) for rank_dir in dumps.values() for p in _expected_scripts(rank_dir).values())
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_RUNNER, *scripts], env=SCRIPT_ENV, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(results) == scripts
+    failed = {path: Path(path + ".log").read_text()[-2000:] for path, code in results.items() if code != 0}
+    assert not failed, failed
+    # thunder and inductor scripts compared themselves (with the run's outputs where real inputs were saved).
+    log = Path(str(dumps["real"] / "graph0/graph0_thunder_2/graph0_thunder_2_repro_thunder.py") + ".log").read_text()
+    assert "forward outputs vs the run's" in log and "gradients vs eager" in log, log
+
+
+def test_benchmark_writes_the_figures_as_json(dumps, tmp_path):
+    script = dumps["real"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py"
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, script.name, "--benchmark", "--json", str(out), "--min-run-time", "0.05"],
+        cwd=script.parent, env=SCRIPT_ENV, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["script"] == script.name
+    assert figures["piece"] == "graph0/thunder_0" and figures["executor"] == "thunder"
+    assert figures["forward_ms"] > 0 and figures["backward_ms"] is not None and figures["backward_ms"] >= 0
+
+
+def _unfold_sum(x):
+    # Thunder 0.2.6 registers Tensor.unfold's automatic torch fallback with the meta of torch.nn.functional.unfold
+    # (im2col), which refuses a 2-D input: ThunderFX keeps the op in a thunder split, and the split fails on its
+    # first call. Eager PyTorch computes it.
+    return x.unfold(1, 2, 1).sum() * 2
+
+
+@pytest.mark.parametrize("on_error", ["raise", "fallback"])
+def test_a_failing_split_gets_its_repro_before_the_error_propagates(tmp_path, on_error):
+    backend = ReportingBackend(dump_dir=tmp_path, on_error=on_error, inputs="real", strict=True)  # repro: none
+    compiled = torch.compile(_unfold_sum, backend=backend)
+    x = torch.randn(3, 4)
+    if on_error == "raise":
+        with pytest.raises(NotImplementedError, match="unfold"):
+            compiled(x)
+    else:
+        for _ in range(3):  # training goes on, with inductor
+            assert torch.allclose(compiled(x), _unfold_sum(x))
+    graph = load_report(tmp_path).graphs[0]
+    assert graph.error and "unfold" in graph.error
+    assert graph.fallback is (on_error == "fallback")
+    split = graph.splits[0]
+    assert split.error is not None and set(split.files) >= {"repro_eager", "repro_thunder", "repro_inductor"}
+    assert not graph.files  # only the failing piece: THUNDERFX_DEBUG_REPRO is none
+    if on_error == "fallback":
+        return
+    # The thunder script reproduces the failure from the saved inputs; eager runs them.
+    rank_dir = tmp_path / "rank0"
+    thunder = subprocess.run(
+        [sys.executable, Path(split.files["repro_thunder"]).name],
+        cwd=rank_dir / Path(split.files["repro_thunder"]).parent, env=SCRIPT_ENV, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert thunder.returncode != 0 and "automatic registration for unfold" in thunder.stderr, thunder.stderr[-2000:]
+    assert "runtime.load_inputs(" in (rank_dir / split.files["repro_eager"]).read_text()
+
+
+def test_inputs_over_the_cap_fall_back_to_metadata_and_say_so(tmp_path):
+    backend = ReportingBackend(dump_dir=tmp_path, repro="split", inputs="real", inputs_max_mb=0, strict=True)
+    torch.compile(lambda x: (x * 2).sin(), backend=backend)(torch.randn(8))
+    rank_dir = backend.flush()
+    assert not list(rank_dir.rglob("*.pt"))
+    script = (rank_dir / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py").read_text()
+    assert "over THUNDERFX_DEBUG_INPUTS_MAX_MB" in script and "torch.testing.make_tensor([8]" in script
+
+
+@pytest.mark.cuda
+def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
+    torch._dynamo.reset()
+    model, config = tiny_gpt(device="cuda", graph_break=False, sinc_gate=False)
+    backend = ReportingBackend(dump_dir=tmp_path, repro="fusion", inputs="meta", strict=True)  # Thunder's defaults
+    train(torch.compile(model, backend=backend), model, config, steps=2, device="cuda")
+    rank_dir = backend.flush()
+    expected = {k: p for k, p in _expected_scripts(rank_dir).items() if "nvFusion" in k}
+    assert any(k.endswith("repro_nvfuser") for k in expected) and all(p and p.is_file() for p in expected.values())
+    # CUDA cannot be used in children forked after it was initialised: these run as plain subprocesses.
+    failed = {}
+    for script in sorted(expected.values()):
+        run = subprocess.run(
+            [sys.executable, script.name], cwd=script.parent, env=SCRIPT_ENV, capture_output=True, text=True,
+            timeout=600,
+        )
+        if run.returncode != 0:
+            failed[str(script)] = run.stdout[-1000:] + run.stderr[-2000:]
+    assert not failed, failed
