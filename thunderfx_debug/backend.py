@@ -50,9 +50,11 @@ class ReportingBackend(ThunderCompiler):
         if dump_dir is not None:
             own["dump_dir"] = dump_dir
         self.config: Config = load_config(own)
+        _current_rank()  # a malformed RANK / LOCAL_RANK fails here, before training, not at the first compile
         super().__init__(**options)
         self.recorder = Recorder(self.config, dict(self.thunder_options))
         self._rank: int | None = None
+        self._world_size: int | None = None
         self._flushes = 0
         if self.config.dump_dir is not None:
             from thunderfx_debug.dump import check_writable
@@ -67,9 +69,22 @@ class ReportingBackend(ThunderCompiler):
         if self._rank is None:
             rank = _current_rank()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
-                self._rank = rank  # fixed from here on; before init the environment may still change
+                # Fixed from here on (before init the environment may still change); kept after the process group
+                # is destroyed, for the flush at exit.
+                self._rank, self._world_size = rank, torch.distributed.get_world_size()
             return rank
         return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """torch.distributed's world size, remembered with the rank; else WORLD_SIZE; else 1."""
+        self.rank  # noqa: B018  (fixes both once torch.distributed is initialised)
+        if self._world_size is not None:
+            return self._world_size
+        try:
+            return int(os.environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            return 1
 
     @property
     def recording(self) -> bool:
@@ -84,7 +99,8 @@ class ReportingBackend(ThunderCompiler):
             return split_gm
         devices = {str(x.device) for x in sample_args if isinstance(x, torch.Tensor)}
         state = self.recorder.new_graph(gm, sample_args, clock_for(devices))
-        self._warn_on_recompiles(state)
+        with self.recorder.failures.guard(f"counting the compiles of the frame of {state.name}"):
+            self._warn_on_recompiles(state)
         started = time.perf_counter()
         try:
             split_gm, info = thunder_adapter.compile_graph(self, gm, sample_args, inductor_compile)
@@ -99,24 +115,30 @@ class ReportingBackend(ThunderCompiler):
                 if self.config.inputs is Inputs.REAL:
                     wrapped.first_call = self._on_first_split_call
                 setattr(split_gm, split.name, wrapped)
-            if timing >= Timing.FUSION:
+            if timing >= Timing.FUSION or self.config.nvtx:  # NVTX ranges also work without fusion timing
                 self._instrument_fusions(state, sampling)
         return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH)
 
     def _instrument_fusions(self, state: GraphState, sampling: Sampling) -> None:
         from thunderfx_debug import fusion_timing
 
-        fusion_timing.instrument_graph(state, sampling, nvtx=self.config.nvtx)
+        fusion_timing.instrument_graph(
+            state, sampling, nvtx=self.config.nvtx, time_regions=self.config.timing >= Timing.FUSION
+        )
 
     def _warn_on_recompiles(self, state: GraphState) -> None:
         compile_id = state.facts.get("compile_id") or ""
         frame = compile_id.split("/")[0]
         if not frame:
             return
+        if any(g.facts.get("compile_id") == compile_id for g in self.recorder.graphs if g is not state):
+            return  # another graph of the same compile (DDP's optimizer hands one graph per bucket)
         self.recorder.frame_compiles[frame] += 1
         if self.recorder.frame_compiles[frame] == self.config.recompile_warn_threshold + 1:
+            where = f" ({state.facts['frame']})" if state.facts.get("frame") else ""
             message = (
-                f"Dynamo frame {frame} was compiled {self.recorder.frame_compiles[frame]} times (last reason: "
+                f"Dynamo frame {frame}{where} was compiled {self.recorder.frame_compiles[frame]} times, more than "
+                f"THUNDERFX_DEBUG_RECOMPILE_WARN={self.config.recompile_warn_threshold} (last reason: "
                 f"{state.facts.get('recompile_reason') or 'not recorded'}); each compile runs ThunderFX again."
             )
             self.recorder.warnings.append(message)

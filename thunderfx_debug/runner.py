@@ -12,39 +12,116 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.timing import SampleSeries, Sampling
+from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.timing import RegionTimer, SampleSeries, Sampling
 
 
 class BackwardMarks:
-    """Marks the backward of one sampled call: start when the first output gradient arrives, end once the gradients
-    of all inputs that need one are computed. Hooks are removed as soon as they fired, or by `cancel()`."""
+    """Marks the backward of one sampled call of a piece (graph or split) with hooks on the piece's own autograd
+    nodes: start just before the first of them runs (pre-hooks on the outputs' `grad_fn`), end once every node that
+    passes gradients to the piece's inputs has run (post-hooks). Hooks on the input tensors would end too late: an
+    input's gradient is complete only when every consumer of it ran its backward (a tied embedding weight waits for
+    the other graph's backward). Hooks are removed as soon as the end fired, or by `cancel()`.
 
-    def __init__(self, series: SampleSeries, call: int, inputs: Sequence[Any], outputs: Sequence[Any]):
+    With `regions` (fusion-level timing of a thunder split), the start also arms the split's `RegionTimer` for this
+    call's backward, so that its instrumented backward trace records the fusion regions of exactly this call; the
+    end (or `cancel()`) disarms it.
+
+    The hooks run inside the user's `backward()`: a failure in them goes to `failures` (logged, never raised into
+    the backward unless strict), and the gradient always passes unchanged."""
+
+    def __init__(
+        self,
+        series: SampleSeries,
+        call: int,
+        inputs: Sequence[Any],
+        outputs: Sequence[Any],
+        regions: RegionTimer | None = None,
+        failures: ReportingFailures | None = None,
+        label: str = "a piece",
+    ):
         self.series, self.call = series, call
+        self.regions = regions
+        self.failures = failures or ReportingFailures(strict=True)
+        self.label = label
         self.start = None
         self.handles: list[Any] = []
-        grad_outputs = [t for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        grad_inputs = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not grad_outputs or not grad_inputs:
+        first_nodes, last_nodes = _backward_nodes(inputs, outputs)
+        if not first_nodes or not last_nodes:
             return
-        for output in grad_outputs:
-            self.handles.append(output.register_hook(self._on_output_grad))
-        self.handles.append(torch.autograd.graph.register_multi_grad_hook(grad_inputs, self._on_inputs_done, mode="all"))
+        self._ends_left = len(last_nodes)
+        try:
+            for node in first_nodes:
+                self.handles.append(node.register_prehook(self._on_start))
+            for node in last_nodes:
+                self.handles.append(node.register_hook(self._on_node_done))
+        except BaseException:
+            self.cancel()  # no half-registered hooks left behind on the user's autograd graph
+            raise
 
-    def _on_output_grad(self, grad):
-        if self.start is None:
-            self.start = self.series.clock.mark()
-        return None  # the gradient passes unchanged
+    def _on_start(self, grad_outputs):
+        with self.failures.guard(f"marking the start of the backward of {self.label}"):
+            if self.start is None:
+                self.start = self.series.clock.mark()
+                if self.regions is not None:
+                    self.regions.backward_call = self.call
+        return None  # the gradients pass unchanged
 
-    def _on_inputs_done(self, grads):
-        if self.start is not None:
-            self.series.add(self.call, self.start, self.series.clock.mark())
-        self.cancel()
+    def _on_node_done(self, grad_inputs, grad_outputs):
+        self._ends_left -= 1
+        if self._ends_left > 0:
+            return
+        try:
+            with self.failures.guard(f"marking the end of the backward of {self.label}"):
+                if self.start is not None:
+                    self.series.add(self.call, self.start, self.series.clock.mark())
+        finally:
+            self.cancel()
 
     def cancel(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.regions is not None and self.regions.backward_call == self.call:
+            self.regions.disarm_backward()
+
+
+def _backward_nodes(inputs: Sequence[Any], outputs: Sequence[Any], limit: int = 10_000) -> tuple[list, list]:
+    """The autograd nodes of a piece's backward: those of its outputs (run first), and those with an edge into the
+    gradient node of an input (run last), found by walking from the outputs until the inputs. A walk that does not
+    end within `limit` nodes (the inputs are not a cut of the graph) gives no nodes: no backward sample this call."""
+    from torch.autograd.graph import get_gradient_edge
+
+    input_nodes = {}
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            node = get_gradient_edge(t).node
+            input_nodes[id(node)] = node  # the node objects are kept alive, so their ids stay theirs
+    first = {}
+    for t in outputs:
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None and id(t.grad_fn) not in input_nodes:
+            first.setdefault(id(t.grad_fn), t.grad_fn)  # an output that is an input passed through is not ours
+    if not input_nodes or not first:
+        return [], []
+    seen, last, stack = {}, [], list(first.values())
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        if len(seen) >= limit:
+            return [], []
+        seen[id(node)] = node
+        feeds_an_input = False
+        for next_node, _ in node.next_functions:
+            if next_node is None:
+                continue
+            if id(next_node) in input_nodes:
+                feeds_an_input = True
+            else:
+                stack.append(next_node)
+        if feeds_an_input:
+            last.append(node)
+    return list(first.values()), last
 
 
 def _flat_tensors(value: Any) -> list[Any]:
@@ -56,22 +133,52 @@ def _flat_tensors(value: Any) -> list[Any]:
 
 
 class TimedPiece:
-    """The sampling state of one graph or split: which call is current and the pending backward hooks."""
+    """The sampling state of one graph or split: which call is current and the pending backward hooks.
 
-    def __init__(self, forward: SampleSeries, backward: SampleSeries):
+    `regions` is the RegionTimer of a thunder split timed at fusion level (see `fusion_timing`): it is armed with
+    the call number around the forward of each sampled call, and for that call's backward by `BackwardMarks`.
+
+    The bookkeeping around `fn` is guarded by `failures`: a failing clock or hook loses that sample (logged once),
+    while `fn` itself runs exactly once and its exceptions are the user's, raised as they are."""
+
+    def __init__(
+        self,
+        forward: SampleSeries,
+        backward: SampleSeries,
+        regions: RegionTimer | None = None,
+        failures: ReportingFailures | None = None,
+        label: str = "a piece",
+    ):
         self.forward, self.backward = forward, backward
+        self.regions = regions
+        self.failures = failures or ReportingFailures(strict=True)
+        self.label = label
         self._backward_marks: BackwardMarks | None = None
 
     def run_sampled(self, fn: Callable, args: Sequence[Any], call: int) -> Any:
-        if self._backward_marks is not None:  # the previous sample's backward never ran (e.g. an eval step)
-            self._backward_marks.cancel()
-        # Reading earlier samples whose events are complete costs no synchronisation (`Event.query`).
-        self.forward.resolve()
-        self.backward.resolve()
-        start = self.forward.clock.mark()
-        out = fn(*args)
-        self.forward.add(call, start, self.forward.clock.mark())
-        self._backward_marks = BackwardMarks(self.backward, call, args, _flat_tensors(out))
+        regions = self.regions
+        start = None
+        with self.failures.guard(f"starting a timing sample of {self.label}"):
+            if self._backward_marks is not None:  # the previous sample's backward never ran (e.g. an eval step)
+                self._backward_marks.cancel()
+                self._backward_marks = None
+            # Reading earlier samples whose events are complete costs no synchronisation (`Event.query`).
+            self.forward.resolve()
+            self.backward.resolve()
+            if regions is not None:
+                regions.forward_call = call
+            start = self.forward.clock.mark()
+        try:
+            out = fn(*args)
+        finally:
+            if regions is not None:
+                regions.forward_call = 0
+        with self.failures.guard(f"ending a timing sample of {self.label}"):
+            if start is not None:
+                self.forward.add(call, start, self.forward.clock.mark())
+            self._backward_marks = BackwardMarks(
+                self.backward, call, args, _flat_tensors(out), regions, self.failures, self.label
+            )
         return out
 
 
@@ -84,10 +191,20 @@ class SplitRunner(torch.nn.Module):
         self.inner = inner
         self._split, self._graph = split_state, graph_state
         self._sampling = sampling
-        self._timed = TimedPiece(split_state.forward, split_state.backward) if timed else None
         # Set by the backend when THUNDERFX_DEBUG_INPUTS=real: `first_call(split_state, args, inner)` runs the first
         # call itself, keeping host copies of its inputs and outputs for the repro scripts.
         self.first_call: Callable | None = None
+        self._timed = None
+        if timed:
+            label = f"{graph_state.name}/{split_state.name}"
+            self._timed = TimedPiece(split_state.forward, split_state.backward, None, graph_state.failures, label)
+
+    def attach_regions(self, regions: RegionTimer) -> None:
+        """Times the fusion regions of this (thunder) split on its sampled calls; needs split-level timing."""
+        if self._timed is None:
+            raise ValueError(f"{self._split.name} is not timed, so its fusion regions cannot be: fusion-level timing "
+                             "needs split-level timing")
+        self._timed.regions = regions
 
     def forward(self, *args):
         split = self._split
@@ -112,7 +229,7 @@ class GraphRunner:
     def __init__(self, backend, state, split_gm: torch.fx.GraphModule, sampling: Sampling, timed: bool):
         self.backend, self.state, self.split_gm = backend, state, split_gm
         self.sampling = sampling
-        self._timed = TimedPiece(state.forward, state.backward) if timed else None
+        self._timed = TimedPiece(state.forward, state.backward, None, state.failures, state.name) if timed else None
         self._fallback: Callable | None = None
 
     def __call__(self, *args):

@@ -221,7 +221,9 @@ def thunder_traces(compiled: Callable) -> tuple[Any | None, Any | None]:
         backward = thunder.last_backward_traces(compiled)
     except TypeError:
         backward = None
-    return (forward[-1] if forward else None), (backward[-1] if backward else None)
+    from thunderfx_debug.fusion_timing import without_marks  # the traces as Thunder built them, without timing calls
+
+    return without_marks(forward[-1] if forward else None), without_marks(backward[-1] if backward else None)
 
 
 def trace_source(trace) -> str:
@@ -295,21 +297,45 @@ def dynamo_graph_facts(gm: torch.fx.GraphModule) -> dict[str, Any]:
         "break_reason": break_reason,
         "break_user_stack": user_stack,
         "recompile_reason": _recompile_reason(),
+        "frame": _frame_name(),
     }
 
 
+def _frame_name() -> str | None:
+    """The function whose frame Dynamo is compiling, as "forward (/path/models.py:86)"; None where unknown.
+
+    Dynamo's tracing context lists the code objects traced for this graph, the frame's own code first
+    (`OutputGraph.__init__` appends it before any inlined function).
+    """
+    try:
+        from torch._dynamo.utils import get_traced_code
+
+        codes = get_traced_code() or []
+    except Exception:  # an internal API; the name only makes warnings friendlier
+        return None
+    if not codes:
+        return None
+    code = codes[0]
+    return f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+
+
 def _recompile_reason() -> str | None:
-    """The guard failure that made Dynamo recompile this frame, where Dynamo recorded one."""
+    """The guard failure that made Dynamo recompile this frame, where Dynamo recorded one.
+
+    Dynamo (torch 2.5 to 2.13 at least) computes it in `convert_frame._compile` before tracing and stores it only in
+    the metrics context of the compilation in progress (`metrics_context.update_outer({"recompile_reason": ...})`),
+    which has setters but no getter: we read its `_metrics` dict. None on a first compile, or where it moved.
+    """
     try:
         from torch._dynamo.utils import get_metrics_context
 
         context = get_metrics_context()
-        if context.in_progress():
-            reason = context.get("recompile_reason", None)
-            return str(reason) if reason else None
+        if not context.in_progress():
+            return None
+        reason = getattr(context, "_metrics", {}).get("recompile_reason")
     except Exception:  # an internal API that moves between torch versions; the reason is optional
         return None
-    return None
+    return str(reason) if reason else None
 
 
 def thunder_options_repr(thunder_options: dict[str, Any]) -> dict[str, str]:
