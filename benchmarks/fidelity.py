@@ -25,6 +25,7 @@ range's CPU time instead, which only checks that the matching works.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -47,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (compile included)")
     parser.add_argument("--steps", type=int, default=10, help="profiled steps, each one sampled")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; tiny 4)")
+    parser.add_argument("--layers", type=int, default=12, help="transformer blocks of the GPT (default 12; fewer to fit "
+                        "a short device lease)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
         del os.environ[name]
     if cleared:
         print(f"note: cleared {', '.join(cleared)} (they would override the settings this benchmark needs)")
-    config = TINY if args.tiny else GPT_12_LAYER
+    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
     report, kernels, spans, calls = profiled_run(args, config)
     rows = compare(report, kernels, spans, calls)
     summary = summarize(rows)

@@ -22,6 +22,7 @@ variables are cleared first: they would override the settings compared here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -49,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=None, help="THUNDERFX_DEBUG_TIMING_EVERY of the two reporting "
                         "configurations (default 50; tiny 5, so that the smoke test samples)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; tiny 4)")
+    parser.add_argument("--layers", type=int, default=12, help="transformer blocks of the GPT (default 12; fewer to fit "
+                        "a short device lease: per-step overhead is per graph and split, so fewer layers is the harder case)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
     cleared = clear_debug_environment()
     if cleared:
         print(f"note: cleared {', '.join(cleared)} (they would override the settings compared here)")
-    config = TINY if args.tiny else GPT_12_LAYER
+    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     batches = [b for _, b in zip(range(8), synthetic_batches(config, args.batch, args.device))]

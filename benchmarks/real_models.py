@@ -18,6 +18,7 @@ on every split) for the same model, for comparison with what ReportingBackend ad
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -30,6 +31,9 @@ from pathlib import Path
 MODES = ("eager", "inductor", "thunderfx", "reporting")
 
 
+GPT_LAYERS = int(os.environ.get("REAL_MODELS_GPT_LAYERS", "12"))
+
+
 def build(model_name: str, tiny: bool, device: str):
     """(model, batches iterator, loss function) for a model name, in bf16 on `device` (fp32 on CPU)."""
     import torch
@@ -39,7 +43,7 @@ def build(model_name: str, tiny: bool, device: str):
     if model_name == "gpt":
         from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
-        config = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64) if tiny else GPT_12_LAYER
+        config = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64) if tiny else dataclasses.replace(GPT_12_LAYER, n_layer=GPT_LAYERS)
         model = GPT(config).to(device=device, dtype=dtype)
         batches = synthetic_batches(config, batch_size=2 if tiny else 8, device=device)
         return model, batches, lambda m, batch: m(*batch)
@@ -203,6 +207,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--thunder-replay", action="store_true", help="also time Thunder's own report replay")
     parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--gpt-layers", type=int, default=12, help="transformer blocks of the GPT (default 12)")
     parser.add_argument("--dump-dir", default=None, help="where ReportingBackend writes (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mode")
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -211,6 +216,7 @@ def main(argv=None) -> int:
     if args.mode:
         return _child(args)
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix=f"thunderfx_debug_{args.model}_")
+    os.environ["REAL_MODELS_GPT_LAYERS"] = str(args.gpt_layers)  # read by the children
     modes = [m for m in args.modes.split(",") if m] + (["thunder_replay"] if args.thunder_replay else [])
     results = []
     for mode in modes:
