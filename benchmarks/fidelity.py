@@ -176,8 +176,9 @@ def main(argv=None) -> int:
         flag = "" if row["within_tolerance"] else "  > 10%"
         span = (f"{row['gpu_span_median_ms']:12.4f} {row['ratio_to_gpu_span']:7.3f}"
                 if row.get("ratio_to_gpu_span") is not None else f"{'-':>12} {'-':>7}")
+        ratio = f"{row['ratio']:7.3f}" if row["ratio"] is not None else f"{'-':>7}"  # no kernel time in the range
         print(f"{row['region']:<48} {row['backend_median_ms']:11.4f} {row['profiler_median_ms']:14.4f} "
-              f"{row['ratio']:7.3f} {span}{flag}")
+              f"{ratio} {span}{flag}")
     print(f"\n{summary['matched_regions']} of {summary['regions']} regions matched; "
           f"{summary['regions_within_tolerance']} within {TOLERANCE:.0%} "
           f"({(summary['share_of_regions_within_tolerance'] or 0):.0%} of regions, "
