@@ -220,7 +220,10 @@ class ReportingBackend(ThunderCompiler):
     def _meta(self) -> dict[str, Any]:
         from thunderfx_debug.manifest import run_meta
 
-        return run_meta(self)
+        meta: dict[str, Any] = {"rank": self.rank}
+        with self.recorder.failures.guard("collecting the run's versions, settings and environment"):
+            meta = run_meta(self)
+        return meta
 
 
 def _current_rank() -> int:
