@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -202,13 +203,15 @@ def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
     rank_dir = backend.flush()
     expected = {k: p for k, p in _expected_scripts(rank_dir).items() if "nvFusion" in k}
     assert any(k.endswith("repro_nvfuser") for k in expected) and all(p and p.is_file() for p in expected.values())
-    # CUDA cannot be used in children forked after it was initialised: these run as plain subprocesses.
-    failed = {}
-    for script in sorted(expected.values()):
-        run = subprocess.run(
+    # CUDA cannot be used in children forked after it was initialised: these run as plain subprocesses, several at
+    # once (each spends most of its time importing torch and Thunder on the host).
+    def run(script):
+        return script, subprocess.run(
             [sys.executable, script.name], cwd=script.parent, env=SCRIPT_ENV, capture_output=True, text=True,
             timeout=600,
         )
-        if run.returncode != 0:
-            failed[str(script)] = run.stdout[-1000:] + run.stderr[-2000:]
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(run, sorted(expected.values())))
+    failed = {str(s): r.stdout[-1000:] + r.stderr[-2000:] for s, r in results if r.returncode != 0}
     assert not failed, failed
