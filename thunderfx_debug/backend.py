@@ -146,7 +146,7 @@ class ReportingBackend(ThunderCompiler):
 
     # ---- training-path callbacks ------------------------------------------------------------------------------------
     def _on_first_call(self, state: GraphState, args) -> None:
-        if self.config.inputs.value != "real":
+        if self.config.inputs is not Inputs.REAL:
             return
         with self.recorder.failures.guard(f"capturing the real inputs of {state.name}"):
             from thunderfx_debug.repro import inputs as repro_inputs
