@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,3 +68,18 @@ def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: 
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
     return torch.stack(losses)
+
+
+@functools.cache
+def dump_fixtures() -> Path:
+    """A copy of tests/fixtures (dumps from real CPU runs, made by make_fixtures.py) that loads as dumps.
+
+    The dumps are checked in with `manifest.fixture.json` instead of `manifest.json`, so that no committed file looks
+    like the index of a real dump; the copy gets the real name back. Made once per test session."""
+    copy = Path(tempfile.mkdtemp(prefix="thunderfx_debug_fixtures_")) / "fixtures"
+    shutil.copytree(Path(__file__).parent / "fixtures", copy, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "make_fixtures.py"))
+    for manifest in copy.rglob("manifest.fixture.json"):
+        manifest.rename(manifest.with_name("manifest.json"))
+    atexit.register(shutil.rmtree, copy.parent, ignore_errors=True)
+    return copy

@@ -15,8 +15,9 @@ import pytest
 
 from thunderfx_debug.cli import main
 from thunderfx_debug.dump import load_report
+from conftest import dump_fixtures
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = dump_fixtures()
 NORMAL = FIXTURES / "normal"
 TWO_RANK = FIXTURES / "two_rank"
 DAMAGED = FIXTURES / "damaged"

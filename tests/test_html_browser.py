@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from thunderfx_debug.cli import main
+from conftest import dump_fixtures
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = dump_fixtures()
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)),
                 None)
 pytestmark = pytest.mark.skipif(

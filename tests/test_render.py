@@ -22,8 +22,9 @@ from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
 from thunderfx_debug.render.triage import render_triage
+from conftest import dump_fixtures
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = dump_fixtures()
 NORMAL = FIXTURES / "normal"
 TWO_RANK = FIXTURES / "two_rank"
 
