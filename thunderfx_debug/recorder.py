@@ -214,11 +214,10 @@ class Recorder:
                 )
                 for r in split_snap.regions
             )
-            outside = {
-                phase: series.timing()
-                for phase, series in split.region_series.items()
-                if phase.startswith("outside_") and series.timing() is not None
+            outside_timings = {
+                key: series.timing() for key, series in split.region_series.items() if key.startswith("outside_")
             }
+            outside = {key: timing for key, timing in outside_timings.items() if timing is not None}
             splits.append(
                 SplitRecord(
                     name=split.name,

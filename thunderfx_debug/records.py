@@ -81,13 +81,10 @@ def _enum(enum_type: type[enum.Enum], value: Any, where: str):
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), on an already sorted list."""
-    if len(sorted_values) == 1:
+    """Linear interpolation between closest ranks (numpy's default, statistics' "inclusive"); q in tenths."""
+    if len(sorted_values) == 1:  # statistics.quantiles needs two points
         return sorted_values[0]
-    position = (len(sorted_values) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+    return statistics.quantiles(sorted_values, n=10, method="inclusive")[round(q * 10) - 1]
 
 
 @dataclasses.dataclass(frozen=True)

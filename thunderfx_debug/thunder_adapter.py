@@ -235,15 +235,13 @@ def _proxy_meta(proxy: Any) -> InputMeta:
     from thunder.core.dtypes import to_torch_dtype
 
     if isinstance(proxy, TensorProxy):
+        from torch._prims_common import make_contiguous_strides_for
+
         shape = tuple(int(s) for s in proxy.shape)
-        stride, running = [], 1
-        for size in reversed(shape):  # proxies carry no strides; Thunder treats fusion inputs as contiguous
-            stride.append(running)
-            running *= max(size, 1)
         return InputMeta(
             kind="tensor",
             shape=shape,
-            stride=tuple(reversed(stride)),
+            stride=tuple(make_contiguous_strides_for(shape)),  # proxies carry no strides; fusion inputs are contiguous
             dtype=str(to_torch_dtype(proxy.dtype)),
             device=str(proxy.device.device_str()) if hasattr(proxy.device, "device_str") else str(proxy.device),
             requires_grad=bool(getattr(proxy, "requires_grad", False)),
