@@ -14,7 +14,7 @@ import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug.runner import TimedPiece
-from thunderfx_debug.timing import HostClock, Ranges, RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
 
 MS = 1_000_000  # nanoseconds
 
@@ -400,3 +400,22 @@ def test_fidelity_benchmark_matches_every_region_to_its_profiler_range(tmp_path)
     assert data["summary"]["regions"] >= 2
     assert data["summary"]["matched_regions"] == data["summary"]["regions"]
     assert all(r["backend_samples"] == r["profiler_samples"] == 2 for r in data["regions"])
+
+
+def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_learns_the_host_time():
+    clock = CountingHostClock()
+    FakeSplit.timer = RegionTimer(clock, series={})
+    events = []
+    host_ms = iter([0, 4, 100, 103, 200, 204, 300, 303])  # host readings of the hold, in ms: 4 ms forward, 3 backward
+
+    class MarkLog(CountingHostClock):
+        def mark(self):
+            events.append("mark")
+            return clock.mark()
+
+    hold = DeviceHold(lambda cycles: events.append(cycles), cycles_per_ms=1000, counter=lambda: next(host_ms) * 10**6)
+    log_clock = MarkLog()
+    piece = TimedPiece(SampleSeries(log_clock), SampleSeries(log_clock), hold=hold)
+    run_calls(piece, Sampling(every=3, warmup=1), calls=5)
+    # Call 2 (first sampled): 10 ms sleeps; call 5: 1.25x the host time of call 2's forward (4 ms) and backward (3 ms).
+    assert events == [10_000, "mark", "mark", 10_000, "mark", "mark", 5_000, "mark", "mark", 3_750, "mark", "mark"]

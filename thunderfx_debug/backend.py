@@ -17,7 +17,7 @@ from thunderfx_debug.config import Config, ConfigError, Inputs, OnError, OWN_OPT
 from thunderfx_debug.recorder import GraphState, Recorder, describe_exception
 from thunderfx_debug.records import Report
 from thunderfx_debug.runner import GraphRunner, SplitRunner
-from thunderfx_debug.timing import Sampling, clock_for
+from thunderfx_debug.timing import CudaClock, DeviceHold, Sampling, clock_for
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -117,7 +117,16 @@ class ReportingBackend(ThunderCompiler):
                 setattr(split_gm, split.name, wrapped)
             if timing >= Timing.FUSION or self.config.nvtx:  # NVTX ranges also work without fusion timing
                 self._instrument_fusions(state, sampling)
-        return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH)
+        return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH, hold=self._device_hold(state))
+
+    def _device_hold(self, state: GraphState) -> DeviceHold | None:
+        """Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels rather
+        than waits for the host's launches (see `timing.DeviceHold`); coarser timing measures the call as it runs."""
+        if self.config.timing < Timing.FUSION or not isinstance(state.clock, CudaClock):
+            return None
+        with self.recorder.failures.guard(f"preparing the fusion timing of {state.name}"):
+            return DeviceHold.for_current_cuda_device()
+        return None
 
     def _instrument_fusions(self, state: GraphState, sampling: Sampling) -> None:
         from thunderfx_debug import fusion_timing

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.safety import ReportingFailures
-from thunderfx_debug.timing import RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.timing import DeviceHold, RegionTimer, SampleSeries, Sampling
 
 
 class BackwardMarks:
@@ -25,7 +25,8 @@ class BackwardMarks:
 
     With `regions` (fusion-level timing of a thunder split), the start also arms the split's `RegionTimer` for this
     call's backward, so that its instrumented backward trace records the fusion regions of exactly this call; the
-    end (or `cancel()`) disarms it.
+    end (or `cancel()`) disarms it. With `hold` (a graph timed at fusion level on CUDA), the start first holds the
+    device back (see `timing.DeviceHold`).
 
     The hooks run inside the user's `backward()`: a failure in them goes to `failures` (logged, never raised into
     the backward unless strict), and the gradient always passes unchanged."""
@@ -39,9 +40,11 @@ class BackwardMarks:
         regions: RegionTimer | None = None,
         failures: ReportingFailures | None = None,
         label: str = "a piece",
+        hold: DeviceHold | None = None,
     ):
         self.series, self.call = series, call
         self.regions = regions
+        self.hold = hold
         self.failures = failures or ReportingFailures(strict=True)
         self.label = label
         self.start = None
@@ -62,6 +65,8 @@ class BackwardMarks:
     def _on_start(self, grad_outputs):
         with self.failures.guard(f"marking the start of the backward of {self.label}"):
             if self.start is None:
+                if self.hold is not None:
+                    self.hold.begin("backward")
                 self.start = self.series.clock.mark()
                 if self.regions is not None:
                     self.regions.backward_call = self.call
@@ -75,6 +80,8 @@ class BackwardMarks:
             with self.failures.guard(f"marking the end of the backward of {self.label}"):
                 if self.start is not None:
                     self.series.add(self.call, self.start, self.series.clock.mark())
+                    if self.hold is not None:
+                        self.hold.end("backward")
         finally:
             self.cancel()
 
@@ -139,7 +146,10 @@ class TimedPiece:
     the call number around the forward of each sampled call, and for that call's backward by `BackwardMarks`.
 
     The bookkeeping around `fn` is guarded by `failures`: a failing clock or hook loses that sample (logged once),
-    while `fn` itself runs exactly once and its exceptions are the user's, raised as they are."""
+    while `fn` itself runs exactly once and its exceptions are the user's, raised as they are.
+
+    `hold` (a graph timed at fusion level on CUDA) holds the device back before the first mark of each sampled
+    forward and backward, so that its marks and those of the splits and regions inside time device work."""
 
     def __init__(
         self,
@@ -148,9 +158,11 @@ class TimedPiece:
         regions: RegionTimer | None = None,
         failures: ReportingFailures | None = None,
         label: str = "a piece",
+        hold: DeviceHold | None = None,
     ):
         self.forward, self.backward = forward, backward
         self.regions = regions
+        self.hold = hold
         self.failures = failures or ReportingFailures(strict=True)
         self.label = label
         self._backward_marks: BackwardMarks | None = None
@@ -167,6 +179,8 @@ class TimedPiece:
             self.backward.resolve()
             if regions is not None:
                 regions.forward_call = call
+            if self.hold is not None:
+                self.hold.begin("forward")
             start = self.forward.clock.mark()
         try:
             out = fn(*args)
@@ -176,8 +190,10 @@ class TimedPiece:
         with self.failures.guard(f"ending a timing sample of {self.label}"):
             if start is not None:
                 self.forward.add(call, start, self.forward.clock.mark())
+                if self.hold is not None:
+                    self.hold.end("forward")
             self._backward_marks = BackwardMarks(
-                self.backward, call, args, _flat_tensors(out), regions, self.failures, self.label
+                self.backward, call, args, _flat_tensors(out), regions, self.failures, self.label, self.hold
             )
         return out
 
@@ -226,10 +242,11 @@ class SplitRunner(torch.nn.Module):
 class GraphRunner:
     """The callable returned to Dynamo for one graph."""
 
-    def __init__(self, backend, state, split_gm: torch.fx.GraphModule, sampling: Sampling, timed: bool):
+    def __init__(self, backend, state, split_gm: torch.fx.GraphModule, sampling: Sampling, timed: bool,
+                 hold: DeviceHold | None = None):
         self.backend, self.state, self.split_gm = backend, state, split_gm
         self.sampling = sampling
-        self._timed = TimedPiece(state.forward, state.backward, None, state.failures, state.name) if timed else None
+        self._timed = TimedPiece(state.forward, state.backward, None, state.failures, state.name, hold) if timed else None
         self._fallback: Callable | None = None
 
     def __call__(self, *args):

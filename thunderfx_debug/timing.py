@@ -5,7 +5,8 @@ complete, or at flush where waiting is allowed), or host perf_counter readings o
 the raw samples of one piece; statistics are computed by the records (`records.Timing`). `Sampling` decides which
 calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
 
-`RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that `fusion_timing`
+`DeviceHold` makes the marks of a sampled call time device work rather than waits for the host (fusion-level
+timing on CUDA). `RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that `fusion_timing`
 inserts into its Thunder traces; `Ranges` names those regions for Nsight Systems and torch.profiler.
 
 The clock is injectable so that the sampling logic is tested with a fake clock and exact expected output.
@@ -150,6 +151,57 @@ class SampleSeries:
             calls=tuple(self.calls[i] for i in order),
             clock=self.clock.name,
         )
+
+
+class DeviceHold:
+    """Holds the device back at the start of a sampled call's forward and backward, so that the host queues the
+    graph's work ahead of the device and every mark of that call times device work (fusion-level timing on CUDA).
+
+    Why: on a launch-bound model the device idles between a region's start event and its first kernel while the
+    host runs Thunder's and nvFuser's launch code, and the events count that wait as region time (forward regions
+    of a 2-layer GPT on the H200 measured 3-13x their kernels' span). A sleep kernel enqueued before the first mark,
+    a little longer than the host takes to queue the phase, lets the host run ahead, so the events bracket kernels
+    that run back to back. A sampled call pays at most the sleep (less where the device would have waited for the
+    host anyway); other calls pay nothing, and no result changes.
+
+    The sleep is 1.25x the host time the same phase took on the previous sampled call (first sampled call: 10 ms),
+    within 1-100 ms. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
+    stream tests use), and `cycles_per_ms` the device's clock rate in kHz.
+
+    Example (a recording sleep and a host counter one millisecond per reading):
+        >>> slept, ticks = [], iter(range(0, 10**9, 10**6))
+        >>> hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(ticks))
+        >>> hold.begin("forward"); hold.end("forward"); hold.begin("forward"); slept
+        [10000, 1250]
+    """
+
+    FIRST_MS, FACTOR, MIN_MS, MAX_MS = 10.0, 1.25, 1.0, 100.0
+
+    def __init__(self, sleep: Callable[[int], None], cycles_per_ms: float,
+                 counter: Callable[[], int] = time.perf_counter_ns):
+        self._sleep, self._cycles_per_ms, self._counter = sleep, cycles_per_ms, counter
+        self._host_ms: dict[str, float] = {}
+        self._started: dict[str, int] = {}
+
+    @classmethod
+    def for_current_cuda_device(cls) -> "DeviceHold":
+        import torch
+
+        # clock_rate (kHz) is the SM clock; 1.5 GHz where this torch does not report it.
+        khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
+        return cls(torch.cuda._sleep, float(khz))
+
+    def begin(self, phase: str) -> None:
+        """Before the phase's first mark: enqueue the sleep and start the host clock of the phase."""
+        ms = min(self.MAX_MS, max(self.MIN_MS, self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR)))
+        self._sleep(int(ms * self._cycles_per_ms))
+        self._started[phase] = self._counter()
+
+    def end(self, phase: str) -> None:
+        """After the phase's last mark: how long the host took to queue it sizes the next sleep."""
+        started = self._started.pop(phase, None)
+        if started is not None:
+            self._host_ms[phase] = (self._counter() - started) / 1e6
 
 
 class Ranges:
