@@ -2,23 +2,28 @@
 # The GPU work of this project, in parts that each fit one 10-minute device command (a 12-layer GPT compiles for
 # more than 200 s under Thunder 0.2.6 on the H200). Run from the project root on the device machine:
 #
-#     source .gpu/setup.sh && bash benchmarks/gpu_batch.sh PART        # logs and JSON go to $OUT (or /tmp/out)
+#     source .gpu/setup.sh && bash benchmarks/gpu_batch.sh PART...     # logs and JSON go to $OUT (or /tmp/out)
 #
 # Parts: tests (the quick `cuda` tests), repro, models-llama, models-gpt, overhead, fidelity, real-gpt, bench-gpt,
 # ddp-nccl (needs 2 GPUs). See benchmarks/RESULTS.md for what each figure means.
 set -uo pipefail
+# Several parts run one after the other; on a 2-GPU machine, two lists can run side by side:
+#     CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_batch.sh overhead & CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_batch.sh tests repro; wait
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-part="${1:?which part? tests, repro, models-llama, models-gpt, overhead, fidelity, real-gpt, bench-gpt, ddp-nccl}"
+[ $# -gt 0 ] || { echo "which parts? tests, repro, models-llama, models-gpt, overhead, fidelity, real-gpt, bench-gpt, ddp-nccl" >&2; exit 2; }
 pytest=(python3 -m pytest -q -p no:cacheprovider -rA)
+status=0
+for part in "$@"; do
+echo "=== $part: started $(date +%T)"
 case "$part" in
   tests)        "${pytest[@]}" -m cuda tests/test_timing_cuda.py tests/test_cli.py 2>&1 | tee "$OUT/tests.log" ;;
   repro)        "${pytest[@]}" -m cuda tests/test_repro.py 2>&1 | tee "$OUT/repro.log" ;;
   models-llama) "${pytest[@]}" -m cuda tests/test_models_cuda.py -k llama 2>&1 | tee "$OUT/models_llama.log" ;;
   models-gpt)   "${pytest[@]}" -m cuda tests/test_models_cuda.py -k gpt 2>&1 | tee "$OUT/models_gpt.log" ;;
-  overhead)     python3 benchmarks/overhead.py --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
-  fidelity)     python3 benchmarks/fidelity.py --json "$OUT/fidelity.json" 2>&1 | tee "$OUT/fidelity.log" ;;
+  overhead)     python3 benchmarks/overhead.py --with-real-models --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
+  fidelity)     python3 benchmarks/fidelity.py --layers 2 --json "$OUT/fidelity.json" 2>&1 | tee "$OUT/fidelity.log" ;;
   real-gpt)     python3 benchmarks/real_models.py --model gpt --modes thunderfx,reporting --steps 60 --timeout 280 \
                   --json "$OUT/real_gpt.json" 2>&1 | tee "$OUT/real_gpt.log" ;;
   bench-gpt)    rm -rf /tmp/gpt_dump
@@ -29,3 +34,8 @@ case "$part" in
   ddp-nccl)     "${pytest[@]}" tests/test_ddp.py -k nccl 2>&1 | tee "$OUT/ddp_nccl.log" ;;
   *)            echo "unknown part $part" >&2; exit 2 ;;
 esac
+rc=${PIPESTATUS[0]}
+echo "=== $part: exit $rc at $(date +%T)"
+[ "$rc" -eq 0 ] || status=1
+done
+exit $status
