@@ -24,6 +24,8 @@ import torch
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.config import Inputs
+from thunderfx_debug.records import InputMeta
+from thunderfx_debug.repro.inputs import in_nvfuser_layouts
 
 SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of inductor compile workers per script
 
@@ -215,3 +217,22 @@ def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
         results = list(pool.map(run, sorted(expected.values())))
     failed = {str(s): r.stdout[-1000:] + r.stderr[-2000:] for s, r in results if r.returncode != 0}
     assert not failed, failed
+
+
+def test_nvfuser_region_inputs_take_the_layouts_of_the_fusion_definition():
+    # As nvFuser writes it for a region whose first input was a transposed view in the run (H200, Thunder 0.2.6).
+    definition = """
+    T0 = fd.define_tensor(shape=[4, 2, 64, 32], contiguity=[True, True, True, True], dtype=DataType.Float,
+                          is_cpu=False, stride_order=[3, 1, 2, 0])
+    S1 = fd.define_scalar(None, dtype=DataType.Double)
+    T2 = fd.define_tensor(shape=[8, 3], contiguity=[True, True], dtype=DataType.BFloat16, is_cpu=False)
+    """
+    metas = (
+        InputMeta(kind="tensor", shape=(4, 2, 64, 32), stride=(4096, 2048, 32, 1), dtype="torch.float32"),
+        InputMeta(kind="float", value=0.5),
+        InputMeta(kind="tensor", shape=(8, 3), stride=(3, 1), dtype="torch.bfloat16"),
+    )
+    laid_out = in_nvfuser_layouts(metas, definition)
+    assert laid_out[0].stride == (4096, 32, 64, 1)  # dims 2 and 1 swapped in memory
+    assert laid_out[1:] == metas[1:]  # the scalar, and a tensor without stride_order (contiguous) are unchanged
+    assert in_nvfuser_layouts(metas[:1], definition) == metas[:1]  # a definition that does not match: unchanged

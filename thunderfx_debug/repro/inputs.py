@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import re
 import textwrap
 from typing import Any
 
@@ -229,3 +230,41 @@ def borrow_value_ranges(metas, sources: dict[str, InputMeta], names) -> tuple[In
         result.append(meta)
     result += metas[len(result):]
     return tuple(result)
+
+
+def in_nvfuser_layouts(metas: tuple[InputMeta, ...], fusion_definition_code: str) -> tuple[InputMeta, ...]:
+    """`metas` with each tensor's strides set to the memory layout nvFuser's fusion definition declares for it.
+
+    Thunder builds an nvFuser definition for the layouts of the tensors it first ran with (`stride_order`), and
+    nvFuser refuses tensors in another layout ("stride mismatch with contiguity info"); the region's recorded metas
+    are contiguous (Thunder's proxies carry no strides). The k-th `fd.define_tensor(...)` of nvFuser's repro is the
+    k-th tensor input. Metas are returned unchanged when the definition does not match them (count or rank).
+
+    Example:
+        >>> meta = InputMeta(kind="tensor", shape=(4, 2, 64, 32), stride=(4096, 2048, 32, 1))
+        >>> code = "T0 = fd.define_tensor(shape=[4, 2, 64, 32], contiguity=[True, True, True, True], stride_order=[3, 1, 2, 0])"
+        >>> in_nvfuser_layouts((meta,), code)[0].stride
+        (4096, 32, 64, 1)
+    """
+    orders = [
+        [int(x) for x in found.group(1).split(",") if x.strip()] if (found := _STRIDE_ORDER.search(call)) else None
+        for call in _DEFINE_TENSOR.findall(fusion_definition_code)
+    ]
+    tensors = [i for i, m in enumerate(metas) if m.kind == "tensor"]
+    if len(orders) != len(tensors):
+        return metas
+    result = list(metas)
+    for index, order in zip(tensors, orders):
+        meta = metas[index]
+        if order is None or sorted(order) != list(range(len(meta.shape))):
+            continue
+        stride, running = [0] * len(meta.shape), 1
+        for dim in sorted(range(len(order)), key=order.__getitem__):  # stride_order 0: the innermost dimension
+            stride[dim] = running
+            running *= max(meta.shape[dim], 1)
+        result[index] = dataclasses.replace(meta, stride=tuple(stride))
+    return tuple(result)
+
+
+_DEFINE_TENSOR = re.compile(r"define_tensor\((.*?)\)", re.S)
+_STRIDE_ORDER = re.compile(r"stride_order\s*=\s*\[([^\]]*)\]")

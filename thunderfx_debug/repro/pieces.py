@@ -188,7 +188,10 @@ class PieceBuilder:
             strategies: list[writers.Strategy] = [writers.InductorRegion()]
             if region.executor == "nvfuser":
                 with self.failures.guard(f"reading nvFuser's fusion definition of {key}"):
-                    strategies.insert(0, writers.NvFuserRegion(thunder_adapter.nvfuser_repro_source(region.bsym)))
+                    definition = thunder_adapter.nvfuser_repro_source(region.bsym)
+                    strategies.insert(0, writers.NvFuserRegion(definition))
+                    # Both scripts get the layouts the run's tensors had: nvFuser's definition requires them.
+                    piece.metas = repro_inputs.in_nvfuser_layouts(piece.metas, definition)
             for strategy in strategies:
                 path = layout.fusion_script(graph, split_name, region.name, phase, strategy.file_kind)
                 self._write(key, piece, strategy, path)
