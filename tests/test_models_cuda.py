@@ -36,12 +36,21 @@ def _train(model, compiled, batches, loss_fn, steps=STEPS):
     return torch.stack(losses).float().cpu()
 
 
+# The model has 12 layers; on the H200 machine (torch 2.11, Thunder 0.2.6, nvFuser built for torch 2.10)
+# plain ThunderCompiler itself dies of an illegal memory access in the second step at 12 layers, so the GPT test can
+# be run at fewer layers there: TEST_GPT_LAYERS=4 (see benchmarks/RESULTS.md).
+GPT_LAYERS = int(os.environ.get("TEST_GPT_LAYERS", "12"))
+
+
 def _gpt():
+    import dataclasses
+
     from thunderfx_debug.models import GPT, GPT_12_LAYER, synthetic_batches
 
+    config = dataclasses.replace(GPT_12_LAYER, n_layer=GPT_LAYERS)
     torch.manual_seed(0)
-    model = GPT(GPT_12_LAYER).to("cuda", torch.bfloat16)
-    return model, synthetic_batches(GPT_12_LAYER, batch_size=8, device="cuda"), lambda m, b: m(*b)
+    model = GPT(config).to("cuda", torch.bfloat16)
+    return model, synthetic_batches(config, batch_size=8, device="cuda"), lambda m, b: m(*b)
 
 
 def _llama():
@@ -130,7 +139,7 @@ def plain_reference(tmp_path):
             reference.proc.wait()
 
 
-def test_gpt_12_layer_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference):
+def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference):
     reference = plain_reference("gpt")
     model, batches, loss_fn = _gpt()
     backend = _reporting(tmp_path)
