@@ -419,3 +419,31 @@ def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_
     run_calls(piece, Sampling(every=3, warmup=1), calls=5)
     # Call 2 (first sampled): 10 ms sleeps; call 5: 1.25x the host time of call 2's forward (4 ms) and backward (3 ms).
     assert events == [10_000, "mark", "mark", 10_000, "mark", "mark", 5_000, "mark", "mark", 3_750, "mark", "mark"]
+
+
+def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its_splits():
+    # In the backward, autograd runs the split's pre-hook before the graph's (the split registered its hooks first,
+    # on the same output node): the hold must still come before the split's start mark, and only once.
+    events = []
+
+    class Labelled(CountingHostClock):
+        def __init__(self, label):
+            super().__init__()
+            self.label = label
+
+        def mark(self):
+            events.append(self.label)
+            return super().mark()
+
+    FakeSplit.timer = RegionTimer(CountingHostClock(), series={})
+    hold = DeviceHold(lambda cycles: events.append("hold"), cycles_per_ms=1000)
+    graph_clock, split_clock = Labelled("graph"), Labelled("split")
+    graph = TimedPiece(SampleSeries(graph_clock), SampleSeries(graph_clock), hold=hold)
+    split = TimedPiece(SampleSeries(split_clock), SampleSeries(split_clock), hold=hold, hold_owner=False)
+    x = torch.ones(3, requires_grad=True)
+    out = graph.run_sampled(lambda t: split.run_sampled(FakeSplit.apply, (t,), call=7), (x,), call=7)
+    assert events == ["hold", "graph", "split", "split", "graph"]
+    events.clear()
+    out.sum().backward()
+    assert events[0] == "hold" and events.count("hold") == 1
+    assert sorted(events[1:]) == ["graph", "graph", "split", "split"]

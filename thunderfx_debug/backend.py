@@ -109,15 +109,17 @@ class ReportingBackend(ThunderCompiler):
         self.recorder.graph_compiled(state, info, split_gm, time.perf_counter() - started)
         timing = self.config.timing
         sampling = Sampling(self.config.timing_every, self.config.timing_warmup, enabled=timing >= Timing.GRAPH)
+        hold = self._device_hold(state)
         with self.recorder.failures.guard(f"wrapping the splits of {state.name}"):
             for split in state.splits:
-                wrapped = SplitRunner(split.piece.compiled, split, state, sampling, timed=timing >= Timing.SPLIT)
+                wrapped = SplitRunner(split.piece.compiled, split, state, sampling, timed=timing >= Timing.SPLIT,
+                                      hold=hold)
                 if self.config.inputs is Inputs.REAL:
                     wrapped.first_call = self._on_first_split_call
                 setattr(split_gm, split.name, wrapped)
             if timing >= Timing.FUSION or self.config.nvtx:  # NVTX ranges also work without fusion timing
                 self._instrument_fusions(state, sampling)
-        return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH, hold=self._device_hold(state))
+        return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH, hold=hold)
 
     def _device_hold(self, state: GraphState) -> DeviceHold | None:
         """Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels rather

@@ -26,7 +26,8 @@ class BackwardMarks:
     With `regions` (fusion-level timing of a thunder split), the start also arms the split's `RegionTimer` for this
     call's backward, so that its instrumented backward trace records the fusion regions of exactly this call; the
     end (or `cancel()`) disarms it. With `hold` (a graph timed at fusion level on CUDA), the start first holds the
-    device back (see `timing.DeviceHold`).
+    device back (see `timing.DeviceHold`; once per call, whichever piece starts first), and with `hold_owner` (the
+    graph) the end tells the hold how long the host took.
 
     The hooks run inside the user's `backward()`: a failure in them goes to `failures` (logged, never raised into
     the backward unless strict), and the gradient always passes unchanged."""
@@ -41,10 +42,11 @@ class BackwardMarks:
         failures: ReportingFailures | None = None,
         label: str = "a piece",
         hold: DeviceHold | None = None,
+        hold_owner: bool = True,
     ):
         self.series, self.call = series, call
         self.regions = regions
-        self.hold = hold
+        self.hold, self.hold_owner = hold, hold_owner
         self.failures = failures or ReportingFailures(strict=True)
         self.label = label
         self.start = None
@@ -66,7 +68,7 @@ class BackwardMarks:
         with self.failures.guard(f"marking the start of the backward of {self.label}"):
             if self.start is None:
                 if self.hold is not None:
-                    self.hold.begin("backward")
+                    self.hold.begin("backward", self.call)
                 self.start = self.series.clock.mark()
                 if self.regions is not None:
                     self.regions.backward_call = self.call
@@ -80,7 +82,7 @@ class BackwardMarks:
             with self.failures.guard(f"marking the end of the backward of {self.label}"):
                 if self.start is not None:
                     self.series.add(self.call, self.start, self.series.clock.mark())
-                    if self.hold is not None:
+                    if self.hold is not None and self.hold_owner:
                         self.hold.end("backward")
         finally:
             self.cancel()
@@ -149,7 +151,9 @@ class TimedPiece:
     while `fn` itself runs exactly once and its exceptions are the user's, raised as they are.
 
     `hold` (a graph timed at fusion level on CUDA) holds the device back before the first mark of each sampled
-    forward and backward, so that its marks and those of the splits and regions inside time device work."""
+    forward and backward, so that its marks and those of the splits and regions inside time device work. The graph
+    owns it (`hold_owner`); its splits share it so that a split's backward start, which autograd may run before the
+    graph's, also comes after the hold."""
 
     def __init__(
         self,
@@ -159,10 +163,11 @@ class TimedPiece:
         failures: ReportingFailures | None = None,
         label: str = "a piece",
         hold: DeviceHold | None = None,
+        hold_owner: bool = True,
     ):
         self.forward, self.backward = forward, backward
         self.regions = regions
-        self.hold = hold
+        self.hold, self.hold_owner = hold, hold_owner
         self.failures = failures or ReportingFailures(strict=True)
         self.label = label
         self._backward_marks: BackwardMarks | None = None
@@ -179,8 +184,8 @@ class TimedPiece:
             self.backward.resolve()
             if regions is not None:
                 regions.forward_call = call
-            if self.hold is not None:
-                self.hold.begin("forward")
+            if self.hold is not None and self.hold_owner:
+                self.hold.begin("forward", call)
             start = self.forward.clock.mark()
         try:
             out = fn(*args)
@@ -190,10 +195,11 @@ class TimedPiece:
         with self.failures.guard(f"ending a timing sample of {self.label}"):
             if start is not None:
                 self.forward.add(call, start, self.forward.clock.mark())
-                if self.hold is not None:
+                if self.hold is not None and self.hold_owner:
                     self.hold.end("forward")
             self._backward_marks = BackwardMarks(
-                self.backward, call, args, _flat_tensors(out), regions, self.failures, self.label, self.hold
+                self.backward, call, args, _flat_tensors(out), regions, self.failures, self.label, self.hold,
+                self.hold_owner,
             )
         return out
 
@@ -202,7 +208,8 @@ class SplitRunner(torch.nn.Module):
     """Stands in for a thunder_N / inductor_N submodule of the split graph: counts calls, times sampled ones, and
     notes a failure of the split before it propagates (so the report can say which piece failed)."""
 
-    def __init__(self, inner: Callable, split_state, graph_state, sampling: Sampling, timed: bool):
+    def __init__(self, inner: Callable, split_state, graph_state, sampling: Sampling, timed: bool,
+                 hold: DeviceHold | None = None):
         super().__init__()
         self.inner = inner
         self._split, self._graph = split_state, graph_state
@@ -213,7 +220,8 @@ class SplitRunner(torch.nn.Module):
         self._timed = None
         if timed:
             label = f"{graph_state.name}/{split_state.name}"
-            self._timed = TimedPiece(split_state.forward, split_state.backward, None, graph_state.failures, label)
+            self._timed = TimedPiece(split_state.forward, split_state.backward, None, graph_state.failures, label,
+                                     hold, hold_owner=False)
 
     def attach_regions(self, regions: RegionTimer) -> None:
         """Times the fusion regions of this (thunder) split on its sampled calls; needs split-level timing."""

@@ -165,13 +165,16 @@ class DeviceHold:
     host anyway); other calls pay nothing, and no result changes.
 
     The sleep is 1.25x the host time the same phase took on the previous sampled call (first sampled call: 10 ms),
-    within 1-100 ms. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
+    within 1-100 ms. One hold serves a graph and its splits: `begin` sleeps once per phase of a call, whichever
+    piece's mark comes first (in the backward, autograd may run a split's hook before the graph's), and only the
+    graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
     stream tests use), and `cycles_per_ms` the device's clock rate in kHz.
 
     Example (a recording sleep and a host counter one millisecond per reading):
         >>> slept, ticks = [], iter(range(0, 10**9, 10**6))
         >>> hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(ticks))
-        >>> hold.begin("forward"); hold.end("forward"); hold.begin("forward"); slept
+        >>> hold.begin("forward", call=11); hold.begin("forward", call=11); hold.end("forward")
+        >>> hold.begin("forward", call=61); slept
         [10000, 1250]
     """
 
@@ -182,6 +185,7 @@ class DeviceHold:
         self._sleep, self._cycles_per_ms, self._counter = sleep, cycles_per_ms, counter
         self._host_ms: dict[str, float] = {}
         self._started: dict[str, int] = {}
+        self._held_call: dict[str, int] = {}
 
     @classmethod
     def for_current_cuda_device(cls) -> "DeviceHold":
@@ -191,8 +195,12 @@ class DeviceHold:
         khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
         return cls(torch.cuda._sleep, float(khz))
 
-    def begin(self, phase: str) -> None:
-        """Before the phase's first mark: enqueue the sleep and start the host clock of the phase."""
+    def begin(self, phase: str, call: int) -> None:
+        """Before the first mark of the phase of sampled call `call`: enqueue the sleep and start the host clock of
+        the phase; nothing if this phase of this call was already held."""
+        if self._held_call.get(phase) == call:
+            return
+        self._held_call[phase] = call
         ms = min(self.MAX_MS, max(self.MIN_MS, self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR)))
         self._sleep(int(ms * self._cycles_per_ms))
         self._started[phase] = self._counter()
