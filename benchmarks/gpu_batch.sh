@@ -30,7 +30,7 @@ case "$part" in
                 THUNDERFX_DEBUG_DIR="$OUT/gpt_dump" THUNDERFX_DEBUG_REPRO=split,fusion THUNDERFX_DEBUG_TIMING=fusion \
                   python3 benchmarks/real_models.py --model gpt --gpt-layers 2 --modes reporting --steps 20 \
                   --dump-dir "$OUT/gpt_dump" > "$OUT/bench_gpt_train.log" 2>&1
-                python3 -m thunderfx_debug bench "$OUT/gpt_dump" --timeout 120 -o "$OUT/triage.md" 2>&1 | tee "$OUT/bench_gpt.log" ;;
+                python3 -m thunderfx_debug bench "$OUT/gpt_dump" --jobs 16 --timeout 120 -o "$OUT/triage.md" 2>&1 | tee "$OUT/bench_gpt.log" ;;
   cli-bench)    "${pytest[@]}" -m cuda tests/test_cli.py 2>&1 | tee "$OUT/cli_bench.log" ;;
   ddp-nccl)     "${pytest[@]}" tests/test_ddp.py -k nccl 2>&1 | tee "$OUT/ddp_nccl.log" ;;
   *)            echo "unknown part $part" >&2; exit 2 ;;

@@ -204,3 +204,17 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
     results = sorted(p.name for p in (rank_dir / "bench").glob("*.json"))
     assert any("nvFusion" in name and name.endswith("_repro_nvfuser.json") for name in results), results
     assert "## Not measured" not in text, text
+
+
+def test_bench_warm_up_runs_each_script_once_in_its_folder_and_nothing_outside_the_dump(tmp_path):
+    from thunderfx_debug import bench
+
+    rank_dir = tmp_path / "rank0"
+    (rank_dir / "graph0").mkdir(parents=True)
+    for name, code in (("ok.py", "open('ran', 'a').write('x')"), ("fails.py", "raise SystemExit(1)")):
+        (rank_dir / "graph0" / name).write_text(code)
+    (tmp_path / "outside.py").write_text("open('ran', 'a').write('x')")
+    scripts = ["graph0/ok.py", "graph0/fails.py", "../outside.py", "graph0/missing.py"]
+    assert bench.warm_up(rank_dir, scripts, jobs=2, timeout_s=60) == 1
+    assert (rank_dir / "graph0" / "ran").read_text() == "x"  # once, in the script's own folder
+    assert not (tmp_path / "ran").exists()

@@ -19,6 +19,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thunderfx_debug import layout
@@ -120,15 +121,45 @@ def read_result(path: Path, script: str) -> ScriptResult:
     return ScriptResult(script, **values)
 
 
+def _script_path(rank_dir: Path, script: str) -> Path:
+    """The absolute path of `script` (relative to `rank_dir`; the script runs in its own folder).
+
+    Raises:
+        ValueError: the name leaves the dump, or no such script is in it.
+    """
+    path = (rank_dir / layout.safe_relative(script)).resolve()
+    if not path.is_file():
+        raise ValueError(f"{script} is not in the dump")
+    return path
+
+
+def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float, python: str = sys.executable) -> int:
+    """Runs each script once without timing it, `jobs` at a time, and returns how many exited 0.
+
+    Why: most of a script's run is compiling (inductor and Triton), and both keep what they compile in on-disk caches
+    that the next process reads. Compiling every script in parallel first leaves the timed runs, which must run one
+    at a time, mostly cache hits. Failures are not reported here: the timed run of the same script reports them.
+    """
+    def run(script: str) -> bool:
+        try:
+            path = _script_path(rank_dir, script)
+            done = subprocess.run([python, str(path)], cwd=path.parent, capture_output=True, timeout=timeout_s)
+        except (ValueError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    # Threads only wait on the subprocesses; the compiling happens in them.
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return sum(pool.map(run, list(scripts)))
+
+
 def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
                python: str = sys.executable) -> ScriptResult:
     """Runs `script` (relative to `rank_dir`) with --benchmark --json and reads what it wrote."""
     try:
-        path = (rank_dir / layout.safe_relative(script)).resolve()  # absolute: the script runs in its own folder
+        path = _script_path(rank_dir, script)
     except ValueError as e:
         return ScriptResult(script, error=str(e))
-    if not path.is_file():
-        return ScriptResult(script, error=f"{script} is not in the dump")
     out = (results_dir / result_name(script)).resolve()
     out.unlink(missing_ok=True)
     command = [python, str(path), "--benchmark", "--json", str(out)]

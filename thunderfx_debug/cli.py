@@ -125,6 +125,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot create {results_dir} ({e.strerror or e}); choose one with --results-dir") from None
         total = 2 * len(comparisons)
+        if args.jobs > 1:
+            scripts = list(dict.fromkeys(s for c in comparisons for s in (c.ours_script, c.theirs_script)))
+            print(f"compiling {len(scripts)} scripts, {args.jobs} at a time, before timing them one at a time...",
+                  file=sys.stderr)
+            bench.warm_up(rank_dir, scripts, args.jobs, args.timeout)
         done = [0]
 
         def fetch(script: str) -> bench.ScriptResult:
@@ -251,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--match", metavar="TEXT",
                        help="only the pieces whose name contains TEXT (e.g. graph0/thunder_0, nvFusion3)")
     bench.add_argument("--timeout", type=_positive_int, default=600, help="seconds per script (default: 600)")
+    bench.add_argument("--jobs", type=_positive_int, default=1,
+                       help="first run every script once without timing, N at a time, so that the timed runs (one "
+                            "at a time) find inductor's and Triton's compiled code in their on-disk caches "
+                            "(default: 1, no such pass)")
     bench.add_argument("--allow-cpu", action="store_true",
                        help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
     bench.set_defaults(run=_cmd_bench)
