@@ -57,6 +57,7 @@ import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported; the workers import this too)
 from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, param_count, synthetic_batches
+from thunderfx_debug.records import Timing
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 TARGETS = {"defaults": 1.01, "fusion": 1.03}
@@ -388,20 +389,9 @@ def measure(workers: list[Worker], steps: int, block: int, timeout: float, faile
 
 
 def summarize(times: list[float]) -> dict:
-    ordered = sorted(times)
-
-    def quantile(q):
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-    return {
-        "steps": len(times),
-        "mean_ms": statistics.fmean(times),
-        "median_ms": statistics.median(times),
-        "p10_ms": quantile(0.10),
-        "p90_ms": quantile(0.90),
-        "min_ms": ordered[0],
-        "max_ms": ordered[-1],
-    }
+    """Step-time statistics, computed as the report computes them for its samples (`records.Timing`)."""
+    stats = Timing(samples_ms=tuple(times), calls=tuple(range(1, len(times) + 1))).stats()
+    return {"steps": stats.pop("count"), **{k: v for k, v in stats.items() if k != "total_ms"}}
 
 
 def compare_first_losses(losses: dict[str, list[float]]) -> dict[str, bool]:
