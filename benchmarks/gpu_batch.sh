@@ -5,7 +5,8 @@
 #     source .gpu/setup.sh && bash benchmarks/gpu_batch.sh PART...     # logs and JSON go to $OUT (or /tmp/out)
 #
 # Parts: tests (the quick `cuda` tests), repro, models-llama, models-gpt, overhead, fidelity, real-gpt, bench-gpt,
-# cli-bench, ddp-nccl (needs 2 GPUs). See benchmarks/RESULTS.md for what each figure means.
+# probe (gpt_crash_probe.py; PROBE_LAYERS, PROBE_VARIANTS), cli-bench, ddp-nccl (needs 2 GPUs).
+# See benchmarks/RESULTS.md for what each figure means.
 set -uo pipefail
 # Several parts run one after the other; on a 2-GPU machine, two lists can run side by side:
 #     CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_batch.sh overhead & CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_batch.sh tests repro; wait
@@ -26,11 +27,17 @@ case "$part" in
   fidelity)     python3 benchmarks/fidelity.py --layers 2 --json "$OUT/fidelity.json" 2>&1 | tee "$OUT/fidelity.log" ;;
   real-gpt)     python3 benchmarks/real_models.py --model gpt --modes thunderfx,reporting --steps 60 --timeout 280 \
                   --json "$OUT/real_gpt.json" 2>&1 | tee "$OUT/real_gpt.log" ;;
-  bench-gpt)    rm -rf "$OUT/gpt_dump"   # in $OUT, so the dump and the scripts' results come back with the logs
-                THUNDERFX_DEBUG_DIR="$OUT/gpt_dump" THUNDERFX_DEBUG_REPRO=split,fusion THUNDERFX_DEBUG_TIMING=fusion \
-                  python3 benchmarks/real_models.py --model gpt --gpt-layers 2 --modes reporting --steps 20 \
-                  --dump-dir "$OUT/gpt_dump" > "$OUT/bench_gpt_train.log" 2>&1
-                python3 -m thunderfx_debug bench "$OUT/gpt_dump" --jobs 16 --timeout 120 -o "$OUT/triage.md" 2>&1 | tee "$OUT/bench_gpt.log" ;;
+  bench-gpt)    # The dump lives outside $OUT (only 8 files come back); its records, scripts, results and triage come back
+                # as one archive. BENCH_GPUS=0,1 times on both GPUs of an x2 machine, one script per GPU at a time.
+                dump=/tmp/gpt_dump; rm -rf "$dump"
+                THUNDERFX_DEBUG_DIR="$dump" THUNDERFX_DEBUG_REPRO=split,fusion THUNDERFX_DEBUG_TIMING=fusion \
+                  python3 benchmarks/real_models.py --model gpt --gpt-layers 2 --modes inductor,reporting --steps 20 \
+                  --dump-dir "$dump" > "$OUT/bench_gpt_train.log" 2>&1
+                python3 -m thunderfx_debug bench "$dump" --jobs 16 --timeout 120 ${BENCH_GPUS:+--gpus "$BENCH_GPUS"} \
+                  --results-dir "$dump/bench_results" -o "$dump/triage.md" 2>&1 | tee "$OUT/bench_gpt.log"
+                tar -czf "$OUT/bench_gpt.tgz" -C /tmp --exclude='*.pt' gpt_dump ;;
+  probe)        python3 benchmarks/gpt_crash_probe.py --layers "${PROBE_LAYERS:-4}" --variants "${PROBE_VARIANTS:-default}" \
+                  --json "$OUT/probe_${PROBE_LAYERS:-4}.json" 2>&1 | tee "$OUT/probe_${PROBE_LAYERS:-4}.log" ;;
   cli-bench)    "${pytest[@]}" -m cuda tests/test_cli.py 2>&1 | tee "$OUT/cli_bench.log" ;;
   ddp-nccl)     "${pytest[@]}" tests/test_ddp.py -k nccl 2>&1 | tee "$OUT/ddp_nccl.log" ;;
   *)            echo "unknown part $part" >&2; exit 2 ;;

@@ -138,6 +138,7 @@ def _unwritable(tmp_path: Path) -> str:
         (["html", str(NORMAL), "-o", "{tmp}"], "is a directory"),
         (["summary", str(NORMAL), "--rank", "7"], "has no dump of rank 7"),
         (["bench", str(NORMAL), "--results", "/nonexistent/results"], None),
+        (["bench", str(NORMAL), "--allow-cpu", "--gpus", "0,99"], "99 here; this process sees"),
     ],
 )
 def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, argv, expected):
@@ -156,6 +157,9 @@ def test_bad_arguments_exit_2_with_usage(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", str(NORMAL), "--tolerance", "lots"])
     assert exit_info.value.code == 2 and "not a fraction" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(NORMAL), "--gpus", "0,0"])
+    assert exit_info.value.code == 2 and "distinct GPU indices" in capsys.readouterr().err
 
 
 def test_console_script_help_and_error():
@@ -204,6 +208,42 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
     results = sorted(p.name for p in (rank_dir / "bench").glob("*.json"))
     assert any("nvFusion" in name and name.endswith("_repro_nvfuser.json") for name in results), results
     assert "## Not measured" not in text, text
+
+
+def test_bench_times_one_script_per_gpu_at_a_time_on_every_gpu(tmp_path):
+    """--gpus: each script runs once, pinned by CUDA_VISIBLE_DEVICES; a GPU never runs two scripts at once, and
+    both GPUs work. The scripts report the device they saw as their forward time."""
+    import threading
+    import time
+
+    from thunderfx_debug import bench
+
+    rank_dir = tmp_path / "rank0"
+    rank_dir.mkdir()
+    script = ("import json, os, sys, time\n"
+              "time.sleep(0.3)\n"
+              "json.dump({'forward_ms': float(os.environ['CUDA_VISIBLE_DEVICES'])}, open(sys.argv[3], 'w'))\n")
+    names = [f"s{i}.py" for i in range(6)]
+    for name in names:
+        (rank_dir / name).write_text(script)
+    busy, spans, lock = set(), [], threading.Lock()
+
+    def run(name: str, device: str | None) -> bench.ScriptResult:
+        with lock:
+            assert device not in busy, f"GPU {device} given two scripts at once"
+            busy.add(device)
+        started = time.monotonic()
+        result = bench.run_script(rank_dir, name, tmp_path, timeout_s=60, device=device)
+        with lock:
+            busy.discard(device)
+            spans.append((device, started, time.monotonic()))
+        return result
+
+    results = bench.run_all(names + names[:2], run, devices=("3", "5"))  # a repeated script runs once
+    assert sorted(results) == names and len(spans) == len(names)
+    assert {r.forward_ms for r in results.values()} == {3.0, 5.0}  # the script saw the device it was given
+    assert all(r.error is None for r in results.values())
+    assert {device for device, _, _ in spans} == {"3", "5"}
 
 
 def test_bench_warm_up_runs_each_script_once_in_its_folder_and_nothing_outside_the_dump(tmp_path):

@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import queue
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -133,29 +135,66 @@ def _script_path(rank_dir: Path, script: str) -> Path:
     return path
 
 
-def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float, python: str = sys.executable) -> int:
+def _env(device: str | None) -> dict[str, str] | None:
+    """The environment of a script pinned to `device` (a CUDA_VISIBLE_DEVICES entry), or None: inherit ours."""
+    return None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+
+
+def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float, python: str = sys.executable,
+            devices: Sequence[str] = ()) -> int:
     """Runs each script once without timing it, `jobs` at a time, and returns how many exited 0.
 
     Why: most of a script's run is compiling (inductor and Triton), and both keep what they compile in on-disk caches
     that the next process reads. Compiling every script in parallel first leaves the timed runs, which must run one
     at a time, mostly cache hits. Failures are not reported here: the timed run of the same script reports them.
+    With `devices`, the scripts take them in turn, so that their allocations spread over the GPUs.
     """
-    def run(script: str) -> bool:
+    scripts = list(scripts)
+
+    def run(index: int) -> bool:
+        device = devices[index % len(devices)] if devices else None
         try:
-            path = _script_path(rank_dir, script)
-            done = subprocess.run([python, str(path)], cwd=path.parent, capture_output=True, timeout=timeout_s)
+            path = _script_path(rank_dir, scripts[index])
+            done = subprocess.run([python, str(path)], cwd=path.parent, capture_output=True, timeout=timeout_s,
+                                  env=_env(device))
         except (ValueError, subprocess.TimeoutExpired):
             return False
         return done.returncode == 0
 
     # Threads only wait on the subprocesses; the compiling happens in them.
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return sum(pool.map(run, list(scripts)))
+        return sum(pool.map(run, range(len(scripts))))
+
+
+def run_all(scripts: Iterable[str], run: Callable[[str, str | None], ScriptResult],
+            devices: Sequence[str] = ()) -> dict[str, ScriptResult]:
+    """Each script's result from `run(script, device)`: one script at a time on each of `devices` (all of them at
+    once when there are several), or one at a time with the inherited device when `devices` is empty.
+
+    A timed script must have its GPU to itself, else it measures its neighbour too; several GPUs of one host each
+    run their own script and finish the same list sooner (the dumped GPT's 36 scripts need ~25 s each)."""
+    scripts = list(dict.fromkeys(scripts))
+    if len(devices) <= 1:
+        return {script: run(script, devices[0] if devices else None) for script in scripts}
+    free: queue.Queue[str] = queue.Queue()
+    for device in devices:
+        free.put(device)
+
+    def on_a_free_device(script: str) -> ScriptResult:
+        device = free.get()
+        try:
+            return run(script, device)
+        finally:
+            free.put(device)
+
+    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        return dict(zip(scripts, pool.map(on_a_free_device, scripts)))
 
 
 def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
-               python: str = sys.executable) -> ScriptResult:
-    """Runs `script` (relative to `rank_dir`) with --benchmark --json and reads what it wrote."""
+               python: str = sys.executable, device: str | None = None) -> ScriptResult:
+    """Runs `script` (relative to `rank_dir`) with --benchmark --json and reads what it wrote; with `device`, on
+    that CUDA device alone (CUDA_VISIBLE_DEVICES)."""
     try:
         path = _script_path(rank_dir, script)
     except ValueError as e:
@@ -164,7 +203,8 @@ def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
     out.unlink(missing_ok=True)
     command = [python, str(path), "--benchmark", "--json", str(out)]
     try:
-        done = subprocess.run(command, cwd=path.parent, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, cwd=path.parent, capture_output=True, text=True, timeout=timeout_s,
+                              env=_env(device))
     except subprocess.TimeoutExpired:
         return ScriptResult(script, error=f"timed out after {timeout_s:g} s")
     result = read_result(out, script)
@@ -182,14 +222,14 @@ def _why(output: str) -> str:
     return "; ".join(telling[-2:] if telling else lines[-1:])[:400]
 
 
+def scripts_of(comparisons: Iterable[Comparison]) -> list[str]:
+    """The distinct scripts of `comparisons`, in order (a piece's own script, then inductor's)."""
+    return list(dict.fromkeys(s for c in comparisons for s in (c.ours_script, c.theirs_script)))
+
+
 def collect(comparisons: Iterable[Comparison], fetch: Callable[[str], ScriptResult]) -> dict[str, ScriptResult]:
     """Each distinct script's result, fetched once (run it, or read a result measured before)."""
-    results: dict[str, ScriptResult] = {}
-    for c in comparisons:
-        for script in (c.ours_script, c.theirs_script):
-            if script not in results:
-                results[script] = fetch(script)
-    return results
+    return run_all(scripts_of(comparisons), lambda script, _device: fetch(script))
 
 
 @dataclasses.dataclass(frozen=True)

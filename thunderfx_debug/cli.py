@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -116,28 +117,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         results_dir = Path(args.results)
         if not results_dir.is_dir():
             raise UsageError(f"--results {results_dir} is not a directory of earlier results")
-        fetch = lambda script: bench.read_result(results_dir / bench.result_name(script), script)  # noqa: E731
+        results = {s: bench.read_result(results_dir / bench.result_name(s), s) for s in bench.scripts_of(comparisons)}
     else:
         _check_can_run(args.allow_cpu)
+        devices = _devices(args.gpus) if args.gpus else ()
         results_dir = Path(args.results_dir) if args.results_dir else rank_dir / "bench"
         try:
             results_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"cannot create {results_dir} ({e.strerror or e}); choose one with --results-dir") from None
-        total = 2 * len(comparisons)
+        scripts = bench.scripts_of(comparisons)
         if args.jobs > 1:
-            scripts = list(dict.fromkeys(s for c in comparisons for s in (c.ours_script, c.theirs_script)))
-            print(f"compiling {len(scripts)} scripts, {args.jobs} at a time, before timing them one at a time...",
-                  file=sys.stderr)
-            bench.warm_up(rank_dir, scripts, args.jobs, args.timeout)
+            print(f"compiling {len(scripts)} scripts, {args.jobs} at a time, before timing them one at a time"
+                  + (f" on each of {len(devices)} GPUs" if len(devices) > 1 else "") + "...", file=sys.stderr)
+            bench.warm_up(rank_dir, scripts, args.jobs, args.timeout, devices=devices)
         done = [0]
+        lock = threading.Lock()
 
-        def fetch(script: str) -> bench.ScriptResult:
-            done[0] += 1
-            print(f"[{done[0]}/{total}] {script}", file=sys.stderr)
-            return bench.run_script(rank_dir, script, results_dir, args.timeout)
+        def run_one(script: str, device: str | None) -> bench.ScriptResult:
+            with lock:
+                done[0] += 1
+                print(f"[{done[0]}/{len(scripts)}] {script}" + (f" (GPU {device})" if device else ""),
+                      file=sys.stderr)
+            return bench.run_script(rank_dir, script, results_dir, args.timeout, device=device)
 
-    ranked = bench.rank(comparisons, bench.collect(comparisons, fetch), args.tolerance)
+        results = bench.run_all(scripts, run_one, devices)
+    ranked = bench.rank(comparisons, results, args.tolerance)
     out = Path(args.output) if args.output else rank_dir / "triage.md"
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
     # Scripts as the reader of the report finds them: relative to it when it lies beside the dump, else absolute.
@@ -161,6 +166,26 @@ def _check_can_run(allow_cpu: bool) -> None:
     if not torch.cuda.is_available() and not allow_cpu:
         raise UsageError("bench compares nvFuser and inductor on a CUDA device and none is visible here; run it on a "
                          "GPU machine, pass --results DIR to triage results measured elsewhere, or --allow-cpu")
+
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU indices separated by commas, like 0,1; got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def _devices(indices: tuple[int, ...]) -> tuple[str, ...]:
+    """The CUDA_VISIBLE_DEVICES entry of each GPU index as this process sees them; an absent GPU is an error."""
+    import torch
+
+    count = torch.cuda.device_count()
+    absent = [str(i) for i in indices if i >= count]
+    if absent:
+        sees = f"{count} (indices 0 to {count - 1})" if count else "none"
+        raise UsageError(f"--gpus: no GPU {', '.join(absent)} here; this process sees {sees}")
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    return tuple(visible[i] if visible else str(i) for i in indices)
 
 
 def _fraction(text: str) -> float:
@@ -260,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="first run every script once without timing, N at a time, so that the timed runs (one "
                             "at a time) find inductor's and Triton's compiled code in their on-disk caches "
                             "(default: 1, no such pass)")
+    bench.add_argument("--gpus", metavar="LIST", type=_gpu_list,
+                       help="time on these GPUs at once, one script per GPU at a time (e.g. 0,1; indices as this "
+                            "process sees them; default: one script at a time on the default device)")
     bench.add_argument("--allow-cpu", action="store_true",
                        help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
     bench.set_defaults(run=_cmd_bench)

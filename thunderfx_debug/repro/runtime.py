@@ -215,7 +215,7 @@ def _run_float64(eager: Callable, inputs: Sequence[Any], backward: bool):
 
 
 def check(
-    build: Callable[[], Callable],
+    fn: Callable,
     eager: Callable[[], Callable],
     make_inputs: Callable[[], list[Any]],
     expected_outputs: list[Any] | None,
@@ -225,7 +225,7 @@ def check(
     """Runs the piece once and compares it: forward outputs with the run's (real inputs) or with eager; gradients
     with eager. An eager script with no saved outputs has nothing to compare with and checks that it runs."""
     inputs = make_inputs()
-    outputs, grads = run(build(), inputs, backward)
+    outputs, grads = run(fn, inputs, backward)
     if is_eager and expected_outputs is None:
         print(f"  ran eagerly: {len(outputs)} outputs" + (f", {len(grads)} gradients" if grads else ""))
         return True
@@ -293,10 +293,13 @@ def main(
     options = parser.parse_args(argv)
     torch.manual_seed(0)
     print(f"{piece} [{executor}]  ({Path(script).name})")
-    ok = check(build, eager, make_inputs, expected_outputs, executor == "eager", backward)
+    # One build for the check and the timing: building is compiling (a split's Thunder jit, torch.compile), most
+    # of a script's run; the timing's inputs have the same metadata, so they hit what the check compiled.
+    fn = build()
+    ok = check(fn, eager, make_inputs, expected_outputs, executor == "eager", backward)
     if options.benchmark:
         torch.manual_seed(0)
-        forward_ms, backward_ms = benchmark(build(), make_inputs(), backward, options.min_run_time)
+        forward_ms, backward_ms = benchmark(fn, make_inputs(), backward, options.min_run_time)
         backward_text = "n/a" if backward_ms is None else f"{backward_ms:.3f} ms"
         print(f"  benchmark: forward {forward_ms:.3f} ms, backward {backward_text} (medians)")
         if options.json:
