@@ -207,6 +207,9 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
     assert (rank_dir / "triage.md").read_text() == text
     results = sorted(p.name for p in (rank_dir / "bench").glob("*.json"))
     assert any("nvFusion" in name and name.endswith("_repro_nvfuser.json") for name in results), results
+    measured = [json.loads((rank_dir / "bench" / name).read_text()) for name in results]
+    assert all(m["forward_device_ms"] > 0 for m in measured), measured  # device time, measured on CUDA
+    assert "| device |" in text
     assert "## Not measured" not in text, text
 
 

@@ -330,6 +330,32 @@ def test_triage_ranks_by_time_lost_per_step():
     assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
 
 
+def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
+    """On the H200 a small region's standalone inductor call cost ~0.1 ms of wrappers for ~0.02 ms of kernels: the
+    wall clock blamed inductor for what it does not pay inside a compiled graph. Device time wins where both have it."""
+    (fusion,) = [c for c in triage_plan() if c.path == "graph0/thunder_0/nvFusion0 forward"]
+    (split,) = [c for c in triage_plan() if c.path == "graph0/thunder_0"]
+    results = {
+        fusion.ours_script: bench.ScriptResult(fusion.ours_script, 0.02, 0.05, forward_device_ms=0.015,
+                                               backward_device_ms=0.04),
+        fusion.theirs_script: bench.ScriptResult(fusion.theirs_script, 0.12, 0.20, forward_device_ms=0.010,
+                                                 backward_device_ms=0.03),
+        split.ours_script: bench.ScriptResult(split.ours_script, 2.0, None, forward_device_ms=1.5),
+        split.theirs_script: bench.ScriptResult(split.theirs_script, 1.0),  # a CPU run: no device time
+    }
+    by_path = {r.comparison.path: r for r in bench.rank([fusion, split], results)}
+    region = by_path[fusion.path]
+    assert region.clock == "device" and region.ratio == pytest.approx(0.055 / 0.040)
+    assert region.loss_ms > 0 and region.beyond  # on the wall clock it would have been a 3x gain
+    assert by_path[split.path].clock == "wall" and by_path[split.path].ratio == pytest.approx(2.0)
+    text = render_triage(list(by_path.values()), 0.10, "fixture")
+    assert "| device |" in text and "| wall |" in text
+
+    out = tmp_path / "negative.json"
+    out.write_text(json.dumps({"forward_ms": 1.0, "forward_device_ms": -1.0}))
+    assert "forward_device_ms must be a non-negative number" in bench.read_result(out, "x.py").error
+
+
 def test_plan_pairs_scripts_from_the_records(normal):
     def add_files(report: Report) -> Report:
         graphs = []

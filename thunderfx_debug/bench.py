@@ -56,13 +56,16 @@ class Comparison:
 class ScriptResult:
     """What one script measured (ms per call; backward None where the piece has none), or why it measured nothing
     (`error`). `note` is set when the script measured but exited non-zero, e.g. its self-check against eager
-    found a mismatch: the time is still worth comparing, and the mismatch is a finding of its own."""
+    found a mismatch: the time is still worth comparing, and the mismatch is a finding of its own.
+    `*_ms` are wall clock; `*_device_ms` the GPU's time for the piece's kernels (CUDA scripts only)."""
 
     script: str
     forward_ms: float | None = None
     backward_ms: float | None = None
     error: str | None = None
     note: str | None = None
+    forward_device_ms: float | None = None
+    backward_device_ms: float | None = None
 
 
 def _script(files: Mapping[str, str], kind: str) -> str | None:
@@ -111,7 +114,7 @@ def read_result(path: Path, script: str) -> ScriptResult:
     if not isinstance(data, dict):
         return ScriptResult(script, error=f"{path.name}: expected a JSON object")
     values = {}
-    for key in ("forward_ms", "backward_ms"):
+    for key in ("forward_ms", "backward_ms", "forward_device_ms", "backward_device_ms"):
         value = data.get(key)
         ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                                and value >= 0)
@@ -244,6 +247,7 @@ class Ranked:
     error: str | None = None
     tolerance: float = DEFAULT_TOLERANCE
     notes: tuple[str, ...] = ()  # scripts that measured but exited non-zero (self-check mismatches)
+    clock: str = "wall"  # "device" where both scripts measured their kernels' GPU time, which is then compared
 
     @property
     def ratio(self) -> float | None:
@@ -262,13 +266,21 @@ class Ranked:
         return self.ratio is not None and abs(self.ratio - 1) > self.tolerance
 
 
-def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, float | None]:
-    """Forward, plus backward where both scripts measured one (so both sides time the same work)."""
+def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, float | None, str]:
+    """(ours ms, theirs ms, clock): forward, plus backward where both scripts measured one (so both sides time the
+    same work), in device time where both scripts measured it, else in wall-clock time."""
     if ours.forward_ms is None or theirs.forward_ms is None:
-        return None, None
-    both_backward = ours.backward_ms is not None and theirs.backward_ms is not None
-    return (ours.forward_ms + (ours.backward_ms if both_backward else 0.0),
-            theirs.forward_ms + (theirs.backward_ms if both_backward else 0.0))
+        return None, None, "wall"
+    device = ours.forward_device_ms is not None and theirs.forward_device_ms is not None
+    clock = "device" if device else "wall"
+
+    def total(r: ScriptResult, with_backward: bool) -> float:
+        forward, backward = (r.forward_device_ms, r.backward_device_ms) if device else (r.forward_ms, r.backward_ms)
+        return forward + (backward if with_backward else 0.0)
+
+    backward_of = (lambda r: r.backward_device_ms) if device else (lambda r: r.backward_ms)
+    both_backward = backward_of(ours) is not None and backward_of(theirs) is not None
+    return total(ours, both_backward), total(theirs, both_backward), clock
 
 
 def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
@@ -279,9 +291,9 @@ def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
         ours = results.get(c.ours_script, ScriptResult(c.ours_script, error="not run"))
         theirs = results.get(c.theirs_script, ScriptResult(c.theirs_script, error="not run"))
         error = "; ".join(f"{Path(r.script).name}: {r.error}" for r in (ours, theirs) if r.error) or None
-        ours_ms, theirs_ms = (None, None) if error else _total(ours, theirs)
+        ours_ms, theirs_ms, clock = (None, None, "wall") if error else _total(ours, theirs)
         notes = tuple(f"{Path(r.script).name}: {r.note}" for r in (ours, theirs) if r.note)
-        ranked.append(Ranked(c, ours_ms, theirs_ms, error, tolerance, notes))
+        ranked.append(Ranked(c, ours_ms, theirs_ms, error, tolerance, notes, clock))
     return sorted(ranked, key=lambda r: (r.error is not None, -r.loss_ms, r.comparison.path))
 
 

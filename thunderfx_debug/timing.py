@@ -195,6 +195,10 @@ class DeviceHold:
         khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
         return cls(torch.cuda._sleep, float(khz))
 
+    def sleep_ms(self, ms: float) -> None:
+        """Enqueues a sleep of about `ms` milliseconds on the current stream (the repro scripts' device timing)."""
+        self._sleep(int(ms * self._cycles_per_ms))
+
     def begin(self, phase: str, call: int) -> None:
         """Before the first mark of the phase of sampled call `call`: enqueue the sleep and start the host clock of
         the phase; nothing if this phase of this call was already held."""
@@ -202,7 +206,7 @@ class DeviceHold:
             return
         self._held_call[phase] = call
         ms = min(self.MAX_MS, max(self.MIN_MS, self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR)))
-        self._sleep(int(ms * self._cycles_per_ms))
+        self.sleep_ms(ms)
         self._started[phase] = self._counter()
 
     def end(self, phase: str) -> None:

@@ -20,11 +20,11 @@ def _ms(value: float | None) -> str:
 def _row(i: int, r: Ranked) -> str:
     c = r.comparison
     return (f"| {i} | {_md(c.path)} | {c.level} | {_md(c.ours_executor)} | {_ms(r.ours_ms)} | {_ms(r.theirs_ms)} | "
-            f"{r.ratio:.2f}x | {_ms(r.loss_ms)} | {c.calls_per_step:g} |")
+            f"{r.ratio:.2f}x | {_ms(r.loss_ms)} | {c.calls_per_step:g} | {r.clock} |")
 
 
 HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inductor ms | ratio | lost ms per step "
-          "| calls per step |\n|---|---|---|---|---|---|---|---|---|")
+          "| calls per step | clock |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "") -> str:
@@ -41,7 +41,11 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
         f"inductor, {sum(r.comparison.level == 'split' for r in ok)} Thunder splits against inductor), "
         f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
         "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
-        "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records.",
+        "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records. "
+        "Clock \"device\" is the GPU's time for the piece's kernels (calls queued behind a sleep kernel, timed with "
+        "CUDA events); \"wall\" is what a standalone call costs, host included, which for a small region is mostly "
+        "the per-call cost of torch.compile's wrappers that the region does not pay inside a compiled graph. "
+        "Device time is compared wherever both scripts measured it.",
         "",
         "## Where ThunderFX loses time",
         "",

@@ -13,8 +13,10 @@ A script calls `main(...)` with the piece's callables:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -245,8 +247,48 @@ def check(
 # ---- timing -------------------------------------------------------------------------------------------------------
 
 
-def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time: float) -> tuple[float, float | None]:
-    """Median milliseconds of the forward, and of the backward where the piece has one.
+DEVICE_CALLS = 20  # calls per device-time measurement: queued behind one hold, well inside CUDA's launch queue
+DEVICE_ROUNDS = 5  # measurements; the median is reported
+
+
+def device_ms(call: Callable[[], Any], host_ms: float) -> float:
+    """Median device milliseconds per `call()` on CUDA: the GPU's own time for the call's kernels.
+
+    A wall-clock time of a small region standalone is mostly its host cost (a torch.compile'd function's guards
+    and wrappers take ~0.1 ms a call, more than many regions' kernels), which the region does not pay inside a
+    whole compiled graph. So the calls are queued behind a sleep kernel as long as their host time (1.5x
+    `host_ms` per call), as the backend's fusion timing does (`timing.DeviceHold`), and CUDA events around them
+    time the kernels back to back."""
+    from thunderfx_debug.timing import DeviceHold
+
+    hold = DeviceHold.for_current_cuda_device()
+    per_call = []
+    for _ in range(DEVICE_ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        hold.sleep_ms(min(max(1.5 * host_ms * DEVICE_CALLS, 1.0), 1000.0))
+        start.record()
+        for _ in range(DEVICE_CALLS):
+            call()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / DEVICE_CALLS)
+    return statistics.median(per_call)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """Median milliseconds per call: wall clock (host and device, as torch.utils.benchmark measures) and, on CUDA,
+    device time (`device_ms`). Backward is None where the piece has none."""
+
+    forward_ms: float
+    backward_ms: float | None = None
+    forward_device_ms: float | None = None
+    backward_device_ms: float | None = None
+
+
+def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time: float) -> Timings:
+    """Times the forward, and the backward where the piece has one.
 
     The backward is timed as (forward + backward) - forward: compiled backward functions (Thunder's, AOTAutograd's)
     may free what they saved after one use, so the backward alone cannot be run repeatedly on one forward."""
@@ -254,6 +296,7 @@ def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time:
 
     args = fresh(inputs)
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+    on_cuda = torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in flat_tensors(args))
 
     def forward():
         return fn(*args)
@@ -264,10 +307,14 @@ def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time:
 
     forward_ms = Timer("forward()", globals={"forward": forward}).blocked_autorange(min_run_time=min_run_time).median
     forward_ms *= 1e3
+    forward_device = device_ms(forward, forward_ms) if on_cuda else None
     if not backward or not wanted or not _differentiable(flat_tensors(fn(*args))):
-        return forward_ms, None
+        return Timings(forward_ms, None, forward_device)
     both = Timer("step()", globals={"step": forward_backward}).blocked_autorange(min_run_time=min_run_time).median
-    return forward_ms, max(both * 1e3 - forward_ms, 0.0)
+    both *= 1e3
+    both_device = device_ms(forward_backward, both) if on_cuda else None
+    return Timings(forward_ms, max(both - forward_ms, 0.0), forward_device,
+                   None if both_device is None else max(both_device - forward_device, 0.0))
 
 
 # ---- entry point --------------------------------------------------------------------------------------------------
@@ -299,19 +346,24 @@ def main(
     ok = check(fn, eager, make_inputs, expected_outputs, executor == "eager", backward)
     if options.benchmark:
         torch.manual_seed(0)
-        forward_ms, backward_ms = benchmark(fn, make_inputs(), backward, options.min_run_time)
-        backward_text = "n/a" if backward_ms is None else f"{backward_ms:.3f} ms"
-        print(f"  benchmark: forward {forward_ms:.3f} ms, backward {backward_text} (medians)")
+        timings = benchmark(fn, make_inputs(), backward, options.min_run_time)
+        print(f"  benchmark: {_describe(timings)}")
         if options.json:
-            figures = {
-                "script": Path(script).name,
-                "piece": piece,
-                "executor": executor,
-                "forward_ms": forward_ms,
-                "backward_ms": backward_ms,
-            }
+            figures = {"script": Path(script).name, "piece": piece, "executor": executor,
+                       **dataclasses.asdict(timings)}
             Path(options.json).write_text(json.dumps(figures, indent=1) + "\n")
     return 0 if ok else 1
+
+
+def _describe(timings: Timings) -> str:
+    def pair(wall: float | None, device: float | None) -> str:
+        if wall is None:
+            return "n/a"
+        return f"{wall:.3f} ms" + (f" (device {device:.3f} ms)" if device is not None else "")
+
+    clocks = "wall clock, device time in parentheses" if timings.forward_device_ms is not None else "wall clock"
+    return f"forward {pair(timings.forward_ms, timings.forward_device_ms)}, " \
+           f"backward {pair(timings.backward_ms, timings.backward_device_ms)} (medians, {clocks})"
 
 
 def exit_with(status: int) -> None:
