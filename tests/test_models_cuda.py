@@ -139,11 +139,22 @@ def plain_reference(tmp_path):
             reference.proc.wait()
 
 
+ILLEGAL_ADDRESS = "illegal memory access"
+
+
 def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference):
     reference = plain_reference("gpt")
     model, batches, loss_fn = _gpt()
     backend = _reporting(tmp_path)
-    losses = _train(model, torch.compile(model, backend=backend), batches, loss_fn)
+    try:
+        losses = _train(model, torch.compile(model, backend=backend), batches, loss_fn)
+    except Exception as error:
+        plain, output = reference.losses()
+        if ILLEGAL_ADDRESS in str(error) and plain is None and ILLEGAL_ADDRESS in output:
+            # Seen on the H200 with nvFuser 0.2.36.dev20260301 (a torch-2.10 build on torch 2.11) from 4 layers on:
+            # plain ThunderCompiler dies in the same way, so the backend is not the cause (benchmarks/RESULTS.md).
+            pytest.xfail(f"nvFuser crashes under plain ThunderCompiler too: {str(error)[:200]}")
+        raise
     plain, output = reference.losses()
     assert plain is not None, output
     # The forward of step 1 has no nondeterministic kernel in it: bit-identical. Later steps go through backward

@@ -325,6 +325,8 @@ def test_triage_ranks_by_time_lost_per_step():
     assert "nvFusion3" in listed and "nvFusion0" in listed and "nvFusion1" not in listed
     assert "rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion3_backward_repro_nvfuser.py" in listed
     assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions beyond tolerance
+    outside = explained.split_loss_ms - explained.regions_loss_ms  # what the split loses outside its regions
+    assert f"| 70% | {outside:.3f} |" in text
     # With a 60% tolerance the fusion regions (at most 1.5x) are all within it.
     wide = bench.rank(comparisons, results, tolerance=0.6)
     assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
