@@ -213,6 +213,34 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
     assert "## Not measured" not in text, text
 
 
+def test_bench_resume_runs_only_the_scripts_without_a_result(tmp_path, capsys):
+    """An interrupted bench (the device command ran out of time) is resumed: kept results are not run again."""
+    from thunderfx_debug import bench
+
+    dump = tmp_path / "dump"
+    shutil.copytree(NORMAL, dump)
+    rank_dir = dump / "rank0"
+    scripts = bench.scripts_of(bench.plan(load_report(rank_dir)))
+    assert len(scripts) >= 2
+    fake = ("import json, sys\n"
+            "open(__file__ + '.ran', 'w').write('x')\n"
+            "json.dump({'forward_ms': 2.0}, open(sys.argv[3], 'w'))\n")
+    for script in scripts:
+        (rank_dir / script).write_text(fake)
+    results = tmp_path / "results"
+    results.mkdir()
+    for script in scripts[1:]:
+        (results / bench.result_name(script)).write_text(json.dumps({"forward_ms": 1.0}))
+    code, text, err = run(capsys, "bench", str(dump), "--allow-cpu", "--resume", "--results-dir", str(results),
+                          "-o", str(tmp_path / "triage.md"))
+    assert code == 0, err
+    assert f"{len(scripts) - 1} scripts already measured" in err
+    ran = sorted(p.name for p in rank_dir.rglob("*.ran"))
+    assert ran == [Path(scripts[0]).name + ".ran"]
+    assert json.loads((results / bench.result_name(scripts[0])).read_text())["forward_ms"] == 2.0
+    assert "2.000 | 1.000 | 2.00x" in text  # the new result against a kept one
+
+
 def test_bench_times_one_script_per_gpu_at_a_time_on_every_gpu(tmp_path):
     """--gpus: each script runs once, pinned by CUDA_VISIBLE_DEVICES; a GPU never runs two scripts at once, and
     both GPUs work. The scripts report the device they saw as their forward time."""

@@ -127,7 +127,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot create {results_dir} ({e.strerror or e}); choose one with --results-dir") from None
         scripts = bench.scripts_of(comparisons)
-        if args.jobs > 1:
+        kept = {}
+        if args.resume:  # an interrupted bench: keep what it measured, run the rest
+            kept = {s: r for s in scripts if (r := bench.read_result(results_dir / bench.result_name(s), s)).error is None}
+            scripts = [s for s in scripts if s not in kept]
+            print(f"--resume: {len(kept)} scripts already measured in {results_dir}, {len(scripts)} to run",
+                  file=sys.stderr)
+        if args.jobs > 1 and scripts:
             print(f"compiling {len(scripts)} scripts, {args.jobs} at a time, before timing them one at a time"
                   + (f" on each of {len(devices)} GPUs" if len(devices) > 1 else "") + "...", file=sys.stderr)
             bench.warm_up(rank_dir, scripts, args.jobs, args.timeout, devices=devices)
@@ -141,7 +147,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             return bench.run_script(rank_dir, script, results_dir, args.timeout, device=device)
 
-        results = bench.run_all(scripts, run_one, devices)
+        results = {**kept, **bench.run_all(scripts, run_one, devices)}
     ranked = bench.rank(comparisons, results, args.tolerance)
     out = Path(args.output) if args.output else rank_dir / "triage.md"
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
@@ -285,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="first run every script once without timing, N at a time, so that the timed runs (one "
                             "at a time) find inductor's and Triton's compiled code in their on-disk caches "
                             "(default: 1, no such pass)")
+    bench.add_argument("--resume", action="store_true",
+                       help="keep the results an earlier, interrupted bench of this dump left in the results "
+                            "directory and run only the scripts without one")
     bench.add_argument("--gpus", metavar="LIST", type=_gpu_list,
                        help="time on these GPUs at once, one script per GPU at a time (e.g. 0,1; indices as this "
                             "process sees them; default: one script at a time on the default device)")
