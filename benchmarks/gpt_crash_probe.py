@@ -36,7 +36,9 @@ def _train(layers: int, variant: str, steps: int, batch: int) -> dict:
 
     from thunderfx_debug.models import GPT, GPT_12_LAYER, synthetic_batches
 
-    executors = [e for e in thunder.get_default_executors() if e.name in VARIANTS[variant]([x.name for x in thunder.get_default_executors()])]
+    defaults = thunder.get_default_executors()
+    kept = VARIANTS[variant]([e.name for e in defaults])
+    executors = [e for e in defaults if e.name in kept]
     print(f"[{variant}] executors: {[e.name for e in executors]}", flush=True)
     torch.manual_seed(0)
     config = dataclasses.replace(GPT_12_LAYER, n_layer=layers)

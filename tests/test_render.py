@@ -304,7 +304,7 @@ def triage_plan() -> list[bench.Comparison]:
 
 def test_triage_ranks_by_time_lost_per_step():
     comparisons = triage_plan()
-    results = bench.collect(comparisons, lambda s: bench.read_result(RESULTS / bench.result_name(s), s))
+    results = {s: bench.read_result(RESULTS / bench.result_name(s), s) for s in bench.scripts_of(comparisons)}
     ranked = bench.rank(comparisons, results, tolerance=0.10)
     by_path = {r.comparison.path: r for r in ranked}
     # nvFusion3 backward: 0.30 vs 0.20 ms, run twice per step -> 0.2 ms lost per step, more than nvFusion0's 0.15.

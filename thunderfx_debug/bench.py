@@ -230,11 +230,6 @@ def scripts_of(comparisons: Iterable[Comparison]) -> list[str]:
     return list(dict.fromkeys(s for c in comparisons for s in (c.ours_script, c.theirs_script)))
 
 
-def collect(comparisons: Iterable[Comparison], fetch: Callable[[str], ScriptResult]) -> dict[str, ScriptResult]:
-    """Each distinct script's result, fetched once (run it, or read a result measured before)."""
-    return run_all(scripts_of(comparisons), lambda script, _device: fetch(script))
-
-
 @dataclasses.dataclass(frozen=True)
 class Ranked:
     """A compared piece: ms per call of ours and inductor's, ratio ours/theirs (above 1: ThunderFX is slower),
@@ -272,15 +267,14 @@ def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, floa
     if ours.forward_ms is None or theirs.forward_ms is None:
         return None, None, "wall"
     device = ours.forward_device_ms is not None and theirs.forward_device_ms is not None
-    clock = "device" if device else "wall"
 
-    def total(r: ScriptResult, with_backward: bool) -> float:
-        forward, backward = (r.forward_device_ms, r.backward_device_ms) if device else (r.forward_ms, r.backward_ms)
-        return forward + (backward if with_backward else 0.0)
+    def figures(r: ScriptResult) -> tuple[float, float | None]:
+        return (r.forward_device_ms, r.backward_device_ms) if device else (r.forward_ms, r.backward_ms)
 
-    backward_of = (lambda r: r.backward_device_ms) if device else (lambda r: r.backward_ms)
-    both_backward = backward_of(ours) is not None and backward_of(theirs) is not None
-    return total(ours, both_backward), total(theirs, both_backward), clock
+    (ours_forward, ours_backward), (theirs_forward, theirs_backward) = figures(ours), figures(theirs)
+    both_backward = ours_backward is not None and theirs_backward is not None
+    return (ours_forward + (ours_backward if both_backward else 0.0),
+            theirs_forward + (theirs_backward if both_backward else 0.0), "device" if device else "wall")
 
 
 def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
