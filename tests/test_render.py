@@ -326,7 +326,9 @@ def test_triage_ranks_by_time_lost_per_step():
     assert "rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion3_backward_repro_nvfuser.py" in listed
     assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions beyond tolerance
     outside = explained.split_loss_ms - explained.regions_loss_ms  # what the split loses outside its regions
-    assert f"| 70% | {outside:.3f} |" in text
+    assert f"| 70% | {outside:.3f} | - |" in text  # no run timing given
+    text = render_triage(ranked, 0.10, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
+    assert f"| 70% | {outside:.3f} | 1.250 |" in text
     # With a 60% tolerance the fusion regions (at most 1.5x) are all within it.
     wide = bench.rank(comparisons, results, tolerance=0.6)
     assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
@@ -356,6 +358,17 @@ def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
     out = tmp_path / "negative.json"
     out.write_text(json.dumps({"forward_ms": 1.0, "forward_device_ms": -1.0}))
     assert "forward_device_ms must be a non-negative number" in bench.read_result(out, "x.py").error
+
+
+def test_outside_in_run_sums_each_splits_time_outside_its_regions(normal):
+    outside = bench.outside_in_run(normal)
+    steps = digest.estimated_steps(normal)
+    for graph in normal.graphs:
+        for split in graph.splits:
+            timings = split.outside_fusions_timing.values()
+            expected = sum(t.median_ms for t in timings) * graph.calls / steps
+            assert outside.get(f"{graph.name}/{split.name}", 0.0) == pytest.approx(expected)
+    assert outside and all(ms > 0 for ms in outside.values())
 
 
 def test_plan_pairs_scripts_from_the_records(normal):

@@ -97,6 +97,18 @@ def plan(report: Report) -> list[Comparison]:
     return comparisons
 
 
+def outside_in_run(report: Report) -> dict[str, float]:
+    """Per split ("graph0/thunder_0"): the training run's own time outside its fusion regions, forward and backward,
+    in ms per step (fusion-level timing; splits without it are absent). Where `bench` finds a split's gap outside its
+    regions, this says how much time lives there to lose."""
+    outside: dict[str, float] = {}
+    for piece in digest.timed_pieces(report):
+        if piece.level == "outside fusions":
+            key = f"{piece.graph}/{piece.split}"
+            outside[key] = outside.get(key, 0.0) + piece.ms_per_step
+    return outside
+
+
 def result_name(script: str) -> str:
     """The results file of a script: its file name with .json for .py (names in a dump are unique by design)."""
     name = Path(script).name

@@ -153,7 +153,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
     # Scripts as the reader of the report finds them: relative to it when it lies beside the dump, else absolute.
     prefix = "" if prefix == "." else str(rank_dir.resolve()) + "/" if prefix.startswith("..") else prefix + "/"
-    text = render_triage(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix)
+    text = render_triage(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix,
+                         outside_in_run=bench.outside_in_run(report))
     _write(out, text, "triage report")
     print(text, end="")
     print(f"triage report written to {out}", file=sys.stderr)

@@ -3,7 +3,7 @@ beyond a tolerance, ranked by the time lost per step, with the repro scripts wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from thunderfx_debug.bench import Ranked, explain
 
@@ -27,9 +27,12 @@ HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inducto
           "| calls per step | clock |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
-def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "") -> str:
+def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "",
+                  outside_in_run: Mapping[str, float] | None = None) -> str:
     """Markdown. `script_prefix` is prepended to the scripts' dump-relative paths (their location seen from the
-    report file)."""
+    report file); `outside_in_run` is `bench.outside_in_run` of the dump (the run's time outside each split's
+    regions, shown beside the gap found there)."""
+    outside_in_run = outside_in_run or {}
     ok = [r for r in ranked if r.error is None and r.ratio is not None]
     losses = [r for r in ok if r.beyond and r.loss_ms > 0]
     gains = sorted((r for r in ok if r.beyond and r.loss_ms < 0), key=lambda r: r.loss_ms)
@@ -65,14 +68,17 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
     if explained:
         lines += ["", "## How much of each split's gap its fusion regions explain", "",
                   "\"outside its regions\" is the split's gap less its regions': time lost in the ops Thunder runs "
-                  "outside nvFusion regions (matmuls, attention, other executors' regions) and between them.", "",
+                  "outside nvFusion regions (matmuls, attention, other executors' regions) and between them. \"the run "
+                  "spent outside them\" is the training run's own device time there per step (fusion-level timing), "
+                  "for scale.", "",
                   "| split | split lost ms per step | its regions | its regions beyond tolerance | explained "
-                  "| outside its regions |",
-                  "|---|---|---|---|---|---|"]
+                  "| outside its regions | the run spent outside them |",
+                  "|---|---|---|---|---|---|---|"]
         for e in explained:
             share = f"{e.regions_beyond_loss_ms / e.split_loss_ms:.0%}" if e.split_loss_ms > 0 else "-"
             lines.append(f"| {_md(e.split)} | {_ms(e.split_loss_ms)} | {_ms(e.regions_loss_ms)} | "
-                         f"{_ms(e.regions_beyond_loss_ms)} | {share} | {_ms(e.split_loss_ms - e.regions_loss_ms)} |")
+                         f"{_ms(e.regions_beyond_loss_ms)} | {share} | {_ms(e.split_loss_ms - e.regions_loss_ms)} | "
+                         f"{_ms(outside_in_run.get(e.split))} |")
     checked = [r for r in ranked if r.notes]
     if checked:
         lines += ["", "## Scripts that measured but failed their own check", "",
