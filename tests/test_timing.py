@@ -400,6 +400,9 @@ def test_fidelity_benchmark_matches_every_region_to_its_profiler_range(tmp_path)
     assert data["summary"]["regions"] >= 2
     assert data["summary"]["matched_regions"] == data["summary"]["regions"]
     assert all(r["backend_samples"] == r["profiler_samples"] == 2 for r in data["regions"])
+    cost = data["summary"]["bracket_cost_ms"]
+    assert cost >= 0 and all(r["net_backend_median_ms"] == pytest.approx(max(r["backend_median_ms"] - cost, 0.0))
+                             for r in data["regions"])
 
 
 def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_learns_the_host_time():

@@ -34,11 +34,12 @@ class ReportingBackend(ThunderCompiler):
             `thunderfx_debug.config`, the environment variables win), and everything else goes to Thunder as
             ThunderCompiler's options do (`executors=...`, `transforms=...`).
 
-    Example:
-        >>> backend = ReportingBackend(executors=[torch_compile_ex, *thunder.get_default_executors()])
-        >>> model = torch.compile(model, backend=backend)
-        >>> ...train...
-        >>> print(backend.report())
+    Example (usage, not a doctest):
+
+        backend = ReportingBackend(executors=[torch_compile_ex, *thunder.get_default_executors()])
+        model = torch.compile(model, backend=backend)
+        ...  # train
+        print(backend.report())
 
     Raises:
         ConfigError: a setting (argument or environment variable) has a value that is not allowed, or the dump

@@ -8,8 +8,9 @@ update, e.g. the optimizer's); the copies are read at flush, after the recorder 
 THUNDERFX_DEBUG_INPUTS_MAX_MB (counted per graph and per split, inputs and outputs together) nothing is kept and the
 scripts fall back to metadata, saying so.
 
-Example (what a script with real inputs does):
-    >>> saved = torch.load("inputs/graph0_inputs.pt", weights_only=True)
+Example (what a script with real inputs does; not a doctest):
+
+    saved = torch.load("inputs/graph0_inputs.pt", weights_only=True)
 """
 
 from __future__ import annotations
