@@ -3,6 +3,7 @@
     source .gpu/setup.sh && python3 benchmarks/overhead.py --with-real-models --json overhead.json   # H200, 12 layers
     python benchmarks/overhead.py --tiny                                 # CPU smoke test (host clock), 1-2 min
     python benchmarks/overhead.py --tiny --with-real-models              # the same with all six configurations
+    ... --executors torchcompile,sdpa,torchcompile_xentropy              # Thunder fusing with torch.compile, not nvFuser
 
 Configurations, all training the same model (same seed, so the same initial weights; same batches; AdamW):
   thunderfx        plain `thunder.dynamo.ThunderCompiler`
@@ -84,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--worker-timeout", type=float, default=900.0, help="seconds to wait for any one reply of a "
                         "worker (the concurrent compile and warm-up, a block, the final report and flush) before giving "
                         "up on the run (default 900)")
+    parser.add_argument("--executors", default=None, help="comma list of Thunder executor names for every Thunder "
+                        "configuration, e.g. torchcompile,sdpa,torchcompile_xentropy (default: Thunder's defaults; on "
+                        "CPU with torchcompile first, the executor that fuses there)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -95,6 +99,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--steps ({args.steps}) must be a multiple of --block ({args.block})")
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step is the compile)")
+    if args.executors is not None:
+        import thunder
+
+        args.executors = tuple(name.strip() for name in args.executors.split(",") if name.strip())
+        unknown = [name for name in args.executors if thunder.extend.get_executor(name) is None]
+        if unknown or not args.executors:
+            known = ", ".join(e.name for e in thunder.get_all_executors())
+            parser.error(f"--executors: unknown executor {', '.join(unknown) or '(none given)'}; Thunder has {known}")
     return args
 
 
@@ -117,13 +129,18 @@ class WorkerSettings:
     warmup: int
     every: int
     dump_dir: str | None  # reporting-all's dump; None when that configuration is not run
+    executors: tuple[str, ...] | None = None  # Thunder executor names; None: thunder_options' defaults
 
 
-def thunder_options(device: str) -> dict:
-    """Thunder's defaults on CUDA (nvFuser fuses); on CPU its torch.compile executor, the one that fuses there."""
+def thunder_options(device: str, executors: tuple[str, ...] | None = None) -> dict:
+    """The named executors; else Thunder's defaults on CUDA (nvFuser fuses), and on CPU its torch.compile executor
+    first, the one that fuses there."""
+    import thunder
+
+    if executors is not None:
+        return {"executors": [thunder.extend.get_executor(name) for name in executors]}
     if device.startswith("cuda"):
         return {}
-    import thunder
     from thunder.executors.torch_compile import torch_compile_ex
 
     return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
@@ -139,7 +156,7 @@ def make_backend(name: str, settings: WorkerSettings):
 
     from thunderfx_debug import ReportingBackend
 
-    options, every = thunder_options(settings.device), settings.every
+    options, every = thunder_options(settings.device, settings.executors), settings.every
     if name == "thunderfx":
         return ThunderCompiler(**options)
     if name == "defaults":
@@ -425,12 +442,14 @@ def main(argv=None) -> int:
     names = CONFIGURATIONS + (REAL_MODEL_CONFIGURATIONS if args.with_real_models else ())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its workers (finally below)
     print(f"model: GPT {config.n_layer} layers, d={config.n_embd}, seq {config.block_size}, batch {args.batch}, "
-          f"{dtype}, AdamW, on {args.device}; {len(names)} worker processes: {', '.join(names)}")
+          f"{dtype}, AdamW, on {args.device}; {len(names)} worker processes: {', '.join(names)}; Thunder executors: "
+          f"{', '.join(args.executors) if args.executors else 'defaults'}")
     print(f"compiling and warming up ({args.warmup} steps) all at once...", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="overhead-dump-") as dump_dir:
         settings = WorkerSettings(config=config, device=args.device, batch=args.batch, warmup=args.warmup,
-                                  every=args.every, dump_dir=dump_dir if args.with_real_models else None)
+                                  every=args.every, dump_dir=dump_dir if args.with_real_models else None,
+                                  executors=args.executors)
         context = multiprocessing.get_context("spawn")
         workers: list[Worker] = []
         everyone: list[Worker] = []
@@ -532,6 +551,7 @@ def main(argv=None) -> int:
                       "parameters": ready["thunderfx"]["parameters"]},
             "settings": {"warmup_steps": args.warmup, "measured_steps": args.steps, "block": args.block,
                          "timing_every": args.every, "configurations": list(names),
+                         "executors": list(args.executors) if args.executors else "thunder defaults",
                          "method": "one worker process per configuration; compiled concurrently; measured one "
                                    "block at a time, order rotated each round"},
             "results": results,
