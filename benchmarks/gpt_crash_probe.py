@@ -6,6 +6,8 @@ ReportingBackend anywhere), one executor set per child process, and prints per s
 Found on the H200 in the second session: a GPT of 4 or more layers dies with "CUDA error: an illegal memory access"
 in its first steps under plain ThunderCompiler; 2 layers train. Each variant runs in its own process, because a CUDA
 error poisons the context of the process it happens in. Set CUDA_LAUNCH_BLOCKING=1 to name the failing kernel.
+Settings of the environment reach the children, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (found in the
+fourth session: the 4-layer GPT then trains, while the 12-layer one computes wrong losses; see RESULTS.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ VARIANTS = {
     "no-nvfuser": lambda names: [n for n in names if n != "nvfuser"],
     "no-sdpa": lambda names: [n for n in names if n not in ("sdpa", "cudnn")],
     # nvFuser for everything but the embedding lookup (the op of the region that crashed, nvFusion0): see
-    # _without_nvfuser_embedding. A benchmark-side experiment; the backend never changes Thunder's choices.
+    # _without_nvfuser_embedding. A benchmark-side experiment; the backend never changes Thunder's choices. Found:
+    # it crashes the same way at 4 and 12 layers, so the lookup is not the cause.
     "no-nvfuser-embedding": lambda names: names,
     "torch-only": lambda names: [n for n in names if n not in ("nvfuser", "sdpa", "cudnn", "torchcompile_cat", "torchcompile_xentropy")],
 }
