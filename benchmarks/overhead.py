@@ -422,7 +422,7 @@ def compare_first_losses(losses: dict[str, list[float]]) -> dict[str, bool]:
 def steps_off_eager(losses: dict[str, list[float]], relative: float = 0.05) -> dict[str, list[int]]:
     """Per compiled configuration, the warm-up steps (0-based) whose loss is more than `relative` off eager's or not
     finite: a compiler computing something else, whatever the backend does (on the H200, plain ThunderFX's 12-layer
-    GPT gives ~1e-38 at steps 5 and 8 when nvFuser's out-of-bounds access does not crash). Empty without eager."""
+    GPT gives ~1e-38 at steps 5 and 8 when its nvFuser fault does not crash the run). Empty without eager."""
     if "eager" not in losses:
         return {}
     eager = losses["eager"]
