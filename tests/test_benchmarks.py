@@ -1,0 +1,74 @@
+"""The benchmark scripts' own logic on CPU, with real Thunder runs: what they match, check and refuse. Their figures
+come from the H200 (benchmarks/RESULTS.md); nothing here is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def _load(script: str):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{script}", BENCHMARKS / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fidelity_benchmark_matches_every_region_to_its_profiler_range(tmp_path):
+    """benchmarks/fidelity.py --tiny on CPU: the matching of regions to profiler ranges, not the figures."""
+    fidelity = _load("fidelity")
+    assert fidelity.main(["--tiny", "--warmup", "2", "--steps", "2", "--json", str(tmp_path / "f.json")]) == 0
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["summary"]["regions"] >= 2
+    assert data["summary"]["matched_regions"] == data["summary"]["regions"]
+    assert all(r["backend_samples"] == r["profiler_samples"] == 2 for r in data["regions"])
+    cost = data["summary"]["bracket_cost_ms"]
+    assert cost >= 0 and all(r["net_backend_median_ms"] == pytest.approx(max(r["backend_median_ms"] - cost, 0.0))
+                             for r in data["regions"])
+
+
+def test_overhead_refuses_an_unknown_executor_before_any_worker_starts(capsys):
+    overhead = _load("overhead")
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.parse_args(["--tiny", "--executors", "torchcompile,nvfuserr"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert "unknown executor nvfuserr" in message and "torchcompile" in message.split("Thunder has")[1]
+
+
+def test_overhead_names_the_steps_whose_loss_leaves_eager():
+    """The H200's 12-layer GPT under nvFuser with expandable segments: steps 5 and 8 read ~1e-38, eager 11.0, 10.56."""
+    overhead = _load("overhead")
+    eager = [11.0, 10.9375, 10.9375, 10.9375, 10.9375, 11.0, 10.875, 10.9375, 10.5625, 10.5625]
+    wrong = eager[:5] + [5.877471754111438e-39] + eager[6:8] + [2.350988701644575e-38, eager[9]]
+    rounding = [value * 1.01 for value in eager[:-1]] + [float("nan")]
+    assert overhead.steps_off_eager({"eager": eager, "thunderfx": wrong, "inductor": rounding}) == {
+        "thunderfx": [5, 8], "inductor": [9]}
+    assert overhead.steps_off_eager({"thunderfx": wrong}) == {}  # no eager in the run: nothing to compare with
+
+
+@pytest.mark.slow
+def test_overhead_runs_named_executors_and_keeps_what_thunderfx_computes(tmp_path):
+    """A whole tiny run on CPU with --executors and the real-model configurations: the backend's first-step losses
+    equal plain ThunderCompiler's, every compiled configuration stays with eager, and the JSON says what ran."""
+    out = tmp_path / "overhead.json"
+    # As a script, as it is run: its workers are spawned processes that import it as __main__.
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--tiny", "--with-real-models",
+                           "--executors", "torchcompile,sdpa,torchcompile_xentropy", "--warmup", "3", "--steps", "5",
+                           "--block", "5", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "WARNING" not in done.stderr
+    data = json.loads(out.read_text())
+    assert data["settings"]["executors"] == ["torchcompile", "sdpa", "torchcompile_xentropy"]
+    assert data["first_loss_equals_thunderfx"] == {"defaults": True, "fusion": True, "reporting-all": True}
+    assert data["warmup_steps_off_eager"] == {name: [] for name in
+                                              ("thunderfx", "defaults", "fusion", "inductor", "reporting-all")}
+    assert data["fusion_coverage"]["timed_regions"] == data["fusion_coverage"]["regions"] > 0
