@@ -254,15 +254,17 @@ def in_nvfuser_layouts(metas: tuple[InputMeta, ...], fusion_definition_code: str
     tensors = [i for i, m in enumerate(metas) if m.kind == "tensor"]
     if len(orders) != len(tensors):
         return metas
+    from torch._prims_common import make_contiguous_strides_for
+
     result = list(metas)
     for index, order in zip(tensors, orders):
         meta = metas[index]
         if order is None or sorted(order) != list(range(len(meta.shape))):
             continue
-        stride, running = [0] * len(meta.shape), 1
-        for dim in sorted(range(len(order)), key=order.__getitem__):  # stride_order 0: the innermost dimension
-            stride[dim] = running
-            running *= max(meta.shape[dim], 1)
+        outermost_first = sorted(range(len(order)), key=order.__getitem__, reverse=True)  # stride_order 0: innermost
+        stride = [0] * len(meta.shape)
+        for dim, step in zip(outermost_first, make_contiguous_strides_for([meta.shape[d] for d in outermost_first])):
+            stride[dim] = step
         result[index] = dataclasses.replace(meta, stride=tuple(stride))
     return tuple(result)
 

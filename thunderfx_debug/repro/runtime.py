@@ -259,20 +259,17 @@ def device_ms(call: Callable[[], Any], host_ms: float) -> float:
     whole compiled graph. So the calls are queued behind a sleep kernel as long as their host time (1.5x
     `host_ms` per call), as the backend's fusion timing does (`timing.DeviceHold`), and CUDA events around them
     time the kernels back to back."""
-    from thunderfx_debug.timing import DeviceHold
+    from thunderfx_debug.timing import CudaClock, DeviceHold
 
-    hold = DeviceHold.for_current_cuda_device()
+    clock, hold = CudaClock(), DeviceHold.for_current_cuda_device()
     per_call = []
     for _ in range(DEVICE_ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         hold.sleep_ms(min(max(1.5 * host_ms * DEVICE_CALLS, 1.0), 1000.0))
-        start.record()
+        start = clock.mark()
         for _ in range(DEVICE_CALLS):
             call()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / DEVICE_CALLS)
+        per_call.append(clock.elapsed_ms(start, clock.mark(), wait=True) / DEVICE_CALLS)
     return statistics.median(per_call)
 
 
