@@ -196,6 +196,32 @@ def test_inputs_over_the_cap_fall_back_to_metadata_and_say_so(tmp_path):
     assert "over THUNDERFX_DEBUG_INPUTS_MAX_MB" in script and "torch.testing.make_tensor([8]" in script
 
 
+
+@pytest.mark.parametrize("later_work_writes_the_buffer", [False, True])
+def test_a_script_fails_when_what_its_piece_returned_is_overwritten_afterwards(later_work_writes_the_buffer, capsys):
+    """The H200's nvFuser build wrote into memory it did not own, so a region's returned values changed while eager
+    ran. Here the piece returns a view of a buffer that later work (the eager run) overwrites: the returned values
+    still match eager, and the check must fail anyway, saying which value changed."""
+    from thunderfx_debug.repro import runtime
+
+    buffer = torch.empty(4)
+
+    def piece(x):
+        buffer.copy_(x * 2)
+        return buffer, x + 1
+
+    def reference(x):
+        if later_work_writes_the_buffer:
+            buffer.zero_()
+        return x * 2, x + 1
+
+    status = runtime.main(script="piece_repro.py", piece="graph0/piece", executor="test", build=lambda: piece,
+                          eager=lambda: reference, make_inputs=lambda: [torch.arange(4.0)], backward=False, argv=[])
+    printed = capsys.readouterr().out
+    assert "forward outputs vs eager: largest error 0;" in printed and ": OK" in printed
+    assert status == (1 if later_work_writes_the_buffer else 0)
+    assert ("values [0] changed after the piece returned them" in printed) is later_work_writes_the_buffer, printed
+
 @pytest.mark.cuda
 def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
     torch._dynamo.reset()

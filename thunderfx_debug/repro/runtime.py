@@ -231,17 +231,51 @@ def check(
     if is_eager and expected_outputs is None:
         print(f"  ran eagerly: {len(outputs)} outputs" + (f", {len(grads)} gradients" if grads else ""))
         return True
+    # What the piece returned, copied to the host at once: the comparisons judge these, and the values left on the
+    # device are checked against them after eager has run, which catches memory written after the piece returned.
+    returned_outputs, returned_grads = _host_copies(outputs), _host_copies(grads)
     reference = eager()
     eager_outputs, eager_grads = (outputs, grads) if is_eager else run(reference, inputs, backward)
     fp64_outputs, fp64_grads = _run_float64(reference, inputs, backward)
     ok = True
     if expected_outputs is not None:
-        ok &= compare("forward outputs vs the run's", outputs, expected_outputs, eager_outputs, fp64_outputs)
+        ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs)
     else:
-        ok &= compare("forward outputs vs eager", outputs, eager_outputs, eager_outputs, fp64_outputs)
+        ok &= compare("forward outputs vs eager", returned_outputs, eager_outputs, eager_outputs, fp64_outputs)
     if not is_eager and (grads is not None or eager_grads is not None):
-        ok &= compare("gradients vs eager", grads or [], eager_grads or [], eager_grads, fp64_grads)
+        ok &= compare("gradients vs eager", returned_grads or [], eager_grads or [], eager_grads, fp64_grads)
+    ok &= unchanged_since_returned("forward outputs", outputs, returned_outputs)
+    ok &= unchanged_since_returned("gradients", grads or [], returned_grads or [])
     return ok
+
+
+def _host_copies(values: Sequence[Any] | None) -> list[Any] | None:
+    if values is None:
+        return None
+    return [v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, so a NaN equals itself: the values must not have changed at all."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    try:
+        return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    except RuntimeError:  # a dtype without a byte view: equal values (a NaN would read as changed)
+        return torch.equal(a, b)
+
+
+def unchanged_since_returned(what: str, now: Sequence[Any], returned: Sequence[Any]) -> bool:
+    """False, with a line saying which, when values the piece returned hold other values after eager has run: some
+    later work wrote into their memory (a buffer the piece freed or reused too early, or an out-of-bounds write),
+    which no comparison of the returned values can show. Seen on the H200 with an nvFuser build that overwrites
+    memory it does not own (benchmarks/RESULTS.md)."""
+    changed = [i for i, (a, b) in enumerate(zip(now, returned))
+               if isinstance(a, torch.Tensor) and not _same_bits(a.detach().cpu(), b)]
+    if changed:
+        print(f"  {what}: values {changed} changed after the piece returned them, while eager ran: later work wrote "
+              "into their memory (freed or reused too early, or written out of bounds): MISMATCH")
+    return not changed
 
 
 # ---- timing -------------------------------------------------------------------------------------------------------
