@@ -8,6 +8,8 @@ in its first steps under plain ThunderCompiler; 2 layers train. Each variant run
 error poisons the context of the process it happens in. Set CUDA_LAUNCH_BLOCKING=1 to name the failing kernel.
 Settings of the environment reach the children, e.g. PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (found in the
 fourth session: the 4-layer GPT then trains, while the 12-layer one computes wrong losses; see RESULTS.md).
+The fifth session found the cause below Thunder: this nvFuser build overwrites memory it does not own
+(benchmarks/nvfuser_memory_probe.py, with nvFuser and torch alone).
 """
 
 from __future__ import annotations

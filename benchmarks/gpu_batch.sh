@@ -6,7 +6,7 @@
 #
 # Parts: tests (the quick `cuda` tests), repro, models-llama, models-gpt, overhead, overhead-tc, overhead-2, fidelity,
 # real-gpt, real-llama, replay-gpt, bench-gpt,
-# probe (gpt_crash_probe.py; PROBE_LAYERS, PROBE_VARIANTS), cli-bench, ddp-nccl (needs 2 GPUs).
+# probe (gpt_crash_probe.py; PROBE_LAYERS, PROBE_VARIANTS), nvfuser-memory, cli-bench, ddp-nccl (needs 2 GPUs).
 # See benchmarks/RESULTS.md for what each figure means.
 set -uo pipefail
 # Several parts run one after the other; on a 2-GPU machine, two lists can run side by side:
@@ -14,7 +14,7 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-[ $# -gt 0 ] || { echo "which parts? tests, repro, models-llama, models-gpt, overhead, overhead-tc, overhead-2, fidelity, real-gpt, real-llama, replay-gpt, bench-gpt, probe, cli-bench, ddp-nccl" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "which parts? tests, repro, models-llama, models-gpt, overhead, overhead-tc, overhead-2, fidelity, real-gpt, real-llama, replay-gpt, bench-gpt, probe, nvfuser-memory, cli-bench, ddp-nccl" >&2; exit 2; }
 pytest=(python3 -m pytest -q -p no:cacheprovider -rA)
 status=0
 for part in "$@"; do
@@ -50,6 +50,8 @@ case "$part" in
                 tar -czf "$OUT/bench_gpt.tgz" -C /tmp --exclude='*.pt' gpt_dump ;;
   probe)        python3 benchmarks/gpt_crash_probe.py --layers "${PROBE_LAYERS:-4}" --variants "${PROBE_VARIANTS:-default}" \
                   --json "$OUT/probe_${PROBE_LAYERS:-4}.json" 2>&1 | tee "$OUT/probe_${PROBE_LAYERS:-4}.log" ;;
+  nvfuser-memory) # nvFuser and torch alone: does the GPT's first fusion overwrite a tensor it was not given?
+                python3 benchmarks/nvfuser_memory_probe.py 2>&1 | tee "$OUT/nvfuser_memory.log" ;;
   cli-bench)    "${pytest[@]}" -m cuda tests/test_cli.py 2>&1 | tee "$OUT/cli_bench.log" ;;
   ddp-nccl)     "${pytest[@]}" tests/test_ddp.py -k nccl 2>&1 | tee "$OUT/ddp_nccl.log" ;;
   *)            echo "unknown part $part" >&2; exit 2 ;;

@@ -539,7 +539,8 @@ def main(argv=None) -> int:
         if steps:
             pairs = ", ".join(f"{losses[name][i]:.3g} vs {losses['eager'][i]:.3g}" for i in steps[:3])
             print(f"WARNING: {name}'s warm-up losses are off eager's by more than 5% at steps {steps} ({pairs}): "
-                  "it computes something else, so its step time is of another computation", file=sys.stderr)
+                  "the loss tensors it returned hold other values than eager's (a wrong computation, or memory "
+                  "overwritten after the step), so its step time may be of another computation", file=sys.stderr)
 
     if args.json is not None:
         data = {
