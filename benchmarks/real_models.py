@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -198,6 +199,24 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def error_line(stderr: str) -> str:
+    """The line of a child's stderr that names its error: the last exception line of the traceback, not the last line
+    (torch ends some messages with a line of advice, e.g. a link to the opcheck docs).
+
+    >>> error_line("Traceback (most recent call last):\\n  ...\\nAssertionError: expected size 4==4, stride 4096==32\\n"
+    ...            "\\nThis may be an issue with a custom op.\\nSee https://pytorch.org/docs/stable/library.html")
+    'AssertionError: expected size 4==4, stride 4096==32'
+    >>> error_line("killed")
+    'killed'
+    """
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (named or lines or ["no output"])[-1]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("gpt", "llama"), default="gpt")
@@ -228,11 +247,12 @@ def main(argv=None) -> int:
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
                 failed = proc.returncode != 0
-                error = (proc.stderr.strip().splitlines() or ["no output"])[-1] if failed else None
+                error = error_line(proc.stderr) if failed else None
             except subprocess.TimeoutExpired:
                 failed, error = True, f"timed out after {args.timeout:.0f} s"
             if failed:
-                results.append({"model": args.model, "mode": mode, "error": error})
+                tail = proc.stderr.strip().splitlines()[-40:] if not error.startswith("timed out") else []
+                results.append({"model": args.model, "mode": mode, "error": error, "stderr_tail": tail})
             else:
                 results.append(json.loads(Path(out.name).read_text()))
             print(f"{args.model} {mode}: {'FAILED ' + error if failed else 'ok'} in {time.perf_counter() - started:.0f} s",

@@ -72,3 +72,21 @@ def test_overhead_runs_named_executors_and_keeps_what_thunderfx_computes(tmp_pat
     assert data["warmup_steps_off_eager"] == {name: [] for name in
                                               ("thunderfx", "defaults", "fusion", "inductor", "reporting-all")}
     assert data["fusion_coverage"]["timed_regions"] == data["fusion_coverage"]["regions"] > 0
+
+
+def test_real_models_reports_the_exception_line_of_a_failed_mode_not_its_last_line():
+    """The H200's Llama under plain ThunderCompiler: torch ends the message with a line of advice, which the table
+    printed instead of the error until this test."""
+    real_models = _load("real_models")
+    stderr = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "real_models.py", line 120, in _child',
+        "torch._dynamo.exc.BackendCompilerFailed: backend='ReportingBackend' raised:",
+        "AssertionError: expected size 4==4, stride 4096==32 at dim=1",
+        "This error most often comes from a incorrect fake (aka meta) kernel for a custom op.",
+        "Use torch.library.opcheck to test your custom op.",
+        "See https://pytorch.org/docs/stable/library.html#torch.library.opcheck",
+    ])
+    assert real_models.error_line(stderr) == "AssertionError: expected size 4==4, stride 4096==32 at dim=1"
+    assert real_models.error_line("Segmentation fault\n") == "Segmentation fault"
+    assert real_models.error_line("") == "no output"
