@@ -246,12 +246,13 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-                failed = proc.returncode != 0
-                error = error_line(proc.stderr) if failed else None
-            except subprocess.TimeoutExpired:
+                failed, stderr = proc.returncode != 0, proc.stderr
+                error = error_line(stderr) if failed else None
+            except subprocess.TimeoutExpired as timeout:  # its stderr is bytes, whatever `text` says
                 failed, error = True, f"timed out after {args.timeout:.0f} s"
+                stderr = (timeout.stderr or b"").decode(errors="replace")
             if failed:
-                tail = proc.stderr.strip().splitlines()[-40:] if not error.startswith("timed out") else []
+                tail = stderr.strip().splitlines()[-40:]
                 results.append({"model": args.model, "mode": mode, "error": error, "stderr_tail": tail})
             else:
                 results.append(json.loads(Path(out.name).read_text()))
