@@ -255,14 +255,13 @@ def _host_copies(values: Sequence[Any] | None) -> list[Any] | None:
     return [v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit, so a NaN equals itself: the values must not have changed at all."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
+def _unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exactly the same values, a NaN equal to itself (torch.equal calls NaNs different), same shape and dtype."""
     try:
-        return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-    except RuntimeError:  # a dtype without a byte view: equal values (a NaN would read as changed)
-        return torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
 
 
 def unchanged_since_returned(what: str, now: Sequence[Any], returned: Sequence[Any]) -> bool:
@@ -271,7 +270,7 @@ def unchanged_since_returned(what: str, now: Sequence[Any], returned: Sequence[A
     which no comparison of the returned values can show. Seen on the H200 with an nvFuser build that overwrites
     memory it does not own (benchmarks/RESULTS.md)."""
     changed = [i for i, (a, b) in enumerate(zip(now, returned))
-               if isinstance(a, torch.Tensor) and not _same_bits(a.detach().cpu(), b)]
+               if isinstance(a, torch.Tensor) and not _unchanged(a.detach().cpu(), b)]
     if changed:
         print(f"  {what}: values {changed} changed after the piece returned them, while eager ran: later work wrote "
               "into their memory (freed or reused too early, or written out of bounds): MISMATCH")
