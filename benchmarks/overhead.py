@@ -6,7 +6,7 @@
     ... --executors torchcompile,sdpa,torchcompile_xentropy              # Thunder fusing with torch.compile, not nvFuser
 
 Configurations, all training the same model (same seed, so the same initial weights; same batches; AdamW):
-  thunderfx        plain `thunder.dynamo.ThunderCompiler`
+  thunderfx        plain `thunder.dynamo.ThunderCompiler` (with the one workaround it needs on torch >= 2.12)
   defaults         `ReportingBackend()` with its default settings (graph timing every 50 calls, no dump)
   fusion           `ReportingBackend(timing="fusion", timing_every=50)`: every fusion region timed every 50 calls
 and with --with-real-models three more, for the table of issue 7:
@@ -152,13 +152,12 @@ def make_backend(name: str, settings: WorkerSettings):
         return None
     if name == "inductor":
         return "inductor"
-    from thunder.dynamo import ThunderCompiler
-
     from thunderfx_debug import ReportingBackend
+    from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
     options, every = thunder_options(settings.device, settings.executors), settings.every
     if name == "thunderfx":
-        return ThunderCompiler(**options)
+        return plain_thunder_compiler(**options)
     if name == "defaults":
         return ReportingBackend(**options, timing_every=every) if every != 50 else ReportingBackend(**options)
     if name == "fusion":

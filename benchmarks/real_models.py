@@ -90,9 +90,9 @@ def run_mode(model_name: str, mode: str, steps: int, tiny: bool, device: str, du
     elif mode == "inductor":
         compiled = torch.compile(model)
     elif mode == "thunderfx":
-        from thunder.dynamo import ThunderCompiler
+        from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-        compiled = torch.compile(model, backend=ThunderCompiler(executors=executors_for(device)))
+        compiled = torch.compile(model, backend=plain_thunder_compiler(executors=executors_for(device)))
     elif mode == "reporting":
         from thunderfx_debug import ReportingBackend
 

@@ -143,3 +143,23 @@ def test_other_schema_version_is_refused(run, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DumpError, match="schema version 999"):
         load_report(copy)
+
+
+def test_without_warmup_the_first_call_is_sampled_and_its_real_inputs_and_outputs_kept(tmp_path):
+    """Warm-up 0 with real inputs: call 1 is both the capture of inputs and outputs and a timing sample, at graph and
+    at split level; neither may win over the other."""
+    torch._dynamo.reset()
+    model, config = tiny_gpt()
+    backend = ReportingBackend(dump_dir=tmp_path, timing="split", timing_every=2, timing_warmup=0, inputs="real",
+                               executors=cpu_executors(), strict=True)
+    train(torch.compile(model, backend=backend), model, config, steps=3)
+    states = backend.recorder.graphs
+    for state in states:
+        assert state.real_inputs.inputs is not None and state.real_inputs.outputs is not None, state.name
+        for split in state.splits:
+            assert split.real_inputs.inputs is not None and split.real_inputs.outputs is not None, split.name
+    report = backend.report()
+    for graph in report.graphs:
+        assert graph.timing.calls == (1, 3) and graph.backward_timing.calls == (1, 3), graph.name
+        for split in graph.splits:
+            assert split.timing.calls == (1, 3) and split.backward_timing.calls == (1, 3), (graph.name, split.name)

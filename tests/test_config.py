@@ -19,7 +19,7 @@ from thunderfx_debug.config import (
     Inputs,
     OnError,
     OWN_OPTIONS,
-    Timing,
+    TimingLevel,
     environ_names,
     load_config,
     unknown_variables,
@@ -49,8 +49,8 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_INPUTS", "Real", "inputs", Inputs.REAL),
     ("THUNDERFX_DEBUG_INPUTS_MAX_MB", "0", "inputs_max_mb", 0.0),
     ("THUNDERFX_DEBUG_INPUTS_MAX_MB", "0.5", "inputs_max_mb", 0.5),
-    ("THUNDERFX_DEBUG_TIMING", "off", "timing", Timing.OFF),
-    ("THUNDERFX_DEBUG_TIMING", "FUSION", "timing", Timing.FUSION),
+    ("THUNDERFX_DEBUG_TIMING", "off", "timing", TimingLevel.OFF),
+    ("THUNDERFX_DEBUG_TIMING", "FUSION", "timing", TimingLevel.FUSION),
     ("THUNDERFX_DEBUG_TIMING_EVERY", " 7 ", "timing_every", 7),
     ("THUNDERFX_DEBUG_TIMING_WARMUP", "0", "timing_warmup", 0),
     ("THUNDERFX_DEBUG_RANKS", "all", "ranks", None),
@@ -121,7 +121,7 @@ def test_environment_wins_over_constructor_argument(field, argument, variable, t
 
 def test_a_bad_constructor_argument_is_ignored_when_the_environment_sets_it():
     # The environment re-points a run without touching code, even code with a value this version refuses.
-    assert load_config({"timing": "bogus"}, environ={"THUNDERFX_DEBUG_TIMING": "split"}).timing is Timing.SPLIT
+    assert load_config({"timing": "bogus"}, environ={"THUNDERFX_DEBUG_TIMING": "split"}).timing is TimingLevel.SPLIT
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_constructor_arguments_accept_enums_collections_and_paths(tmp_path):
     config = load_config(
         {
             "dump_dir": tmp_path,
-            "timing": Timing.SPLIT,
+            "timing": TimingLevel.SPLIT,
             "inputs": Inputs.REAL,
             "on_error": OnError.FALLBACK,
             "repro": ("graph", "fusion"),
@@ -166,7 +166,7 @@ def test_constructor_arguments_accept_enums_collections_and_paths(tmp_path):
     )
     assert config == Config(
         dump_dir=tmp_path,
-        timing=Timing.SPLIT,
+        timing=TimingLevel.SPLIT,
         inputs=Inputs.REAL,
         on_error=OnError.FALLBACK,
         repro=frozenset({"graph", "fusion"}),
@@ -193,7 +193,7 @@ def test_misspelt_variable_is_warned_about_with_the_closest_name(caplog):
     assert unknown_variables(environ) == {"THUNDERFX_DEBUG_TIMMING": "THUNDERFX_DEBUG_TIMING",
                                           "THUNDERFX_DEBUG_WHATEVER": None}
     with caplog.at_level(logging.WARNING, logger="thunderfx_debug"):
-        assert load_config({}, environ=environ).timing is Timing.OFF
+        assert load_config({}, environ=environ).timing is TimingLevel.OFF
     messages = [r.getMessage() for r in caplog.records]
     assert any("THUNDERFX_DEBUG_TIMMING" in m and "did you mean THUNDERFX_DEBUG_TIMING?" in m for m in messages)
     assert any("THUNDERFX_DEBUG_WHATEVER" in m and "known:" in m for m in messages)
@@ -235,7 +235,7 @@ def test_backend_environment_wins_and_bad_rank_variable_fails_fast(tmp_path, mon
     monkeypatch.setenv("THUNDERFX_DEBUG_TIMING", "off")
     monkeypatch.setenv("THUNDERFX_DEBUG_DIR", str(tmp_path / "from_env"))
     backend = _backend(dump_dir=tmp_path / "from_argument", timing="split", timing_every=9)
-    assert backend.config.timing is Timing.OFF and backend.config.timing_every == 9
+    assert backend.config.timing is TimingLevel.OFF and backend.config.timing_every == 9
     assert backend.config.dump_dir == tmp_path / "from_env" and (tmp_path / "from_env").is_dir()
     assert not (tmp_path / "from_argument").exists()
     assert "executors" in backend.thunder_options and "timing" not in backend.thunder_options

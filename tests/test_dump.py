@@ -21,14 +21,15 @@ from pathlib import Path
 import pytest
 
 from thunderfx_debug import layout
-from thunderfx_debug.dump import load_report, load_reports, manifest_json, write_files
+from thunderfx_debug.artifacts.flush import manifest_json
+from thunderfx_debug.dump import load_report, load_reports, write_files
+from thunderfx_debug.report import Report
 from thunderfx_debug.records import (
     SCHEMA_VERSION,
     DumpError,
     FusionRecord,
     GraphRecord,
     Phase,
-    Report,
     SplitKind,
     SplitReason,
     SplitRecord,

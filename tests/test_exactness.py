@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from thunder.dynamo import ThunderCompiler
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend
+from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
 STEPS = 12
 
@@ -31,7 +31,7 @@ def one_thread():
 
 
 def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread):
-    plain_losses, plain_params, _ = _run(lambda: ThunderCompiler(executors=cpu_executors()))
+    plain_losses, plain_params, _ = _run(lambda: plain_thunder_compiler(executors=cpu_executors()))
     losses, params, backend = _run(
         lambda: ReportingBackend(
             dump_dir=tmp_path, timing="split", timing_every=3, timing_warmup=1, executors=cpu_executors(), strict=True

@@ -37,11 +37,10 @@ def _train(model, compiled, batches, loss_fn, steps=STEPS):
 
 
 # The issue's model has 12 layers. On the H200 machine (torch 2.11, Thunder 0.2.6, nvFuser built for torch 2.10),
-# nvFuser breaks it under plain ThunderCompiler too: that build writes into memory it does not own (the GPT's first
-# fusion overwrites a torch tensor it was never given: benchmarks/nvfuser_memory_probe.py). With PyTorch's default
-# CUDA allocator the 12-layer GPT dies of an illegal memory access in its first steps; with expandable segments, and
-# at 2 layers, it trains but loss tensors read ~1e-38 or 0 at some steps (benchmarks/RESULTS.md, "nvFuser overwrites
-# memory it does not own"). TEST_GPT_LAYERS=2 runs there without the crash.
+# nvFuser breaks it under plain ThunderCompiler too: the kernel of the GPT's first fusion writes its iota output out
+# of bounds (benchmarks/RESULTS.md, "Known issue"). With PyTorch's default CUDA allocator the 12-layer GPT dies of an
+# illegal memory access in its first steps; at 2 layers it trains but loss tensors read ~1e-38 or 0 at some steps.
+# TEST_GPT_LAYERS=2 runs there without the crash.
 GPT_LAYERS = int(os.environ.get("TEST_GPT_LAYERS", "12"))
 
 
@@ -78,9 +77,9 @@ def _reporting(tmp_path):
 
 
 def _plain():
-    from thunder.dynamo import ThunderCompiler
+    from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-    return ThunderCompiler()
+    return plain_thunder_compiler()
 
 
 def _run_scripts(paths: list[Path]) -> list[tuple[Path, int, str]]:

@@ -16,7 +16,8 @@ import pytest
 
 from thunderfx_debug import bench
 from thunderfx_debug.dump import load_report, load_reports
-from thunderfx_debug.records import Phase, Report, SplitKind, Timing
+from thunderfx_debug.records import Phase, SplitKind, Timing
+from thunderfx_debug.report import Report
 from thunderfx_debug.render import digest, noise
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html

@@ -25,7 +25,7 @@ from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.config import Inputs
 from thunderfx_debug.records import InputMeta
-from thunderfx_debug.repro.inputs import in_nvfuser_layouts
+from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts
 
 SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of inductor compile workers per script
 
@@ -202,7 +202,7 @@ def test_a_script_fails_when_what_its_piece_returned_is_overwritten_afterwards(l
     """The H200's nvFuser build wrote into memory it did not own, so a region's returned values changed while eager
     ran. Here the piece returns a view of a buffer that later work (the eager run) overwrites: the returned values
     still match eager, and the check must fail anyway, saying which value changed."""
-    from thunderfx_debug.repro import runtime
+    from thunderfx_debug.artifacts.repro import runtime
 
     buffer = torch.empty(4)
 

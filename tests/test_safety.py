@@ -162,7 +162,7 @@ def faulty(tmp_path_factory):
             return run
 
         def broken_clock():
-            from thunderfx_debug.timing import HostClock
+            from thunderfx_debug.recording.timing import HostClock
 
             def mark(self):
                 raise RuntimeError("the clock broke")

@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
-from thunderfx_debug.runner import TimedPiece
-from thunderfx_debug.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.records import ClockKind
+from thunderfx_debug.recording.sampler import PhaseSampler
+from thunderfx_debug.recording.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.safety import ReportingFailures
 
 MS = 1_000_000  # nanoseconds
 
@@ -28,7 +30,7 @@ class FakeEvent:
 class FakeDeviceClock:
     """Marks like CUDA events: not complete until the test says so (`complete()`), waited for only when asked."""
 
-    name = "fake"
+    kind = ClockKind.CUDA
 
     def __init__(self):
         self.now_ms = 0.0
@@ -106,7 +108,7 @@ def test_flush_waits_for_what_is_still_pending_and_timing_orders_by_call():
     series.resolve(wait=True)
     assert clock.waits == 1
     timing = series.timing()
-    assert (timing.calls, timing.samples_ms, timing.clock) == ((6, 56), (1.0, 2.0), "fake")
+    assert (timing.calls, timing.samples_ms, timing.clock) == ((6, 56), (1.0, 2.0), ClockKind.CUDA)
 
 
 def test_a_sample_of_spans_is_their_sum_and_waits_for_all_of_them():
@@ -123,7 +125,7 @@ def test_a_sample_of_spans_is_their_sum_and_waits_for_all_of_them():
     assert (series.calls, series.samples_ms) == ([5, 2], [0.0, 3.0])
 
 
-# ---- TimedPiece, BackwardMarks, RegionTimer ------------------------------------------------------------------------
+# ---- PhaseSampler, BackwardMarks, RegionTimer ----------------------------------------------------------------------
 class FakeSplit(torch.autograd.Function):
     """Stands for a thunder split whose traces are instrumented: two fusion regions forward, one backward."""
 
@@ -149,19 +151,27 @@ class FakeSplit(torch.autograd.Function):
         return grad * 2
 
 
-def run_calls(piece: TimedPiece, sampling: Sampling, calls: int, backward_on=lambda call: True):
+def sampler(clock, regions: RegionTimer | None = None, hold: DeviceHold | None = None,
+            owns_hold: bool = True) -> PhaseSampler:
+    piece = PhaseSampler("a piece", SampleSeries(clock), SampleSeries(clock), ReportingFailures(strict=True), hold,
+                         owns_hold)
+    piece.regions = regions
+    return piece
+
+
+def run_calls(piece: PhaseSampler, sampling: Sampling, calls: int, backward_on=lambda call: True):
     for call in range(1, calls + 1):
         x = torch.ones(3, requires_grad=True)
         args = (x,)
-        out = piece.run_sampled(FakeSplit.apply, args, call) if sampling.is_sampled(call) else FakeSplit.apply(*args)
+        out = piece.run(FakeSplit.apply, args, call) if sampling.is_sampled(call) else FakeSplit.apply(*args)
         if backward_on(call):
             out.sum().backward()
 
 
-def test_timed_piece_times_forward_and_backward_of_sampled_calls_only():
+def test_a_sampler_times_forward_and_backward_of_sampled_calls_only():
     clock = CountingHostClock()
     FakeSplit.timer = RegionTimer(clock, series={})  # not attached: its marks never run
-    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    piece = sampler(clock)
     run_calls(piece, Sampling(every=3, warmup=1), calls=8)
     piece.forward.resolve()
     piece.backward.resolve()
@@ -175,7 +185,7 @@ def test_timed_piece_times_forward_and_backward_of_sampled_calls_only():
 def test_a_backward_that_never_ran_is_dropped_at_the_next_sampled_call():
     clock = CountingHostClock()
     FakeSplit.timer = RegionTimer(clock, series={})
-    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    piece = sampler(clock)
     run_calls(piece, Sampling(every=3, warmup=1), calls=5, backward_on=lambda call: call != 2)
     piece.forward.resolve()
     piece.backward.resolve()
@@ -204,10 +214,10 @@ def test_the_backward_ends_with_the_pieces_own_nodes_not_when_its_inputs_gradien
     clock = CountingHostClock()
     FakeSplit.timer = RegionTimer(clock, series={})
     LaterConsumer.clock = clock
-    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock))
+    piece = sampler(clock)
     x = torch.ones(3, requires_grad=True)
     other = LaterConsumer.apply(x)
-    out = piece.run_sampled(FakeSplit.apply, (x,), call=1)
+    out = piece.run(FakeSplit.apply, (x,), call=1)
     (out.sum() + other.sum()).backward()  # autograd runs FakeSplit's node first, the later consumer's next
     piece.backward.resolve()
     assert clock.count == 5  # forward start, end, backward start, end, the later consumer's mark
@@ -219,7 +229,7 @@ def test_region_timer_records_regions_and_outside_time_of_sampled_calls():
     clock = CountingHostClock()
     timer = RegionTimer(clock, series={})
     FakeSplit.timer = timer
-    piece = TimedPiece(SampleSeries(clock), SampleSeries(clock), regions=timer)
+    piece = sampler(clock, regions=timer)
     run_calls(piece, Sampling(every=3, warmup=1), calls=8)
     for series in [piece.forward, piece.backward, *timer.series.values()]:
         series.resolve()
@@ -254,7 +264,7 @@ def test_ranges_name_every_region_on_every_call_for_the_profiler():
 
 # ---- trace.json layout ----------------------------------------------------------------------------------------------
 def test_chrome_trace_packs_each_sampled_call_without_overlaps():
-    from thunderfx_debug.records import FusionRecord, GraphRecord, Phase, Report, SplitKind, SplitRecord, Timing
+    from thunderfx_debug.records import FusionRecord, GraphRecord, Phase, RankRecord, SplitKind, SplitRecord, Timing
     from thunderfx_debug.render.chrome_trace import chrome_trace
 
     def timing(*samples):
@@ -271,7 +281,7 @@ def test_chrome_trace_packs_each_sampled_call_without_overlaps():
                            backward_timing=timing(2.0, 2.0))
     graph = GraphRecord(name="graph0", index=0, splits=(thunder, inductor), timing=timing(7.5, 8.5),
                         backward_timing=timing(11.5, 12.0))
-    events = [e for e in chrome_trace(Report(graphs=(graph,)))["traceEvents"] if e["ph"] == "X"]
+    events = [e for e in chrome_trace(RankRecord(graphs=(graph,)))["traceEvents"] if e["ph"] == "X"]
     assert len(events) == 2 * (2 + 4 + 3 + 2)  # every sample once: graph, splits, fusions, outside fusions
     by_name = {(e["name"], e["args"]["call"]): e for e in events}
     for call in (2, 5):
@@ -398,7 +408,7 @@ def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_
 
     hold = DeviceHold(lambda cycles: events.append(cycles), cycles_per_ms=1000, counter=lambda: next(host_ms) * 10**6)
     log_clock = MarkLog()
-    piece = TimedPiece(SampleSeries(log_clock), SampleSeries(log_clock), hold=hold)
+    piece = sampler(log_clock, hold=hold)
     run_calls(piece, Sampling(every=3, warmup=1), calls=5)
     # Call 2 (first sampled): 10 ms sleeps; call 5: 1.25x the host time of call 2's forward (4 ms) and backward (3 ms).
     assert events == [10_000, "mark", "mark", 10_000, "mark", "mark", 5_000, "mark", "mark", 3_750, "mark", "mark"]
@@ -421,10 +431,10 @@ def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its
     FakeSplit.timer = RegionTimer(CountingHostClock(), series={})
     hold = DeviceHold(lambda cycles: events.append("hold"), cycles_per_ms=1000)
     graph_clock, split_clock = Labelled("graph"), Labelled("split")
-    graph = TimedPiece(SampleSeries(graph_clock), SampleSeries(graph_clock), hold=hold)
-    split = TimedPiece(SampleSeries(split_clock), SampleSeries(split_clock), hold=hold, hold_owner=False)
+    graph = sampler(graph_clock, hold=hold)
+    split = sampler(split_clock, hold=hold, owns_hold=False)
     x = torch.ones(3, requires_grad=True)
-    out = graph.run_sampled(lambda t: split.run_sampled(FakeSplit.apply, (t,), call=7), (x,), call=7)
+    out = graph.run(lambda t: split.run(FakeSplit.apply, (t,), call=7), (x,), call=7)
     assert events == ["hold", "graph", "split", "split", "graph"]
     events.clear()
     out.sum().backward()

@@ -6,20 +6,22 @@
     ...train...                                  # THUNDERFX_DEBUG_DIR=... decides what lands on disk
     print(backend.report())
 
-`import thunderfx_debug` imports neither torch nor thunder (so `load_report` works on a laptop); it installs the
-version workarounds of `thunderfx_debug.compat`, which apply when Thunder is imported.
+`import thunderfx_debug` imports neither torch nor thunder (so `load_report` works on a laptop). It installs the one
+workaround that `import thunder` itself needs on the installed torch (`thunder.workarounds`) and changes nothing else
+of Thunder.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from thunderfx_debug import compat
 from thunderfx_debug.config import ConfigError
 from thunderfx_debug.dump import load_report, load_reports
-from thunderfx_debug.records import DumpError, Report
+from thunderfx_debug.records import DumpError
+from thunderfx_debug.report import Report
+from thunderfx_debug.thunder.workarounds import install_import_workaround
 
-compat.install()
+install_import_workaround()
 
 __version__ = "0.1.0"
 __all__ = ["ReportingBackend", "Report", "load_report", "load_reports", "ConfigError", "DumpError", "__version__"]

@@ -12,12 +12,21 @@ from typing import Any
 import torch
 from thunder.dynamo import ThunderCompiler
 
-from thunderfx_debug import compat, thunder_adapter
-from thunderfx_debug.config import Config, ConfigError, Inputs, OnError, OWN_OPTIONS, Timing, load_config
-from thunderfx_debug.recorder import GraphState, Recorder, describe_exception
-from thunderfx_debug.records import Report
-from thunderfx_debug.runner import GraphRunner, SplitRunner
-from thunderfx_debug.timing import CudaClock, DeviceHold, Sampling, clock_for
+from thunderfx_debug import layout
+from thunderfx_debug.artifacts.artifact import ArtifactSettings
+from thunderfx_debug.artifacts.flush import dump_files
+from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, load_config
+from thunderfx_debug.dump import check_writable, write_files
+from thunderfx_debug.manifest import run_facts
+from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.fallback import GraphFailureHandler
+from thunderfx_debug.recording.recorder import Recorder
+from thunderfx_debug.recording.wrap import wrap_graph
+from thunderfx_debug.report import Report
+from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
+from thunderfx_debug.thunder.options import describe_options
+from thunderfx_debug.thunder.workarounds import make_inductor_compile
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -53,13 +62,16 @@ class ReportingBackend(ThunderCompiler):
         self.config: Config = load_config(own)
         _current_rank()  # a malformed RANK / LOCAL_RANK fails here, before training, not at the first compile
         super().__init__(**options)
-        self.recorder = Recorder(self.config, dict(self.thunder_options))
+        self.recorder = Recorder(self.config)
+        self._capture = None
+        if self.config.inputs is Inputs.REAL:
+            self._capture = InputCapture(self.config.inputs_max_mb, self.recorder.failures)
+        flush = self.flush if self.config.dump_dir is not None else None
+        self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None
         self._world_size: int | None = None
         self._flushes = 0
         if self.config.dump_dir is not None:
-            from thunderfx_debug.dump import check_writable
-
             check_writable(self.config.dump_dir)
             _flush_at_exit(self)
 
@@ -93,149 +105,56 @@ class ReportingBackend(ThunderCompiler):
 
     # ---- compile ------------------------------------------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, sample_args: list[Any]):
-        dynamic = thunder_adapter.has_dynamic_inputs(sample_args)
-        inductor_compile = compat.make_inductor_compile(dynamic)
+        inductor_compile = make_inductor_compile(has_dynamic_inputs(sample_args))
         if not self.recording:
-            split_gm, _ = thunder_adapter.compile_graph(self, gm, sample_args, inductor_compile)
+            split_gm, info = compile_graph(gm, sample_args, self.thunder_options, inductor_compile)
+            self.subgraph_infos.append(info)
             return split_gm
-        devices = {str(x.device) for x in sample_args if isinstance(x, torch.Tensor)}
-        state = self.recorder.new_graph(gm, sample_args, clock_for(devices))
-        with self.recorder.failures.guard(f"counting the compiles of the frame of {state.name}"):
-            self._warn_on_recompiles(state)
+        state = self.recorder.new_graph(gm, sample_args)
         started = time.perf_counter()
         try:
-            split_gm, info = thunder_adapter.compile_graph(self, gm, sample_args, inductor_compile)
+            split_gm, info = compile_graph(gm, sample_args, self.thunder_options, inductor_compile)
         except Exception as e:
             return self._on_graph_error(state, e, sample_args)
+        self.subgraph_infos.append(info)
         self.recorder.graph_compiled(state, info, split_gm, time.perf_counter() - started)
-        timing = self.config.timing
-        sampling = Sampling(self.config.timing_every, self.config.timing_warmup, enabled=timing >= Timing.GRAPH)
-        hold = self._device_hold(state)
-        with self.recorder.failures.guard(f"wrapping the splits of {state.name}"):
-            for split in state.splits:
-                wrapped = SplitRunner(split.piece.compiled, split, state, sampling, timed=timing >= Timing.SPLIT,
-                                      hold=hold)
-                if self.config.inputs is Inputs.REAL:
-                    wrapped.first_call = self._on_first_split_call
-                setattr(split_gm, split.name, wrapped)
-            if timing >= Timing.FUSION or self.config.nvtx:  # NVTX ranges also work without fusion timing
-                self._instrument_fusions(state, sampling)
-        return GraphRunner(self, state, split_gm, sampling, timed=timing >= Timing.GRAPH, hold=hold)
-
-    def _device_hold(self, state: GraphState) -> DeviceHold | None:
-        """Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels rather
-        than waits for the host's launches (see `timing.DeviceHold`); coarser timing measures the call as it runs."""
-        if self.config.timing < Timing.FUSION or not isinstance(state.clock, CudaClock):
-            return None
-        with self.recorder.failures.guard(f"preparing the fusion timing of {state.name}"):
-            return DeviceHold.for_current_cuda_device()
-        return None
-
-    def _instrument_fusions(self, state: GraphState, sampling: Sampling) -> None:
-        from thunderfx_debug import fusion_timing
-
-        fusion_timing.instrument_graph(
-            state, sampling, nvtx=self.config.nvtx, time_regions=self.config.timing >= Timing.FUSION
-        )
-
-    def _warn_on_recompiles(self, state: GraphState) -> None:
-        compile_id = state.facts.get("compile_id") or ""
-        frame = compile_id.split("/")[0]
-        if not frame:
-            return
-        if any(g.facts.get("compile_id") == compile_id for g in self.recorder.graphs if g is not state):
-            return  # another graph of the same compile (DDP's optimizer hands one graph per bucket)
-        self.recorder.frame_compiles[frame] += 1
-        if self.recorder.frame_compiles[frame] == self.config.recompile_warn_threshold + 1:
-            where = f" ({state.facts['frame']})" if state.facts.get("frame") else ""
-            message = (
-                f"Dynamo frame {frame}{where} was compiled {self.recorder.frame_compiles[frame]} times, more than "
-                f"THUNDERFX_DEBUG_RECOMPILE_WARN={self.config.recompile_warn_threshold} (last reason: "
-                f"{state.facts.get('recompile_reason') or 'not recorded'}); each compile runs ThunderFX again."
-            )
-            self.recorder.warnings.append(message)
-            log.warning("thunderfx_debug: %s", message)
-
-    # ---- training-path callbacks ------------------------------------------------------------------------------------
-    def _on_first_call(self, state: GraphState, args) -> None:
-        if self.config.inputs is not Inputs.REAL:
-            return
-        with self.recorder.failures.guard(f"capturing the real inputs of {state.name}"):
-            from thunderfx_debug.repro import inputs as repro_inputs
-
-            repro_inputs.capture(state, args, self.config.inputs_max_mb)
-
-    def _on_first_output(self, state: GraphState, outputs) -> None:
-        if self.config.inputs is not Inputs.REAL:
-            return
-        with self.recorder.failures.guard(f"capturing the first outputs of {state.name}"):
-            from thunderfx_debug.repro import inputs as repro_inputs
-
-            repro_inputs.capture_outputs(state, outputs)
-
-    def _on_first_split_call(self, split, args, inner):
-        """Runs a split's first call, keeping host copies of its inputs and outputs (THUNDERFX_DEBUG_INPUTS=real)."""
-        from thunderfx_debug.repro import inputs as repro_inputs
-
-        with self.recorder.failures.guard(f"capturing the real inputs of {split.name}"):
-            repro_inputs.capture_split(split, args, self.config.inputs_max_mb)
-        out = inner(*args)
-        with self.recorder.failures.guard(f"capturing the first outputs of {split.name}"):
-            repro_inputs.capture_split_outputs(split, out)
-        return out
-
-    def _on_graph_error(self, state: GraphState, error: BaseException, args):
-        """A graph failed to compile or run with Thunder: record it, write its repro, then re-raise or fall back."""
-        self.recorder.graph_failed(state, error, state.failed_piece)
-        if state.real_inputs is None:  # failed to compile: the inputs Dynamo handed the backend are the real ones
-            self._on_first_call(state, args)
-        state.fallback = self.config.on_error is OnError.FALLBACK  # before the flush, so that the dump says so
-        if self.config.dump_dir is not None:
-            with self.recorder.failures.guard(f"writing the failure report of {state.name}"):
-                self.flush()
-        if self.config.on_error is not OnError.FALLBACK:
-            raise error
-        state.fallback = True
-        log.warning(
-            "thunderfx_debug: %s failed under Thunder (%s: %s); THUNDERFX_DEBUG_ON_ERROR=fallback runs it with "
-            "inductor from now on",
-            state.name,
-            type(error).__name__,
-            str(error)[:200],
-        )
-        try:
-            return torch._inductor.compile(state.gm, list(args))
-        except Exception as inductor_error:
-            log.warning("thunderfx_debug: inductor failed on %s too (%s); running it eagerly", state.name, inductor_error)
-            state.error += "\n\nThe inductor fallback failed as well:\n" + describe_exception(inductor_error)
-            return state.gm
+        return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error)
 
     # ---- report -------------------------------------------------------------------------------------------------
     def report(self) -> Report:
         """The records so far (traces and fusions read now from what Thunder built). Does not synchronise the
         device: timing samples whose events are not complete yet are left for later."""
         snapshots = self.recorder.snapshot(wait=False)
-        return self.recorder.build_report(snapshots, files={}, meta=self._meta())
+        return build_report(snapshots, {}, self._run_facts(), self.recorder.failures)
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump
         dir, or on a rank that does not record). Waits for outstanding timing events."""
         if self.config.dump_dir is None or not self.recording:
             return None
-        from thunderfx_debug.dump import write_dump
-
         self._flushes += 1
-        with self.recorder.failures.guard("writing the dump"):
-            return write_dump(self)
+        failures = self.recorder.failures
+        with failures.guard("writing the dump"):
+            rank_dir = self.config.dump_dir / layout.rank_dir_name(self.rank)
+            settings = ArtifactSettings(self.config.repro, self.config.inputs is Inputs.REAL, dict(self.thunder_options))
+            _, files = dump_files(self.recorder.snapshot(wait=True), self._run_facts(), settings, failures)
+            write_files(rank_dir, files)
+            return rank_dir
         return None
 
-    def _meta(self) -> dict[str, Any]:
-        from thunderfx_debug.manifest import run_meta
-
-        meta: dict[str, Any] = {"rank": self.rank}
-        with self.recorder.failures.guard("collecting the run's versions, settings and environment"):
-            meta = run_meta(self)
-        return meta
+    def _run_facts(self) -> dict[str, Any]:
+        failures = self.recorder.failures
+        facts: dict[str, Any] = {"rank": self.rank}
+        with failures.guard("collecting the run's versions, settings and environment"):
+            thunder_options: dict[str, str] = {}
+            try:
+                thunder_options = describe_options(self.thunder_options)
+            except Exception as e:  # options thunder cannot resolve are still worth showing
+                thunder_options = {"error": repr(e)}
+            facts = run_facts(rank=self.rank, world_size=self.world_size, config=self.config.to_json(),
+                              thunder_options=thunder_options, warnings=self.recorder.warnings, failures=failures,
+                              flushes=self._flushes)
+        return facts
 
 
 def _current_rank() -> int:

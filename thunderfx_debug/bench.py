@@ -25,31 +25,30 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thunderfx_debug import layout
-from thunderfx_debug.records import Report, SplitKind
+from thunderfx_debug.records import RankRecord, SplitKind
 from thunderfx_debug.render import digest
 
 DEFAULT_TOLERANCE = 0.10
-
-
-class BenchError(Exception):
-    """A benchmark that could not be planned (no scripts in the dump) or whose results cannot be read."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """A piece of the run and its two scripts: `ours` (nvFuser or Thunder) and `theirs` (inductor).
 
-    `level` is "fusion" or "split"; `path` names the piece ("graph0/thunder_0/nvFusion0 forward"); script paths
+    `level` is a split or a fusion region; `path` names the piece ("graph0/thunder_0/nvFusion0 forward"); script paths
     are relative to the rank directory; `calls_per_step` weighs the piece by how often the run called it.
     """
 
-    level: str
+    level: digest.PieceLevel  # SPLIT or FUSION
     path: str
     ours_executor: str
     ours_script: str
     theirs_script: str
     calls_per_step: float = 1.0
     split: str = ""  # "graph0/thunder_0": the split the piece belongs to (itself for splits)
+
+    def __post_init__(self):
+        object.__setattr__(self, "level", digest.PieceLevel(self.level))  # "split" given as text is the same level
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +75,7 @@ def _script(files: Mapping[str, str], kind: str) -> str | None:
     return None
 
 
-def plan(report: Report) -> list[Comparison]:
+def plan(report: RankRecord) -> list[Comparison]:
     """The pairs of scripts to run for `report`: every nvFusion region and every Thunder split that has both."""
     steps = digest.estimated_steps(report) or 1
     comparisons = []
@@ -88,22 +87,22 @@ def plan(report: Report) -> list[Comparison]:
             where = f"{graph.name}/{split.name}"
             thunder, inductor = _script(split.files, "thunder"), _script(split.files, "inductor")
             if thunder and inductor:
-                comparisons.append(Comparison("split", where, "thunder", thunder, inductor, per_step, where))
+                comparisons.append(Comparison(digest.PieceLevel.SPLIT, where, "thunder", thunder, inductor, per_step, where))
             for fusion in split.fusions:
                 nvfuser, inductor = _script(fusion.files, "nvfuser"), _script(fusion.files, "inductor")
                 if nvfuser and inductor:
-                    comparisons.append(Comparison("fusion", f"{where}/{fusion.name} {fusion.phase.value}", "nvfuser",
+                    comparisons.append(Comparison(digest.PieceLevel.FUSION, f"{where}/{fusion.name} {fusion.phase.value}", "nvfuser",
                                                   nvfuser, inductor, per_step, where))
     return comparisons
 
 
-def outside_in_run(report: Report) -> dict[str, float]:
+def outside_in_run(report: RankRecord) -> dict[str, float]:
     """Per split ("graph0/thunder_0"): the training run's own time outside its fusion regions, forward and backward,
     in ms per step (fusion-level timing; splits without it are absent). Where `bench` finds a split's gap outside its
     regions, this says how much time lives there to lose."""
     outside: dict[str, float] = {}
     for piece in digest.timed_pieces(report):
-        if piece.level == "outside fusions":
+        if piece.level is digest.PieceLevel.OUTSIDE_FUSIONS:
             key = f"{piece.graph}/{piece.split}"
             outside[key] = outside.get(key, 0.0) + piece.ms_per_step
     return outside
@@ -320,7 +319,7 @@ def explain(ranked: Iterable[Ranked]) -> list[Explained]:
         entry = by_split.setdefault(r.comparison.split, {"split": None, "regions": 0.0, "beyond": 0.0})
         if r.error:
             continue
-        if r.comparison.level == "split":
+        if r.comparison.level is digest.PieceLevel.SPLIT:
             entry["split"] = r.loss_ms
         else:
             entry["regions"] += r.loss_ms

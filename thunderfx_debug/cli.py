@@ -19,7 +19,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from thunderfx_debug.config import ConfigError
-from thunderfx_debug.records import DumpError, Report
+from thunderfx_debug.records import DumpError
+from thunderfx_debug.report import Report
 
 
 class UsageError(Exception):
@@ -206,24 +207,23 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _whole_number(minimum: int, what: str = "a whole number"):
+    """An argparse type: `what` (a whole number by default) of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} of at least {minimum}")
+        return value
+
+    return parse
 
 
-def _rank(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (a whole number)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rank (>= 0)")
-    return value
+_positive_int = _whole_number(1)
+_rank = _whole_number(0, "a rank (a whole number)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,8 @@ class ConfigError(ValueError):
     """A setting of thunderfx_debug has a value it cannot use."""
 
 
-class Timing(enum.IntEnum):
-    """Timing granularity; each level includes the coarser ones."""
+class TimingLevel(enum.IntEnum):
+    """How finely the run is timed; each level includes the coarser ones."""
 
     OFF = 0
     GRAPH = 1
@@ -33,25 +33,34 @@ class Timing(enum.IntEnum):
 
 
 class Inputs(str, enum.Enum):
+    """What repro scripts get as inputs: the recorded metadata, or the tensors themselves."""
+
     META = "meta"
     REAL = "real"
 
 
 class OnError(str, enum.Enum):
+    """What happens when Thunder fails on a graph: the error propagates, or the graph runs with inductor."""
+
     RAISE = "raise"
     FALLBACK = "fallback"
 
 
-REPRO_KINDS = ("graph", "split", "fusion")
+class ReproKind(str, enum.Enum):
+    """The pieces repro scripts are written for."""
+
+    GRAPH = "graph"
+    SPLIT = "split"
+    FUSION = "fusion"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     dump_dir: Path | None = None
-    repro: frozenset[str] = frozenset()
+    repro: frozenset[ReproKind] = frozenset()
     inputs: Inputs = Inputs.META
     inputs_max_mb: float = 256.0
-    timing: Timing = Timing.GRAPH
+    timing: TimingLevel = TimingLevel.GRAPH
     timing_every: int = 50
     timing_warmup: int = 5
     ranks: frozenset[int] | None = None  # None: all ranks record
@@ -66,7 +75,7 @@ class Config:
     def to_json(self) -> dict[str, Any]:
         return {
             "dump_dir": str(self.dump_dir) if self.dump_dir else None,
-            "repro": sorted(self.repro),
+            "repro": sorted(kind.value for kind in self.repro),
             "inputs": self.inputs.value,
             "inputs_max_mb": self.inputs_max_mb,
             "timing": self.timing.name.lower(),
@@ -90,16 +99,17 @@ def _choice(options: Mapping[str, Any]) -> Callable[[str], Any]:
     return parse
 
 
-def _parse_repro(text: str) -> frozenset[str]:
+def _parse_repro(text: str) -> frozenset[ReproKind]:
     items = [item.strip().lower() for item in text.split(",") if item.strip()]
     if items in ([], ["none"]):
         return frozenset()
     if items == ["all"]:
-        return frozenset(REPRO_KINDS)
-    unknown = [item for item in items if item not in REPRO_KINDS]
+        return frozenset(ReproKind)
+    known = [kind.value for kind in ReproKind]
+    unknown = [item for item in items if item not in known]
     if unknown:
-        raise ValueError(f"allowed: none, all, or a comma list of {', '.join(REPRO_KINDS)}; unknown: {unknown}")
-    return frozenset(items)
+        raise ValueError(f"allowed: none, all, or a comma list of {', '.join(known)}; unknown: {unknown}")
+    return frozenset(ReproKind(item) for item in items)
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -158,7 +168,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "repro": ("THUNDERFX_DEBUG_REPRO", _parse_repro),
     "inputs": ("THUNDERFX_DEBUG_INPUTS", _choice({i.value: i for i in Inputs})),
     "inputs_max_mb": ("THUNDERFX_DEBUG_INPUTS_MAX_MB", _positive_float),
-    "timing": ("THUNDERFX_DEBUG_TIMING", _choice({t.name.lower(): t for t in Timing})),
+    "timing": ("THUNDERFX_DEBUG_TIMING", _choice({t.name.lower(): t for t in TimingLevel})),
     "timing_every": ("THUNDERFX_DEBUG_TIMING_EVERY", _int_at_least(1)),
     "timing_warmup": ("THUNDERFX_DEBUG_TIMING_WARMUP", _int_at_least(0)),
     "ranks": ("THUNDERFX_DEBUG_RANKS", _parse_ranks),
@@ -194,11 +204,11 @@ def _from_argument(field: str, value: Any) -> Any:
     if field == "dump_dir" and isinstance(value, os.PathLike):
         value = os.fspath(value)
     if field == "repro" and isinstance(value, (list, tuple, set, frozenset)):
-        value = ",".join(value) if value else "none"
+        value = ",".join(v.value if isinstance(v, ReproKind) else v for v in value) if value else "none"
     if field == "ranks" and isinstance(value, (list, tuple, set, frozenset)):
         value = ",".join(str(v) for v in value)
     if isinstance(value, enum.Enum):
-        value = value.name.lower() if isinstance(value, Timing) else value.value
+        value = value.name.lower() if isinstance(value, TimingLevel) else value.value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):

@@ -1,13 +1,13 @@
 """Writing a dump (atomically, per rank) and reading it back (without importing thunder, never executing code).
 
-Each file is written to a temporary name and renamed over the old one, and `manifest.json`, the index that
-`load_report` reads first, is written last. A run killed in the middle of a flush therefore leaves the previous
-dump readable: the old manifest still indexes complete files.
+What to write comes as (relative path, content) pairs (`artifacts.flush.dump_files`). Each file is written to a
+temporary name and renamed over the old one, in order, and `manifest.json`, the index that `load_report` reads
+first, comes last. A run killed in the middle of a flush therefore leaves the previous dump readable: the old
+manifest still indexes complete files.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -17,22 +17,12 @@ from typing import Any
 
 from thunderfx_debug import layout
 from thunderfx_debug.config import ConfigError
-from thunderfx_debug.records import SCHEMA_VERSION, DumpError, GraphRecord, Report
+from thunderfx_debug.records import SCHEMA_VERSION, DumpError, GraphRecord
+from thunderfx_debug.report import Report
 
 
 class DumpWriteError(OSError):
     """The dump could not be written (unwritable directory, full disk); the message says where and what to do."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Artifact:
-    """A file of the dump: `owner` is "graph0", "graph0/thunder_0" or "graph0/thunder_0/nvFusion0_forward",
-    `label` the name the owner's record gives it in `files` (e.g. "repro_thunder"), `path` relative to the rank dir."""
-
-    owner: str
-    label: str
-    path: str
-    content: str | bytes
 
 
 def check_writable(dump_dir: Path) -> None:
@@ -95,66 +85,6 @@ def write_files(rank_dir: Path, files: list[tuple[str, str | bytes]]) -> None:
             raise DumpWriteError(
                 e.errno, f"cannot write {path} ({e.strerror or e}); {hint}. The previous dump in {rank_dir} is intact."
             ) from e
-
-
-def _json(data: Any) -> str:
-    return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
-
-
-def write_dump(backend) -> Path:
-    """Writes `backend`'s records under `<dump_dir>/rank<R>/`: traces, repro scripts (as configured), graph.json
-    per graph, summary.txt, trace.json, and manifest.json last."""
-    from thunderfx_debug.render.chrome_trace import chrome_trace
-
-    recorder, config = backend.recorder, backend.config
-    rank_dir = config.dump_dir / layout.rank_dir_name(backend.rank)
-    snapshots = recorder.snapshot(wait=True)
-    artifacts: list[Artifact] = []
-    for snapshot in snapshots:
-        with recorder.failures.guard(f"collecting the traces of {snapshot.state.name}"):
-            artifacts += trace_artifacts(snapshot)
-        if config.repro or snapshot.state.error:  # a failed graph gets the repro of the failing piece regardless
-            with recorder.failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
-                from thunderfx_debug.repro import scripts_for_graph
-
-                artifacts += scripts_for_graph(snapshot, backend)
-    files: dict[str, dict[str, str]] = {}
-    for artifact in artifacts:
-        files.setdefault(artifact.owner, {})[artifact.label] = artifact.path
-    report = recorder.build_report(snapshots, files, backend._meta())
-
-    pending: list[tuple[str, str | bytes]] = [(a.path, a.content) for a in artifacts]
-    pending += [(f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", _json(g.to_json())) for g in report.graphs]
-    pending.append((layout.SUMMARY, str(report)))
-    with recorder.failures.guard("rendering trace.json"):
-        pending.append((layout.CHROME_TRACE, _json(chrome_trace(report))))
-    pending.append((layout.MANIFEST, _json(manifest_json(report))))
-    write_files(rank_dir, pending)
-    return rank_dir
-
-
-def manifest_json(report: Report) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": "thunderfx_debug",
-        **dict(report.meta),
-        "graphs": [
-            {"name": g.name, "path": f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", "compile_id": g.compile_id}
-            for g in report.graphs
-        ],
-    }
-
-
-def trace_artifacts(snapshot) -> list[Artifact]:
-    graph = snapshot.state.name
-    artifacts = []
-    for split in snapshot.splits:
-        for phase, text in (("forward", split.fwd_text), ("backward", split.bwd_text)):
-            if text is not None:
-                label = "fwd_trace" if phase == "forward" else "bwd_trace"
-                path = layout.trace_file(graph, split.state.name, phase)
-                artifacts.append(Artifact(f"{graph}/{split.state.name}", label, path, text))
-    return artifacts
 
 
 # ---- reading --------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ the graph, split and region it came from):
     rank0/graph0/graph.json  graph0_repro_eager.py ...
     rank0/graph0/graph0_thunder_0/fwd_trace.py  bwd_trace.py  graph0_thunder_0_repro_thunder.py ...
     rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py
+    rank0/graph0/inputs/graph0_inputs.pt  rank0/graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ def fusion_script(graph: str, split: str, fusion: str, phase: str, kind: str) ->
 
 
 def trace_file(graph: str, split: str, phase: str) -> str:
+    """phase: forward, backward."""
     return f"{split_dir(graph, split)}/{'fwd' if phase == 'forward' else 'bwd'}_trace.py"
+
+
+def inputs_file(graph: str, split: str | None = None) -> str:
+    """Where the saved real inputs of a graph (or of one of its splits) go."""
+    if split is None:
+        return f"{graph_dir(graph)}/{INPUTS_DIR}/{graph}_inputs.pt"
+    return f"{split_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_inputs.pt"
 
 
 def safe_relative(path: str) -> PurePosixPath:

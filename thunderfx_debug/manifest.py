@@ -11,6 +11,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from thunderfx_debug.safety import ReportingFailures
+
 #: Environment variables whose names contain one of these words are recorded as "<redacted>".
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION", "PRIVATE")
 
@@ -96,28 +98,24 @@ def device_facts() -> dict[str, Any]:
     return facts
 
 
-def run_meta(backend) -> dict[str, Any]:
-    """`Report.meta` of a live backend."""
-    from thunderfx_debug import thunder_adapter
-
-    try:
-        thunder_options = thunder_adapter.thunder_options_repr(backend.thunder_options)
-    except Exception as e:  # options thunder cannot resolve are still worth showing
-        thunder_options = {"error": repr(e)}
+def run_facts(*, rank: int, world_size: int, config: dict[str, Any], thunder_options: dict[str, str],
+              warnings: list[str], failures: ReportingFailures, flushes: int) -> dict[str, Any]:
+    """`Report.meta` of a live run: the facts given, and those of this process (host, argv, versions, device,
+    environment) read now. `config` and `thunder_options` are already in their text form."""
     return {
-        "rank": backend.rank,
-        "world_size": backend.world_size,
+        "rank": rank,
+        "world_size": world_size,
         "hostname": platform.node(),
         "pid": os.getpid(),
         "argv": redacted_argv(list(sys.argv)),
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(),
         "device": device_facts(),
-        "config": backend.config.to_json(),
+        "config": config,
         "thunder_options": thunder_options,
         "environment": redacted_environment(),
-        "warnings": list(backend.recorder.warnings),
-        "reporting_failures": [{"what": f["what"], "error": f["error"]} for f in backend.recorder.failures.failures],
-        "reporting_failures_count": backend.recorder.failures.total,
-        "flushes": backend._flushes,
+        "warnings": list(warnings),
+        "reporting_failures": [{"what": f["what"], "error": f["error"]} for f in failures.failures],
+        "reporting_failures_count": failures.total,
+        "flushes": flushes,
     }

@@ -34,6 +34,25 @@ class Phase(str, enum.Enum):
     BACKWARD = "backward"
 
 
+class InputKind(str, enum.Enum):
+    """What an input of a graph, split or fusion region was."""
+
+    TENSOR = "tensor"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    SYMINT = "symint"  # a symbolic size; `value` is its hint
+    NONE = "none"
+    OTHER = "other"  # `value` is its repr
+
+
+class ClockKind(str, enum.Enum):
+    """What measured a sample: CUDA events on the device's stream, or the host's perf_counter (CPU runs)."""
+
+    CUDA = "cuda"
+    HOST = "host"
+
+
 T = TypeVar("T")
 
 
@@ -92,12 +111,15 @@ class Timing:
     """Device-time samples of one piece (a graph call, a split call, a fusion region), in milliseconds.
 
     `samples_ms[i]` was measured on call `calls[i]` of the piece's graph (1-based), so samples of different pieces
-    taken on the same call line up. `clock` is "cuda" (CUDA events) or "host" (perf_counter, CPU runs).
+    taken on the same call line up. `clock` says what measured them.
     """
 
     samples_ms: tuple[float, ...] = ()
     calls: tuple[int, ...] = ()
-    clock: str = "cuda"
+    clock: ClockKind = ClockKind.CUDA
+
+    def __post_init__(self):
+        object.__setattr__(self, "clock", ClockKind(self.clock))  # "host" given as text is the same clock
 
     @property
     def count(self) -> int:
@@ -141,7 +163,8 @@ class Timing:
 
     def to_json(self) -> dict[str, Any]:
         # The statistics are written for people and other tools reading the JSON; they are recomputed on load.
-        return {"clock": self.clock, "samples_ms": list(self.samples_ms), "calls": list(self.calls), **self.stats()}
+        return {"clock": self.clock.value, "samples_ms": list(self.samples_ms), "calls": list(self.calls),
+                **self.stats()}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Timing:
@@ -151,7 +174,8 @@ class Timing:
             raise DumpError(f"{where}.samples_ms: expected a list of numbers")
         if calls and (len(calls) != len(samples) or not all(isinstance(c, int) for c in calls)):
             raise DumpError(f"{where}.calls: expected one call number per sample")
-        return cls(tuple(float(s) for s in samples), tuple(calls), _get(data, "clock", str, where, default="cuda"))
+        clock = _enum(ClockKind, _get(data, "clock", str, where, default="cuda"), f"{where}.clock")
+        return cls(tuple(float(s) for s in samples), tuple(calls), clock)
 
 
 def _timing_or_none(data: Mapping[str, Any], key: str, where: str) -> Timing | None:
@@ -163,15 +187,26 @@ def _timing_json(timing: Timing | None) -> dict[str, Any] | None:
     return None if timing is None else timing.to_json()
 
 
+def storage_span(shape: tuple[int, ...] | list[int], stride: tuple[int, ...] | list[int]) -> int:
+    """Elements of storage that a strided tensor reaches from its storage offset (0 for an empty one).
+
+    Example (a [4, 3] view of rows 3 apart, and a row expanded 5 times):
+        >>> storage_span((4, 3), (3, 1)), storage_span((5, 3), (0, 1))
+        (12, 3)
+    """
+    if any(size == 0 for size in shape):
+        return 0
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+
+
 @dataclasses.dataclass(frozen=True)
 class InputMeta:
     """One input of a graph, split or fusion as the run saw it: a tensor's metadata, or a Python scalar.
 
     For tensors, `min_value`/`max_value` are the value range (None where it was not read, e.g. on meta tensors).
-    `kind` is "tensor", "int", "float", "bool", "symint" or "other" (then `value` is its repr).
     """
 
-    kind: str
+    kind: InputKind
     shape: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
     storage_offset: int = 0
@@ -182,19 +217,22 @@ class InputMeta:
     max_value: float | int | bool | None = None
     value: Any = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "kind", InputKind(self.kind))  # "tensor" given as text is the same kind
+
     def describe(self) -> str:
-        if self.kind == "tensor":
+        if self.kind is InputKind.TENSOR:
             return f"{self.dtype.replace('torch.', '')}{list(self.shape)}@{self.device}"
-        return f"{self.kind}={self.value!r}"
+        return f"{self.kind.value}={self.value!r}"
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["shape"], data["stride"] = list(self.shape), list(self.stride)
+        data["kind"], data["shape"], data["stride"] = self.kind.value, list(self.shape), list(self.stride)
         return data
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> InputMeta:
-        kind = _get(data, "kind", str, where)
+        kind = _enum(InputKind, _get(data, "kind", str, where), f"{where}.kind")
         shape = _get(data, "shape", list, where, default=[])
         stride = _get(data, "stride", list, where, default=[])
         if not all(isinstance(v, int) for v in [*shape, *stride]):
@@ -460,11 +498,11 @@ class GraphRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
-    """What the backend recorded about one process (rank) of a run.
+class RankRecord:
+    """What the backend recorded about one process (rank) of a run: the records that renderers read.
 
     `meta` holds the manifest's facts: versions, config, rank, environment (secrets redacted), warnings.
-    `str(report)` is the readable summary that `summary.txt` holds.
+    Users get it as a `thunderfx_debug.Report`, which adds the readable summary as `str(report)`.
     """
 
     graphs: tuple[GraphRecord, ...] = ()
@@ -480,8 +518,3 @@ class Report:
             if graph.name == name:
                 return graph
         raise KeyError(f"no graph {name!r}; the report has {[g.name for g in self.graphs]}")
-
-    def __str__(self) -> str:
-        from thunderfx_debug.render.summary import render_summary
-
-        return render_summary(self)

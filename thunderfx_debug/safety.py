@@ -7,6 +7,8 @@ Example:
     ...     raise RuntimeError("boom")          # logged once as a warning; execution goes on after the block
     >>> failures.failures[0]["what"]
     'reading the traces of graph0/thunder_0'
+
+`describe_exception` is the text a record keeps of an exception of the user's run (a graph Thunder failed on).
 """
 
 from __future__ import annotations
@@ -73,3 +75,9 @@ class ReportingFailures:
                 summary,
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
+
+
+def describe_exception(error: BaseException) -> str:
+    """Exception text with the innermost frames, short enough for a JSON field."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return text if len(text) < 12000 else text[:2000] + "\n...\n" + text[-10000:]

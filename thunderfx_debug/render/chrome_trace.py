@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thunderfx_debug.records import GraphRecord, Report, SplitKind, SplitRecord, Timing
+from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, SplitRecord, Timing
 
 _SLOT_MARGIN = 1.25  # a slot is this times the longest call, so consecutive calls stay apart
 
@@ -102,7 +102,7 @@ def _sampled_calls(graph: GraphRecord) -> set[int]:
     return {call for t in timings for call in _by_call(t)}
 
 
-def chrome_trace(report: Report) -> dict[str, Any]:
+def chrome_trace(report: RankRecord) -> dict[str, Any]:
     """The trace of `report` as a JSON-ready dict ({"traceEvents": [...]}), time in microseconds."""
     tracks = _Tracks(report.rank)
     calls_of = {graph.name: _sampled_calls(graph) for graph in report.graphs}

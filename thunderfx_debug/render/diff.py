@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from thunderfx_debug.records import Report, SplitRecord, Timing
+from thunderfx_debug.records import RankRecord, SplitRecord, Timing
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, Change, compare_timings
+from thunderfx_debug.render.text import ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class FusionChange:
 
 @dataclasses.dataclass(frozen=True)
 class TimingChange:
-    level: str
+    level: digest.PieceLevel
     path: str
     phase: str
     a: Timing | None
@@ -61,7 +62,7 @@ class RunDiff:
         return [t for t in self.timings if t.change.significant]
 
 
-def diff_reports(a: Report, b: Report) -> RunDiff:
+def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
     """The differences from run `a` to run `b`."""
     graphs_a = {g.name: g for g in a.graphs}
     graphs_b = {g.name: g for g in b.graphs}
@@ -111,7 +112,7 @@ def _fusion_changes(where: str, a: SplitRecord, b: SplitRecord) -> list[FusionCh
     return changes
 
 
-def _timing_changes(a: Report, b: Report) -> list[TimingChange]:
+def _timing_changes(a: RankRecord, b: RankRecord) -> list[TimingChange]:
     pieces_a = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(a)}
     pieces_b = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(b)}
     keys = list(pieces_a) + [k for k in pieces_b if k not in pieces_a]
@@ -147,10 +148,6 @@ def render_structure_changes(d: RunDiff) -> list[str]:
     return lines or ["no change in graphs, splits, split reasons or fusions"]
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bool = False) -> str:
     """The diff as text: structure first, then the timing changes beyond noise (all timed pieces if `show_all`)."""
     lines = [f"A = {label_a}", f"B = {label_b}", "", "structure:"]
@@ -158,16 +155,16 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     step_a, step_b = d.step_ms
     lines += ["", "timing (median ms; ratio B/A above 1 means B is slower):"]
     if step_a and step_b:
-        lines.append(f"  step: {_ms(step_a)} -> {_ms(step_b)} ms per step, ratio {step_b / step_a:.3f}")
+        lines.append(f"  step: {ms(step_a)} -> {ms(step_b)} ms per step, ratio {step_b / step_a:.3f}")
     shown = d.timings if show_all else d.significant_timings
     if not shown:
         lines.append("  no timing change beyond noise" if d.timings else "  neither run has timing samples")
     for t in shown:
         ratio = "-" if t.change.ratio is None else f"{t.change.ratio:.3f}"
-        a = _ms(t.a.median_ms if t.a else None)
-        b = _ms(t.b.median_ms if t.b else None)
+        a = ms(t.a.median_ms if t.a else None)
+        b = ms(t.b.median_ms if t.b else None)
         p = "" if t.change.p_value is None else f", p={t.change.p_value:.3g}"
-        label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level == "outside fusions" else "")
+        label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level is digest.PieceLevel.OUTSIDE_FUSIONS else "")
         lines.append(f"  {label}: {a} -> {b}  ratio {ratio}  {t.change.verdict.upper()} "
                      f"({t.change.method}{p})")
     hidden = len(d.timings) - len(shown)

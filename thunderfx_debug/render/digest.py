@@ -1,4 +1,4 @@
-"""Facts derived from a Report that every renderer shows: grouped split reasons, recompiles, the estimated step,
+"""Facts derived from a RankRecord that every renderer shows: grouped split reasons, recompiles, the estimated step,
 the timed pieces with their share of the step, and how ranks compare. Pure functions of records, no I/O.
 
 Time per step. Dumps record how often each graph ran (`calls`) but not how many training steps there were, so the
@@ -13,11 +13,12 @@ their part of 100%.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
-from thunderfx_debug.records import GraphRecord, Phase, Report, SplitKind, SplitReason, Timing
+from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +37,9 @@ def reason_op(reason: SplitReason) -> str:
     return reason.op or reason.info.split(",")[0].strip() or "?"
 
 
-def group_reasons(report_or_graphs: Report | Iterable[GraphRecord]) -> list[ReasonGroup]:
+def group_reasons(report_or_graphs: RankRecord | Iterable[GraphRecord]) -> list[ReasonGroup]:
     """Split reasons grouped by (type, op), most frequent first, then by type and op name."""
-    graphs = report_or_graphs.graphs if isinstance(report_or_graphs, Report) else report_or_graphs
+    graphs = report_or_graphs.graphs if isinstance(report_or_graphs, RankRecord) else report_or_graphs
     places: dict[tuple[str, str], list[str]] = defaultdict(list)
     exceptions: dict[tuple[str, str], list[str]] = defaultdict(list)
     for graph in graphs:
@@ -55,7 +56,7 @@ def group_reasons(report_or_graphs: Report | Iterable[GraphRecord]) -> list[Reas
     return sorted(groups, key=lambda g: (-g.count, g.type, g.op))
 
 
-def recompiled_frames(report: Report) -> dict[str, list[GraphRecord]]:
+def recompiled_frames(report: RankRecord) -> dict[str, list[GraphRecord]]:
     """Dynamo frames compiled more than once ("0" -> its graphs with compile ids 0/0, 0/1, ...)."""
     frames: dict[str, list[GraphRecord]] = defaultdict(list)
     for graph in report.graphs:
@@ -64,19 +65,28 @@ def recompiled_frames(report: Report) -> dict[str, list[GraphRecord]]:
     return {frame: graphs for frame, graphs in frames.items() if len(graphs) > 1}
 
 
-def estimated_steps(report: Report) -> int | None:
+def estimated_steps(report: RankRecord) -> int | None:
     """Training steps of the run, estimated as the calls of its least-called graph (see the module docstring)."""
     calls = [g.calls for g in report.graphs if g.calls > 0]
     return min(calls) if calls else None
 
 
+class PieceLevel(str, enum.Enum):
+    """What a timed piece is: a graph, a split, a fusion region, or a split's time outside its fusion regions."""
+
+    GRAPH = "graph"
+    SPLIT = "split"
+    FUSION = "fusion"
+    OUTSIDE_FUSIONS = "outside fusions"
+
+
 @dataclasses.dataclass(frozen=True)
-class Piece:
+class TimedPiece:
     """A timed piece of the run, flattened: a graph, a split, a fusion region or a split's time outside fusions,
     in one phase. `path` names it ("graph0/thunder_0/nvFusion0"), `executor` is what ran it (thunder, inductor,
     nvfuser, torchcompile, ...), `calls_per_step` how often it runs in a step."""
 
-    level: str  # "graph" | "split" | "fusion" | "outside fusions"
+    level: PieceLevel
     graph: str
     split: str | None
     name: str
@@ -88,11 +98,11 @@ class Piece:
 
     @property
     def path(self) -> str:
-        return "/".join(p for p in (self.graph, self.split, self.name if self.level == "fusion" else None) if p)
+        return "/".join(p for p in (self.graph, self.split, self.name if self.level is PieceLevel.FUSION else None) if p)
 
     @property
     def label(self) -> str:
-        suffix = " (outside fusions)" if self.level == "outside fusions" else ""
+        suffix = " (outside fusions)" if self.level is PieceLevel.OUTSIDE_FUSIONS else ""
         return f"{self.path} {self.phase}{suffix}"
 
     @property
@@ -105,57 +115,60 @@ def outside_phase(key: str) -> str:
     return key.removeprefix("outside_")
 
 
-def timed_pieces(report: Report) -> list[Piece]:
+def timed_pieces(report: RankRecord) -> list[TimedPiece]:
     """Every piece of `report` that has timing samples, in report order."""
     steps = estimated_steps(report) or 1
-    pieces: list[Piece] = []
+    pieces: list[TimedPiece] = []
     for graph in report.graphs:
         per_step = graph.calls / steps if graph.calls else 1.0
 
         def add(level, split, name, phase, executor, timing, files=None):
             if timing is not None and timing.count:
-                pieces.append(Piece(level, graph.name, split, name, phase, executor, timing, per_step, files or {}))
+                pieces.append(TimedPiece(level, graph.name, split, name, phase, executor, timing, per_step,
+                                         files or {}))
 
-        add("graph", None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
-        add("graph", None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
+        add(PieceLevel.GRAPH, None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
+        add(PieceLevel.GRAPH, None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
         for split in graph.splits:
             executor = split.kind.value
-            add("split", split.name, split.name, "forward", executor, split.timing, split.files)
-            add("split", split.name, split.name, "backward", executor, split.backward_timing, split.files)
+            add(PieceLevel.SPLIT, split.name, split.name, "forward", executor, split.timing, split.files)
+            add(PieceLevel.SPLIT, split.name, split.name, "backward", executor, split.backward_timing, split.files)
             for fusion in split.fusions:
-                add("fusion", split.name, fusion.name, fusion.phase.value, fusion.executor, fusion.timing, fusion.files)
+                add(PieceLevel.FUSION, split.name, fusion.name, fusion.phase.value, fusion.executor, fusion.timing,
+                    fusion.files)
             for key, timing in sorted(split.outside_fusions_timing.items()):
-                add("outside fusions", split.name, split.name, outside_phase(key), executor, timing)
+                add(PieceLevel.OUTSIDE_FUSIONS, split.name, split.name, outside_phase(key), executor, timing)
     return pieces
 
 
-def step_ms(report: Report) -> float | None:
+def step_ms(report: RankRecord) -> float | None:
     """Estimated device time of one training step: the graphs' forward and backward, times calls per step."""
-    graphs = [p for p in timed_pieces(report) if p.level == "graph"]
+    graphs = [p for p in timed_pieces(report) if p.level is PieceLevel.GRAPH]
     return sum(p.ms_per_step for p in graphs) if graphs else None
 
 
-def top_regions(report: Report, limit: int = 10) -> list[tuple[Piece, float | None]]:
+def top_regions(report: RankRecord, limit: int = 10) -> list[tuple[TimedPiece, float | None]]:
     """The costliest regions with their share of the step (None without graph timing): fusion regions and the time
     outside them where fusions were timed, plus inductor splits; thunder splits where fusions were not timed."""
     pieces = timed_pieces(report)
-    fused_splits = {(p.graph, p.split) for p in pieces if p.level in ("fusion", "outside fusions")}
+    in_regions = (PieceLevel.FUSION, PieceLevel.OUTSIDE_FUSIONS)
+    fused_splits = {(p.graph, p.split) for p in pieces if p.level in in_regions}
     regions = [
         p for p in pieces
-        if p.level in ("fusion", "outside fusions") or (p.level == "split" and (p.graph, p.split) not in fused_splits)
+        if p.level in in_regions or (p.level is PieceLevel.SPLIT and (p.graph, p.split) not in fused_splits)
     ]
     step = step_ms(report)
     regions.sort(key=lambda p: -p.ms_per_step)
     return [(p, p.ms_per_step / step if step else None) for p in regions[:limit]]
 
 
-def clock(report: Report) -> str | None:
-    """The clock of the report's samples ("cuda" or "host"), None when nothing was timed."""
+def clock(report: RankRecord) -> ClockKind | None:
+    """The clock of the report's samples, None when nothing was timed."""
     clocks = Counter(p.timing.clock for p in timed_pieces(report))
     return clocks.most_common(1)[0][0] if clocks else None
 
 
-def counts(report: Report) -> dict[str, int]:
+def counts(report: RankRecord) -> dict[str, int]:
     splits = [s for g in report.graphs for s in g.splits]
     return {
         "graphs": len(report.graphs),
@@ -169,7 +182,7 @@ def counts(report: Report) -> dict[str, int]:
     }
 
 
-def structure(report: Report) -> tuple:
+def structure(report: RankRecord) -> tuple:
     """What ThunderFX made of the run, without timings: equal for ranks that split and fused alike."""
     return tuple(
         (g.name, tuple((s.name, tuple(sorted(Counter((f.executor, f.phase.value) for f in s.fusions).items())))
@@ -190,7 +203,7 @@ class RankRow:
 STRAGGLER_FACTOR = 1.10
 
 
-def compare_ranks(reports: Mapping[int, Report]) -> list[RankRow]:
+def compare_ranks(reports: Mapping[int, RankRecord]) -> list[RankRow]:
     """One row per rank; flags the ranks that are slower than the others or split differently.
 
     A rank is a straggler when its estimated step time is more than 10% above the median over ranks; it splits

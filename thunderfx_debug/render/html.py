@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from thunderfx_debug import layout
-from thunderfx_debug.records import GraphRecord, Report, SplitKind, Timing
+from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import digest
+from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
+from thunderfx_debug.render.text import ms
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
@@ -30,10 +32,6 @@ vertical-align:top;font-size:13px}th{background:#f3f3f3}td.num{text-align:right;
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:500px;font-size:12px}
 details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:block;margin:.4em 0 1em}
 """
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _median(timing: Timing | None) -> float | None:
@@ -68,12 +66,12 @@ def _links(files: Mapping[str, str], prefix: str | None) -> str:
     return " · ".join(items)
 
 
-def _overview(report: Report) -> str:
+def _overview(report: RankRecord) -> str:
     c = digest.counts(report)
     step = digest.step_ms(report)
     rows = [[esc(k), str(v)] for k, v in c.items()]
     if step is not None:
-        rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report))} clock, "
+        rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report).value)} clock, "
                                          f"{digest.estimated_steps(report)} steps)"])
     html = _table(["", "rank " + str(report.rank)], rows)
     for warning in report.meta.get("warnings", []):
@@ -85,7 +83,7 @@ def _overview(report: Report) -> str:
     return html
 
 
-def _compiles(report: Report) -> str:
+def _compiles(report: RankRecord) -> str:
     rows = [[esc(g.name), esc(g.compile_id or "?"), str(g.node_count), str(g.calls),
              "-" if g.compile_time_s is None else f"{g.compile_time_s:.1f} s",
              esc((g.break_reason or "-").strip().splitlines()[0][:200] if (g.break_reason or "").strip() else "-"),
@@ -98,7 +96,7 @@ def _compiles(report: Report) -> str:
     return html
 
 
-def _reasons(report: Report) -> str:
+def _reasons(report: RankRecord) -> str:
     groups = digest.group_reasons(report)
     if not groups:
         return "<h3>Split reasons</h3><p>No split reasons: every op ran under Thunder.</p>"
@@ -109,29 +107,31 @@ def _reasons(report: Report) -> str:
     return "<h3>Split reasons</h3>" + chart + _table(["type", "op", "count", "where", "exception"], rows, {2})
 
 
-def _timing_charts(report: Report) -> str:
+def _timing_charts(report: RankRecord) -> str:
     pieces = digest.timed_pieces(report)
     if not pieces:
         return "<h3>Timing</h3><p>No timing samples in this dump (THUNDERFX_DEBUG_TIMING=off, or too few calls).</p>"
     step = digest.step_ms(report)
-    html = f"<h3>Timing</h3><p>Device time per step: median per call x calls per step ({esc(digest.clock(report))} clock).</p>"
-    for level, title in (("graph", "time per graph"), ("split", "time per split"), ("fusion", "time per fusion region")):
-        chosen = [p for p in pieces if p.level == level]
-        bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level != "graph" else p.phase,
+    html = f"<h3>Timing</h3><p>Device time per step: median per call x calls per step ({esc(digest.clock(report).value)} clock).</p>"
+    levels = ((PieceLevel.GRAPH, "time per graph"), (PieceLevel.SPLIT, "time per split"),
+              (PieceLevel.FUSION, "time per fusion region"))
+    for level, title in levels:
+        chosen = [p for p in pieces if p.level is level]
+        bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level is not PieceLevel.GRAPH else p.phase,
                     note=f"{100 * p.ms_per_step / step:.1f}%" if step else "") for p in chosen]
         if bars:
             html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(bars, unit="ms", title=title)
     top = digest.top_regions(report, 15)
     if top:
-        rows = [[str(i), esc(p.label), esc(p.executor), _ms(p.timing.median_ms), _ms(p.timing.p10_ms),
-                 _ms(p.timing.p90_ms), _ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%"]
+        rows = [[str(i), esc(p.label), esc(p.executor), ms(p.timing.median_ms), ms(p.timing.p10_ms),
+                 ms(p.timing.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%"]
                 for i, (p, s) in enumerate(top, 1)]
         html += "<h4>Top regions</h4>" + _table(
             ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step"], rows,
             {0, 3, 4, 5, 6, 7})
     series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
                                                          p.timing.samples_ms)))
-              for p in pieces if p.level == "graph"]
+              for p in pieces if p.level is PieceLevel.GRAPH]
     html += "<h4>Samples over the run</h4>" + timeline(series, title="timeline of samples")
     return html
 
@@ -145,21 +145,21 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
     rows = []
     for s in graph.splits:
         reasons = "<br>".join(esc(f"{r.type} {digest.reason_op(r)}") for r in s.reasons)
-        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)), _ms(_median(s.timing)),
-                     _ms(_median(s.backward_timing)), reasons, _links(s.files, prefix)])
+        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)), ms(_median(s.timing)),
+                     ms(_median(s.backward_timing)), reasons, _links(s.files, prefix)])
     html += _table(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms", "split reasons", "files"],
                    rows, {2, 3, 4, 5})
     for s in graph.splits:
         if s.kind is not SplitKind.THUNDER:
             continue
         html += f"<details><summary>{esc(s.name)}: {len(s.fusions)} fusion regions, traces</summary>"
-        frows = [[esc(f.name), esc(f.phase.value), esc(f.executor), str(len(f.ops)), _ms(_median(f.timing)),
+        frows = [[esc(f.name), esc(f.phase.value), esc(f.executor), str(len(f.ops)), ms(_median(f.timing)),
                   f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
                   _links(f.files, prefix)] for f in s.fusions]
         html += _table(["region", "phase", "executor", "ops", "median ms", "fused ops", "repro"], frows, {3, 4})
         for label, text in (("forward trace", s.fwd_trace), ("backward trace", s.bwd_trace)):
             if text:
-                cut = "" if len(text) <= MAX_TRACE_CHARS else f"\n# ... cut here; the whole trace is in the dump"
+                cut = "" if len(text) <= MAX_TRACE_CHARS else "\n# ... cut here; the whole trace is in the dump"
                 html += (f"<details><summary>{label} of {esc(s.name)}</summary>"
                          f"<pre>{esc(text[:MAX_TRACE_CHARS])}{esc(cut)}</pre></details>")
         if s.error:
@@ -168,7 +168,7 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
     return html
 
 
-def rank_section(report: Report, prefix: str | None) -> str:
+def rank_section(report: RankRecord, prefix: str | None) -> str:
     """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
     parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report), _compiles(report),
              _reasons(report), _timing_charts(report), "<h3>Graphs</h3>"]
@@ -177,7 +177,7 @@ def rank_section(report: Report, prefix: str | None) -> str:
     return "".join(parts)
 
 
-def _ranks_compared(reports: Mapping[int, Report]) -> str:
+def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
     from thunderfx_debug.render.diff import diff_reports, render_structure_changes
 
     rows_by_rank = digest.compare_ranks(reports)
@@ -187,7 +187,7 @@ def _ranks_compared(reports: Mapping[int, Report]) -> str:
         flags = " ".join(f'<span class="flag">{f}</span>' for f, on in
                          (("straggler", row.straggler), ("splits differently", row.splits_differently)) if on)
         rows.append([f'<a href="#rank{row.rank}">rank {row.rank}</a>', *(str(row.counts[k]) for k in keys),
-                     _ms(row.step_ms), flags])
+                     ms(row.step_ms), flags])
     html = "<h2>Ranks side by side</h2>" + _table(["rank", *map(esc, keys), "step ms", ""], rows,
                                                    set(range(1, len(keys) + 2)))
     html += "<h4>Estimated step time per rank</h4>"
@@ -197,9 +197,9 @@ def _ranks_compared(reports: Mapping[int, Report]) -> str:
     for rank, report in reports.items():
         totals: dict[int, float] = defaultdict(float)
         for p in digest.timed_pieces(report):
-            if p.level == "graph":
-                for call, ms in zip(p.timing.calls, p.timing.samples_ms):
-                    totals[call] += ms
+            if p.level is PieceLevel.GRAPH:
+                for call, sample_ms in zip(p.timing.calls, p.timing.samples_ms):
+                    totals[call] += sample_ms
         per_call[rank] = totals
     html += "<h4>Sampled calls per rank (graphs' forward + backward)</h4>" + timeline(
         [Series(f"rank {rank}", tuple(sorted(t.items()))) for rank, t in per_call.items()],
@@ -213,12 +213,12 @@ def _ranks_compared(reports: Mapping[int, Report]) -> str:
     return html
 
 
-def render_html(reports: Mapping[int, Report], link_prefixes: Mapping[int, str] | None = None,
+def render_html(reports: Mapping[int, RankRecord], link_prefixes: Mapping[int, str] | None = None,
                 title: str = "ThunderFX report") -> str:
     """The page for the ranks of a dump.
 
     Args:
-        reports: rank -> Report (`dump.load_reports(dir)`).
+        reports: rank -> RankRecord (`dump.load_reports(dir)`).
         link_prefixes: rank -> relative URL of that rank's directory seen from where the page is written
             (e.g. "rank0/"); ranks without one get no links, only the file names.
         title: the page title (escaped).

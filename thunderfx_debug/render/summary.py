@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from thunderfx_debug.records import GraphRecord, Phase, Report, SplitKind, Timing
+from thunderfx_debug.records import GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import digest
-from thunderfx_debug.render.digest import group_reasons  # noqa: F401  (kept importable from here)
+from thunderfx_debug.render.text import ms
 
 TOP_REGIONS = 10
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f} ms"
+    return ms(value, unit=True)
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -51,7 +51,7 @@ def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
     ]
 
 
-def render_overview(report: Report) -> list[str]:
+def render_overview(report: RankRecord) -> list[str]:
     """Counts, step time, compiles and recompiles, grouped split reasons and the costliest regions."""
     c = digest.counts(report)
     lines = [
@@ -62,7 +62,7 @@ def render_overview(report: Report) -> list[str]:
     step = digest.step_ms(report)
     if step is not None:
         lines.append(
-            f"step: {_ms(step)} of compiled time per step ({digest.clock(report)} clock; "
+            f"step: {_ms(step)} of compiled time per step ({digest.clock(report).value} clock; "
             f"{digest.estimated_steps(report)} steps estimated from the graphs' calls)"
         )
     lines += ["", "compiles:"]
@@ -158,7 +158,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
     return lines
 
 
-def render_summary(report: Report) -> str:
+def render_summary(report: RankRecord) -> str:
     """The summary of one rank (what `str(report)` prints)."""
     lines = render_overview(report)
     for graph in report.graphs:
@@ -167,7 +167,7 @@ def render_summary(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_ranks(reports: Mapping[int, Report]) -> str:
+def render_ranks(reports: Mapping[int, RankRecord]) -> str:
     """Ranks side by side, then the lowest rank in full and how each rank that split differently differs."""
     if len(reports) == 1:
         return render_summary(next(iter(reports.values())))
@@ -197,7 +197,7 @@ def render_ranks(reports: Mapping[int, Report]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _graph_ms(report: Report, name: str) -> str:
+def _graph_ms(report: RankRecord, name: str) -> str:
     try:
         graph = report.graph(name)
     except KeyError:

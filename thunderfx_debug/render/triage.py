@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from thunderfx_debug.bench import Ranked, explain
+from thunderfx_debug.render.digest import PieceLevel
+from thunderfx_debug.render.text import ms
 
 
 def _md(text: object) -> str:
@@ -13,14 +15,10 @@ def _md(text: object) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def _row(i: int, r: Ranked) -> str:
     c = r.comparison
-    return (f"| {i} | {_md(c.path)} | {c.level} | {_md(c.ours_executor)} | {_ms(r.ours_ms)} | {_ms(r.theirs_ms)} | "
-            f"{r.ratio:.2f}x | {_ms(r.loss_ms)} | {c.calls_per_step:g} | {r.clock} |")
+    return (f"| {i} | {_md(c.path)} | {c.level.value} | {_md(c.ours_executor)} | {ms(r.ours_ms)} | {ms(r.theirs_ms)} | "
+            f"{r.ratio:.2f}x | {ms(r.loss_ms)} | {c.calls_per_step:g} | {r.clock} |")
 
 
 HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inductor ms | ratio | lost ms per step "
@@ -40,8 +38,8 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
     lines = [
         f"# ThunderFX triage: {_md(title)}",
         "",
-        f"{len(ok)} piece{'' if len(ok) == 1 else 's'} compared ({sum(r.comparison.level == 'fusion' for r in ok)} nvFusion regions against "
-        f"inductor, {sum(r.comparison.level == 'split' for r in ok)} Thunder splits against inductor), "
+        f"{len(ok)} piece{'' if len(ok) == 1 else 's'} compared ({sum(r.comparison.level is PieceLevel.FUSION for r in ok)} nvFusion regions against "
+        f"inductor, {sum(r.comparison.level is PieceLevel.SPLIT for r in ok)} Thunder splits against inductor), "
         f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
         "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
         "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records. "
@@ -57,7 +55,7 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
         lines += [HEADER, *(_row(i, r) for i, r in enumerate(losses, 1)), "", "### Repro scripts to hand over", ""]
         for i, r in enumerate(losses, 1):
             c = r.comparison
-            lines.append(f"{i}. **{_md(c.path)}** ({r.ratio:.2f}x, {_ms(r.loss_ms)} ms per step): "
+            lines.append(f"{i}. **{_md(c.path)}** ({r.ratio:.2f}x, {ms(r.loss_ms)} ms per step): "
                          f"`python {script_prefix}{c.ours_script} --benchmark` against "
                          f"`python {script_prefix}{c.theirs_script} --benchmark`")
     else:
@@ -76,9 +74,9 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
                   "|---|---|---|---|---|---|---|"]
         for e in explained:
             share = f"{e.regions_beyond_loss_ms / e.split_loss_ms:.0%}" if e.split_loss_ms > 0 else "-"
-            lines.append(f"| {_md(e.split)} | {_ms(e.split_loss_ms)} | {_ms(e.regions_loss_ms)} | "
-                         f"{_ms(e.regions_beyond_loss_ms)} | {share} | {_ms(e.split_loss_ms - e.regions_loss_ms)} | "
-                         f"{_ms(outside_in_run.get(e.split))} |")
+            lines.append(f"| {_md(e.split)} | {ms(e.split_loss_ms)} | {ms(e.regions_loss_ms)} | "
+                         f"{ms(e.regions_beyond_loss_ms)} | {share} | {ms(e.split_loss_ms - e.regions_loss_ms)} | "
+                         f"{ms(outside_in_run.get(e.split))} |")
     checked = [r for r in ranked if r.notes]
     if checked:
         lines += ["", "## Scripts that measured but failed their own check", "",

@@ -17,12 +17,14 @@ import dataclasses
 import json
 import math
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
+
+from thunderfx_debug.records import storage_span
 
 #: (rtol, atol) by dtype: a compiled piece reorders floating-point work, so results differ by rounding, more with
 #: fewer mantissa bits. Integer and bool outputs must match exactly.
@@ -70,14 +72,22 @@ def load_inputs(path: str | Path, script: str | Path) -> tuple[list[Any], list[A
 
 def executors(names: Sequence[str]) -> list[Any]:
     """The run's Thunder executors, by name (Thunder resolves them in this process)."""
-    from thunderfx_debug.thunder_adapter import executor_by_name
+    from thunderfx_debug.thunder.options import executor_by_name
 
     return [executor_by_name(name) for name in names]
 
 
+def thunder_compiler(**options: Any):
+    """`thunder.dynamo.ThunderCompiler(**options)`, with the workaround it needs on torch >= 2.12
+    (lightning-thunder#2825; see `thunder.compile.plain_thunder_compiler`)."""
+    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+
+    return plain_thunder_compiler(**options)
+
+
 def torch_executor_fn(name: str) -> Callable:
-    """A helper of Thunder's torch executor that a fusion region's torch function calls (see `thunder_adapter`)."""
-    from thunderfx_debug.thunder_adapter import torch_executor_fn as lookup
+    """A helper of Thunder's torch executor that a fusion region's torch function calls (see `thunder.scripts`)."""
+    from thunderfx_debug.thunder.scripts import torch_executor_fn as lookup
 
     return lookup(name)
 
@@ -88,8 +98,7 @@ def fresh(inputs: Sequence[Any]) -> list[Any]:
     copies = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            span = 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride())) if x.numel() else 0
-            flat = x.detach().as_strided((span,), (1,), x.storage_offset()).clone()
+            flat = x.detach().as_strided((storage_span(x.shape, x.stride()),), (1,), x.storage_offset()).clone()
             copies.append(flat.as_strided(x.shape, x.stride()).detach().requires_grad_(x.requires_grad))
         else:
             copies.append(x)
@@ -100,11 +109,8 @@ def fresh(inputs: Sequence[Any]) -> list[Any]:
 
 
 def flat_tensors(value: Any) -> list[Any]:
-    if isinstance(value, list | tuple):
-        return [leaf for item in value for leaf in flat_tensors(item)]
-    if isinstance(value, dict):
-        return [leaf for item in value.values() for leaf in flat_tensors(item)]
-    return [value]
+    """The leaves of a piece's output (tensors, and what else it returns) in order."""
+    return tree_leaves(value)
 
 
 def _differentiable(outputs: Sequence[Any]) -> list[torch.Tensor]:
@@ -292,7 +298,7 @@ def device_ms(call: Callable[[], Any], host_ms: float) -> float:
     whole compiled graph. So the calls are queued behind a sleep kernel as long as their host time (1.5x
     `host_ms` per call), as the backend's fusion timing does (`timing.DeviceHold`), and CUDA events around them
     time the kernels back to back."""
-    from thunderfx_debug.timing import CudaClock, DeviceHold
+    from thunderfx_debug.recording.timing import CudaClock, DeviceHold
 
     clock, hold = CudaClock(), DeviceHold.for_current_cuda_device()
     per_call = []
@@ -307,7 +313,7 @@ def device_ms(call: Callable[[], Any], host_ms: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class Timings:
+class BenchmarkFigures:
     """Median milliseconds per call: wall clock (host and device, as torch.utils.benchmark measures) and, on CUDA,
     device time (`device_ms`). Backward is None where the piece has none."""
 
@@ -317,7 +323,7 @@ class Timings:
     backward_device_ms: float | None = None
 
 
-def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time: float) -> Timings:
+def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time: float) -> BenchmarkFigures:
     """Times the forward, and the backward where the piece has one.
 
     The backward is timed as (forward + backward) - forward: compiled backward functions (Thunder's, AOTAutograd's)
@@ -339,11 +345,11 @@ def benchmark(fn: Callable, inputs: Sequence[Any], backward: bool, min_run_time:
     forward_ms *= 1e3
     forward_device = device_ms(forward, forward_ms) if on_cuda else None
     if not backward or not wanted or not _differentiable(flat_tensors(fn(*args))):
-        return Timings(forward_ms, None, forward_device)
+        return BenchmarkFigures(forward_ms, None, forward_device)
     both = Timer("step()", globals={"step": forward_backward}).blocked_autorange(min_run_time=min_run_time).median
     both *= 1e3
     both_device = device_ms(forward_backward, both) if on_cuda else None
-    return Timings(forward_ms, max(both - forward_ms, 0.0), forward_device,
+    return BenchmarkFigures(forward_ms, max(both - forward_ms, 0.0), forward_device,
                    None if both_device is None else max(both_device - forward_device, 0.0))
 
 
@@ -385,7 +391,7 @@ def main(
     return 0 if ok else 1
 
 
-def _describe(timings: Timings) -> str:
+def _describe(timings: BenchmarkFigures) -> str:
     def pair(wall: float | None, device: float | None) -> str:
         if wall is None:
             return "n/a"
@@ -394,7 +400,3 @@ def _describe(timings: Timings) -> str:
     clocks = "wall clock, device time in parentheses" if timings.forward_device_ms is not None else "wall clock"
     return f"forward {pair(timings.forward_ms, timings.forward_device_ms)}, " \
            f"backward {pair(timings.backward_ms, timings.backward_device_ms)} (medians, {clocks})"
-
-
-def exit_with(status: int) -> None:
-    sys.exit(status)

@@ -1,8 +1,11 @@
 """Fusion-level timing: a Thunder trace transform that brackets every fusion region of a thunder split's final
-forward and backward traces with clock marks, and optionally with named NVTX / profiler ranges.
+forward and backward traces with calls to a timer (clock marks, and optionally named NVTX / profiler ranges).
 
-This module is coupled to Thunder's internals (checked against lightning-thunder 0.2.6), like `thunder_adapter`;
-a Thunder upgrade may need changes here. What it relies on:
+The timer is any object with the four methods of `MARK_METHODS` (the recorder's `recording.timing.RegionTimer`);
+each is called with one text argument: the phase ("forward", "backward") for `begin_trace` and `end_trace`, the
+region key ("nvFusion0_forward") for `begin_region` and `end_region`.
+
+Checked against lightning-thunder 0.2.6. What it relies on:
 
 - `Transform.transform_trace_post_optimization` runs on the final forward trace and then on the final backward trace
   of every cache entry Thunder builds (thunder/__init__.py, `apply_transforms_and_build_cache_entry`), after fusion,
@@ -16,10 +19,10 @@ a Thunder upgrade may need changes here. What it relies on:
   it). So one `FusionTimingTransform` is appended per list, and it finds the split a trace belongs to through the
   compile data that Thunder makes current while it builds a cache entry (`get_compile_data()`).
 - Each inserted call is a bound symbol of an operator of our own executor, with a per-split `_call_ctx` that binds
-  its name to the split's `RegionTimer` method (the way fusion executors bind their compiled callables).
+  its name to the method of the split's timer (the way fusion executors bind their compiled callables).
 
-The marks themselves (what is recorded, when, and how) live in `timing.RegionTimer`; nothing here runs on the
-training path except the generated calls.
+What the marks record, when and how is the timer's business; nothing here runs on the training path except the
+generated calls.
 """
 
 from __future__ import annotations
@@ -34,8 +37,7 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
 from thunder.extend import OperatorExecutor
 
-from thunderfx_debug.records import Phase, SplitKind
-from thunderfx_debug.timing import RegionTimer, Ranges, Sampling
+from thunderfx_debug.records import Phase
 
 _timing_ex = OperatorExecutor("thunderfx_debug_timing")
 
@@ -44,40 +46,16 @@ def _no_output(label: str) -> None:
     return None
 
 
-# The operators of the inserted calls, named after the RegionTimer methods they call.
+# The operators of the inserted calls, named after the timer methods they call.
+MARK_METHODS = ("begin_trace", "begin_region", "end_region", "end_trace")
 _MARK_OPS = {
-    method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output)
-    for method in ("begin_trace", "begin_region", "end_region", "end_trace")
+    method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output) for method in MARK_METHODS
 }
 _MARK_NAMES = frozenset(op.name for op in _MARK_OPS.values())
 _PROVENANCE = "thunderfx_debug fusion timing marks"
 
 
-def instrument_graph(state, sampling: Sampling, nvtx: bool = False, time_regions: bool = True) -> None:
-    """Instruments every thunder split of a just-compiled graph (before its first call).
-
-    Args:
-        state: the graph's `recorder.GraphState`; its `split_gm` holds the `runner.SplitRunner` of each split.
-        sampling: which calls are timed (the runner arms the timers on those calls; kept for the signature).
-        nvtx: also open a named range around each region and trace on every call ("graph0/thunder_0/nvFusion0_forward",
-            "graph0/thunder_0 forward"), for Nsight Systems (NVTX) and torch.profiler (`record_function`).
-        time_regions: record clock marks on sampled calls into each split's `region_series`; False for ranges only.
-
-    Raises:
-        RuntimeError: a split was already compiled (its cache entries would not be instrumented).
-    """
-    del sampling  # the runners decide which calls are sampled and arm the timers then
-    for split in state.splits:
-        if split.piece.kind is not SplitKind.THUNDER:
-            continue
-        ranges = (Ranges(), f"{state.name}/{split.name}") if nvtx else None
-        timer = RegionTimer(state.clock, split.region_series, ranges)
-        if time_regions:
-            getattr(state.split_gm, split.name).attach_regions(timer)
-        attach(split.piece.compiled, timer)
-
-
-def attach(thunder_module, timer: RegionTimer) -> None:
+def attach(thunder_module, timer) -> None:
     """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `timer`."""
     import thunder
 
@@ -100,7 +78,7 @@ class FusionTimingTransform(Transform):
     compile data); traces of other modules sharing the transform list pass unchanged."""
 
     def __init__(self):
-        self.timers: weakref.WeakKeyDictionary[Any, RegionTimer] = weakref.WeakKeyDictionary()
+        self.timers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs) -> TraceCtx:
         timer = self.timers.get(get_compile_data())
@@ -114,7 +92,7 @@ def trace_phase(trace: TraceCtx) -> Phase:
     return Phase.BACKWARD if trace.siginfo().name == "backward_fn" else Phase.FORWARD
 
 
-def instrument_trace(trace: TraceCtx, timer: RegionTimer) -> TraceCtx:
+def instrument_trace(trace: TraceCtx, timer) -> TraceCtx:
     """A copy of `trace` with calls to `timer` at its start, before and after every fusion region, and before its
     return. The region keys are "<fusion name>_<phase>" ("nvFusion0_forward", "TorchCompile1_backward")."""
     phase = trace_phase(trace).value

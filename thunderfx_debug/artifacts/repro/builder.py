@@ -1,4 +1,18 @@
-"""Turns the recorded graphs, splits and fusion regions into `writers.Piece`s and renders their scripts."""
+"""Repro and benchmark scripts for graphs, splits and fusion regions, written at flush.
+
+`scripts_for_graph(snapshot, settings, failures)` returns the dump artifacts of one Dynamo graph, as
+THUNDERFX_DEBUG_REPRO asks (names in `layout`):
+
+    graph0/graph0_repro_{eager,thunder,torchcompile}.py
+    graph0/graph0_thunder_0/graph0_thunder_0_repro_{eager,thunder,inductor}.py     (inductor splits: eager, inductor)
+    graph0/graph0_thunder_0/fusions/graph0_thunder_0_TorchCompile0_forward_repro_inductor.py
+    graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_{nvfuser,inductor}.py
+    graph0/inputs/graph0_inputs.pt, graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt   (INPUTS=real)
+
+A graph that failed under Thunder always gets the scripts of the piece that failed (the split, or the whole graph
+when it failed to compile), whatever THUNDERFX_DEBUG_REPRO says. Each script is written independently: one that
+cannot be written is recorded as a reporting failure and the others are still written.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +20,39 @@ import dataclasses
 
 import torch
 
-from thunderfx_debug import layout, thunder_adapter
-from thunderfx_debug.records import InputMeta, SplitKind
-from thunderfx_debug.repro import inputs as repro_inputs
-from thunderfx_debug.repro import writers
-from thunderfx_debug.repro.writers import MODULE_CLASS, Piece
+from thunderfx_debug import layout
+from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.artifacts.repro import writers
+from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
+from thunderfx_debug.config import ReproKind
+from thunderfx_debug.manifest import package_versions
+from thunderfx_debug.records import InputKind, InputMeta, SplitKind
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
+from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder import options as thunder_options
+from thunderfx_debug.thunder import scripts as thunder_scripts
+from thunderfx_debug.thunder.traces import FusionRegion
+
+
+def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures) -> list[Artifact]:
+    """The repro scripts (and saved inputs) of one graph; see the module docstring."""
+    state = snapshot.state
+    builder = ScriptBuilder(snapshot, settings, failures)
+    failed_split = state.failed_split if state.error else None
+    if ReproKind.GRAPH in settings.repro or (state.error and failed_split is None):
+        builder.graph_scripts()
+    for split in snapshot.splits:
+        if ReproKind.SPLIT in settings.repro or split.state.name == failed_split:
+            builder.split_scripts(split)
+        if ReproKind.FUSION in settings.repro:
+            for region in split.regions:
+                builder.fusion_scripts(split, region)
+    return builder.artifacts
 
 
 def versions_line() -> str:
-    from thunderfx_debug.manifest import package_versions
-
     return ", ".join(f"{name} {version}" for name, version in package_versions().items() if version is not None)
-
-
-def _placeholder_names(gm: torch.fx.GraphModule) -> list[str]:
-    return [node.name for node in gm.graph.find_nodes(op="placeholder")]
 
 
 def _module_definitions(gm: torch.fx.GraphModule) -> str:
@@ -35,35 +67,33 @@ def _module_definitions(gm: torch.fx.GraphModule) -> str:
                 f"the module reads the attribute {node.target!r} (a {type(target).__name__}), which a standalone "
                 "script cannot rebuild"
             )
-    return thunder_adapter.module_source(gm, MODULE_CLASS)
+    return thunder_scripts.module_source(gm, MODULE_CLASS)
 
 
 def _needs_backward(metas) -> bool:
-    return any(m.kind == "tensor" and m.requires_grad for m in metas)
+    return any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas)
 
 
-class PieceBuilder:
-    """Collects the artifacts of one graph's scripts (see `thunderfx_debug.repro`)."""
+class ScriptBuilder:
+    """Collects the artifacts of one graph's scripts (see the module docstring)."""
 
-    def __init__(self, snapshot, backend):
+    def __init__(self, snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures):
         self.snapshot, self.state = snapshot, snapshot.state
-        self.failures = backend.recorder.failures
-        self.thunder_options = dict(backend.thunder_options)
-        self.real = backend.config.inputs.value == "real"
-        self.executor_names = thunder_adapter.executor_names(self.thunder_options)
+        self.failures = failures
+        self.thunder_options = dict(settings.thunder_options)
+        self.real = settings.real_inputs
+        self.executor_names = thunder_options.executor_names(self.thunder_options)
         self.versions = versions_line()
-        self.fx_imports = tuple(thunder_adapter.fx_builtin_imports())
-        self.artifacts: list = []
+        self.fx_imports = tuple(thunder_scripts.fx_builtin_imports())
+        self.artifacts: list[Artifact] = []
         self._saved_inputs: set[str] = set()
         self._split_metas: dict[str, tuple[InputMeta, ...]] = {}
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
-    def _add(self, owner: str, label: str, path: str, content) -> None:
-        from thunderfx_debug.dump import Artifact
-
+    def _add(self, owner: str, label: str, path: str, content: str | bytes) -> None:
         self.artifacts.append(Artifact(owner, label, path, content))
 
-    def _write(self, owner: str, piece: Piece, strategy: writers.Strategy, path: str) -> None:
+    def _write(self, owner: str, piece: ReproSubject, strategy: writers.Strategy, path: str) -> None:
         with self.failures.guard(f"writing the {strategy.file_kind} repro of {piece.key}"):
             text = writers.render(piece, strategy, path, self.versions)
             if piece.real and piece.inputs_path not in self._saved_inputs:
@@ -73,15 +103,12 @@ class PieceBuilder:
 
     # ---- graphs ---------------------------------------------------------------------------------------------------
     def graph_scripts(self) -> None:
-        from thunderfx_debug.repro import inputs_path
-
         state = self.state
         with self.failures.guard(f"preparing the repro scripts of {state.name}"):
-            facts = state.facts
-            description = f"The Dynamo graph {state.name} (compile id {facts.get('compile_id')}) as handed to the backend."
+            description = f"The Dynamo graph {state.name} (compile id {state.facts.compile_id}) as handed to the backend."
             if state.error:
                 description += " It FAILED under Thunder in the run; the thunder script reproduces the failure."
-            piece = Piece(
+            piece = ReproSubject(
                 key=state.name,
                 title="Dynamo graph",
                 description=description,
@@ -91,7 +118,7 @@ class PieceBuilder:
                 metas=state.input_meta,
                 backward=_needs_backward(state.input_meta),
                 captured=state.real_inputs if self.real else None,
-                inputs_path=inputs_path(state.name),
+                inputs_path=layout.inputs_file(state.name),
                 imports=self.fx_imports,
             )
             for strategy in (
@@ -102,13 +129,13 @@ class PieceBuilder:
                 self._write(state.name, piece, strategy, layout.graph_script(state.name, strategy.file_kind))
 
     # ---- splits ---------------------------------------------------------------------------------------------------
-    def split_metas(self, split_state) -> tuple[InputMeta, ...]:
+    def split_metas(self, split_state: SplitState) -> tuple[InputMeta, ...]:
         """A split's input metadata, with value ranges borrowed from the graph inputs it receives directly."""
         name = split_state.name
         if name in self._split_metas:
             return self._split_metas[name]
-        piece = split_state.piece
-        names = _placeholder_names(piece.original_module)
+        split = split_state.split
+        names = split.input_names
         sources: dict[str, InputMeta] = {}
         split_gm = self.state.split_gm
         if split_gm is not None:
@@ -118,35 +145,33 @@ class PieceBuilder:
                     index = graph_inputs.get(getattr(arg, "name", None))
                     if index is not None and index < len(self.state.input_meta):
                         sources[placeholder] = self.state.input_meta[index]
-        metas = repro_inputs.borrow_value_ranges(piece.input_meta, sources, names)
+        metas = repro_inputs.borrow_value_ranges(split.input_meta, sources, names)
         self._split_metas[name] = metas
         return metas
 
-    def split_scripts(self, split) -> None:
-        from thunderfx_debug.repro import inputs_path
-
+    def split_scripts(self, split: SplitSnapshot) -> None:
         graph, state = self.state.name, split.state
         key = f"{graph}/{state.name}"
         with self.failures.guard(f"preparing the repro scripts of {key}"):
             metas = self.split_metas(state)
-            kind = state.piece.kind
+            kind = state.split.kind
             description = f"The {kind.value} split {state.name} of {graph}, as ThunderFX cut it out of the Dynamo graph."
-            if state.piece.reasons:
-                reasons = "; ".join(f"{r.type}: {r.info}" for r in state.piece.reasons)[:1500]
+            if state.split.reasons:
+                reasons = "; ".join(f"{r.type}: {r.info}" for r in state.split.reasons)[:1500]
                 description += f"\nWhy ThunderFX gave it to inductor: {reasons}"
             if state.error:
                 description += "\nIt FAILED in the run; the thunder script reproduces the failure."
-            piece = Piece(
+            piece = ReproSubject(
                 key=key,
                 title=f"{kind.value} split",
                 description=description,
-                definitions=_module_definitions(state.piece.original_module),
+                definitions=_module_definitions(state.split.original_module),
                 callable_name=MODULE_CLASS,
                 is_module=True,
                 metas=metas,
                 backward=_needs_backward(metas),
                 captured=state.real_inputs if self.real else None,
-                inputs_path=inputs_path(graph, state.name),
+                inputs_path=layout.inputs_file(graph, state.name),
                 imports=self.fx_imports,
             )
             strategies: list[writers.Strategy] = [writers.Eager()]
@@ -157,18 +182,18 @@ class PieceBuilder:
                 self._write(key, piece, strategy, layout.split_script(graph, state.name, strategy.file_kind))
 
     # ---- fusion regions -------------------------------------------------------------------------------------------
-    def fusion_scripts(self, split, region) -> None:
+    def fusion_scripts(self, split: SplitSnapshot, region: FusionRegion) -> None:
         graph, split_name = self.state.name, split.state.name
         phase = region.phase.value
-        key = f"{graph}/{split_name}/{region.name}_{phase}"
+        key = f"{graph}/{split_name}/{region.key}"
         with self.failures.guard(f"preparing the repro scripts of {key}"):
-            source, ctx = thunder_adapter.region_torch_function(region.bsym, region.name)
-            assignments = writers.context_assignments(source, ctx, thunder_adapter.torch_executor_op_names())
-            split_metas = dict(zip(_placeholder_names(split.state.piece.original_module), self.split_metas(split.state)))
+            source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name)
+            assignments = writers.context_assignments(source, ctx, thunder_scripts.torch_executor_op_names())
+            split_metas = dict(zip(split.state.split.input_names, self.split_metas(split.state)))
             metas = repro_inputs.borrow_value_ranges(region.input_meta, split_metas, region.inputs)
             # Fusion regions run inside Thunder's traces, outside autograd: their inputs need no gradient.
             metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
-            piece = Piece(
+            piece = ReproSubject(
                 key=key,
                 title=f"{phase} fusion region {region.name} ({region.executor})",
                 description=(
@@ -188,7 +213,7 @@ class PieceBuilder:
             strategies: list[writers.Strategy] = [writers.InductorRegion()]
             if region.executor == "nvfuser":
                 with self.failures.guard(f"reading nvFuser's fusion definition of {key}"):
-                    definition = thunder_adapter.nvfuser_repro_source(region.bsym)
+                    definition = thunder_scripts.nvfuser_repro_source(region.bsym)
                     strategies.insert(0, writers.NvFuserRegion(definition))
                     # Both scripts get the layouts the run's tensors had: nvFuser's definition requires them.
                     piece.metas = repro_inputs.in_nvfuser_layouts(piece.metas, definition)

@@ -1,5 +1,5 @@
-"""Script writers: a `Piece` (what is reproduced: a Dynamo graph, a split, a fusion region) and a `Strategy` per way
-of running it (eager, Thunder, torch.compile, inductor, nvFuser); `render` puts them into `templates.SCRIPT`.
+"""Script writers: a `ReproSubject` (what is reproduced: a Dynamo graph, a split, a fusion region) and a `Strategy`
+per way of running it (eager, Thunder, torch.compile, inductor, nvFuser); `render` puts them into `templates.SCRIPT`.
 
 Each strategy writes the code that builds its callable in the script (`build()`); checking and timing are the same
 for all of them and live in `runtime`.
@@ -16,17 +16,17 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.repro import inputs as repro_inputs
-from thunderfx_debug.repro import templates
-from thunderfx_debug.repro.inputs import Captured
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.artifacts.repro import templates
 from thunderfx_debug.records import InputMeta
+from thunderfx_debug.recording.capture import Captured
 
 MODULE_CLASS = "DynamoModule"
 
 
 @dataclasses.dataclass
-class Piece:
-    """Something a script reproduces.
+class ReproSubject:
+    """What a script reproduces: a Dynamo graph, a split or a fusion region.
 
     key: "graph0", "graph0/thunder_0" or "graph0/thunder_0/TorchCompile0_forward" (also the JSON `piece`).
     definitions: code that defines `callable_name` (an nn.Module class or a function) and what it needs.
@@ -62,13 +62,13 @@ class Strategy:
     file_kind = "eager"
     description = "eager PyTorch"
 
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return f"return {piece.instance()}"
 
-    def imports(self, piece: Piece) -> list[str]:
+    def imports(self, piece: ReproSubject) -> list[str]:
         return []
 
-    def definitions(self, piece: Piece) -> str:
+    def definitions(self, piece: ReproSubject) -> str:
         return ""
 
 
@@ -98,35 +98,34 @@ def _options_code(thunder_options: dict[str, Any], executor_names: list[str] | N
     return "\n".join(lines)
 
 
-class ThunderFX(Strategy):
-    """A Dynamo graph through torch.compile with Thunder's own backend, as the run compiled it (same options)."""
+class _WithThunderOptions(Strategy):
+    """A strategy that runs the piece with Thunder, with the run's options and executors."""
 
     executor = "thunder"
     file_kind = "thunder"
-    description = "ThunderFX: torch.compile(backend=thunder.dynamo.ThunderCompiler(<the run's options>))"
 
     def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None):
         self.options_code = _options_code(thunder_options, executor_names)
 
-    def build_body(self, piece: Piece) -> str:
+
+class ThunderFX(_WithThunderOptions):
+    """A Dynamo graph through torch.compile with Thunder's own backend, as the run compiled it (same options)."""
+
+    description = "ThunderFX: torch.compile(backend=thunder.dynamo.ThunderCompiler(<the run's options>))"
+
+    def build_body(self, piece: ReproSubject) -> str:
         return (
-            "from thunder.dynamo import ThunderCompiler\n\n"
             f"{self.options_code}\n"
-            f"return torch.compile({piece.instance()}, backend=ThunderCompiler(**options))"
+            f"return torch.compile({piece.instance()}, backend=runtime.thunder_compiler(**options))"
         )
 
 
-class ThunderJit(Strategy):
+class ThunderJit(_WithThunderOptions):
     """A split through thunder.jit with the run's options and executors (Thunder 0.2.6's own writer drops them)."""
 
-    executor = "thunder"
-    file_kind = "thunder"
     description = "thunder.jit with the run's options and executors"
 
-    def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None):
-        self.options_code = _options_code(thunder_options, executor_names)
-
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return f"import thunder\n\n{self.options_code}\nreturn thunder.jit({piece.instance()}, **options)"
 
 
@@ -135,7 +134,7 @@ class TorchCompile(Strategy):
     file_kind = "torchcompile"
     description = "torch.compile (inductor)"
 
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return f"return torch.compile({piece.instance()})"
 
 
@@ -148,7 +147,7 @@ class InductorSplit(Strategy):
     file_kind = "inductor"
     description = "torch._inductor.compile of the FX module (as ThunderFX compiles inductor splits)"
 
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return (
             f"graph_module = torch.fx.symbolic_trace({piece.instance()})\n"
             "return torch._inductor.compile(graph_module, runtime.fresh(make_inputs()))"
@@ -163,7 +162,7 @@ class InductorRegion(Strategy):
     file_kind = "inductor"
     description = "torch.compile(fullgraph=True) of the region's ops as a torch function"
 
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return f"return torch.no_grad()(torch.compile({piece.callable_name}, fullgraph=True))"
 
 
@@ -177,10 +176,10 @@ class NvFuserRegion(Strategy):
     def __init__(self, fusion_definition_code: str):
         self.code = fusion_definition_code
 
-    def definitions(self, piece: Piece) -> str:
+    def definitions(self, piece: ReproSubject) -> str:
         return "# nvFuser's repro of the fusion definition (FusionDefinition.repro_script_for):\n" + self.code.strip()
 
-    def build_body(self, piece: Piece) -> str:
+    def build_body(self, piece: ReproSubject) -> str:
         return "return lambda *inputs: fd.execute(list(inputs))"
 
 
@@ -236,7 +235,7 @@ def _indent(code: str) -> str:
     return textwrap.indent(code, "    ")
 
 
-def render(piece: Piece, strategy: Strategy, script_path: str, versions: str) -> str:
+def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str) -> str:
     """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`."""
     file_name = posixpath.basename(script_path)
     if piece.real:

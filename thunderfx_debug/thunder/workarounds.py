@@ -1,14 +1,16 @@
-"""Version-gated workarounds for Thunder and torch, all in one place.
+"""Version-gated workarounds for Thunder and torch, each naming the upstream issue it works around and the versions
+it applies to, so that it can be deleted when those versions are no longer supported.
 
-Each workaround names the upstream issue it works around and the versions it applies to, so it can be deleted
-when those versions are no longer supported. `install()` runs on `import thunderfx_debug`; it imports neither torch
-nor thunder: the patches that touch Thunder are applied by an import hook when (and if) Thunder's module loads.
+Only one of them is installed on `import thunderfx_debug`: the one `import thunder` itself needs on the installed
+torch (`install_import_workaround`). It imports neither torch nor thunder; an import hook applies it when (and if)
+Thunder's module loads. The others apply inside ReportingBackend only: Thunder's own `ThunderCompiler` is left as
+Thunder ships it (tests and benchmarks that need it as a baseline on torch >= 2.12 use `eager_graph_module_code`
+around its calls, visibly).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
@@ -29,33 +31,30 @@ NAMED_TENSOR_METHODS = ("align_as", "align_to", "has_names", "refine_names", "re
 
 
 def parse_version(text: str) -> tuple[int, ...]:
-    """'2.13.0+cpu' -> (2, 13, 0); pre-release tags count as the release they lead to."""
+    """'2.13.0+cpu' -> (2, 13, 0); pre-release tags count as the release they lead to.
+
+    Example:
+        >>> parse_version("2.13.0.dev20260101+cu130")
+        (2, 13, 0)
+    """
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
-def _version(package: str) -> tuple[int, ...] | None:
+def package_version(package: str) -> tuple[int, ...] | None:
     try:
         return parse_version(importlib.metadata.version(package))
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def torch_version() -> tuple[int, ...] | None:
-    return _version("torch")
-
-
-def thunder_version() -> tuple[int, ...] | None:
-    return _version("lightning-thunder")
-
-
 def _thunder_at_most(version: str) -> bool:
-    thunder = thunder_version()
+    thunder = package_version("lightning-thunder")
     return thunder is not None and thunder <= parse_version(version)
 
 
 def needs_named_tensor_placeholders() -> bool:
     """torch >= 2.13 with lightning-thunder <= 0.2.6 (lightning-thunder#2829)."""
-    torch = torch_version()
+    torch = package_version("torch")
     return torch is not None and torch >= (2, 13) and _thunder_at_most("0.2.6")
 
 
@@ -65,7 +64,7 @@ def needs_eager_graph_module_code() -> bool:
     torch 2.12 made GraphModule code lazy by default; Thunder's interpreter then traces torch.fx's code generator
     on the first call of a split and fails with "object of type 'MappingKeysView' has no len()".
     """
-    torch = torch_version()
+    torch = package_version("torch")
     return torch is not None and torch >= (2, 12) and _thunder_at_most("0.2.6")
 
 
@@ -113,73 +112,48 @@ def eager_graph_module_code():
     return _use_lazy_graph_module(False)
 
 
-def _patch_thunder_compiler(module: ModuleType) -> None:
-    """Makes plain `thunder.dynamo.ThunderCompiler` build its splits with eager GraphModule code (#2825), so that
-    ThunderCompiler itself (the baseline our tests and benchmarks compare with) works on torch >= 2.12."""
-    compiler_cls = module.ThunderCompiler
-    if getattr(compiler_cls.__call__, "_thunderfx_debug_patched", False):
-        return
-    original_call = compiler_cls.__call__
-
-    @functools.wraps(original_call)
-    def __call__(self, gm, sample_args):
-        with eager_graph_module_code():
-            return original_call(self, gm, sample_args)
-
-    __call__._thunderfx_debug_patched = True
-    compiler_cls.__call__ = __call__
-
-
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, around: Callable[[], Any] | None, after: Callable | None):
-        self._loader, self._around, self._after = loader, around, after
+    """Runs a module's own loader inside a context (the placeholders exist only while the module executes)."""
+
+    def __init__(self, loader: importlib.abc.Loader, around: Callable[[], Any]):
+        self._loader, self._around = loader, around
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        with self._around() if self._around else contextlib.nullcontext():
+        with self._around():
             self._loader.exec_module(module)
-        if self._after:
-            self._after(module)
 
 
-class _ThunderPatchFinder(importlib.abc.MetaPathFinder):
-    """Applies the workarounds to Thunder's modules as they are imported (Thunder is not imported just for this)."""
+class _ThunderImportFinder(importlib.abc.MetaPathFinder):
+    """Loads one of Thunder's modules inside a context (Thunder is not imported just for this)."""
 
-    def __init__(self, patches: dict[str, tuple[Callable | None, Callable | None]]):
-        self.patches = patches
+    def __init__(self, module: str, around: Callable[[], Any]):
+        self.module, self.around = module, around
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in self.patches:
+        if fullname != self.module:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        around, after = self.patches[fullname]
-        spec.loader = _PatchingLoader(spec.loader, around, after)
+        spec.loader = _PatchingLoader(spec.loader, self.around)
         return spec
 
 
 _installed = False
 
 
-def install() -> None:
-    """Installs the workarounds that apply to the installed versions. Idempotent; called by `import thunderfx_debug`."""
+def install_import_workaround() -> None:
+    """Makes `import thunder` work on torch >= 2.13 with Thunder <= 0.2.6 (lightning-thunder#2829), when it is
+    imported after thunderfx_debug. Idempotent; called by `import thunderfx_debug`; changes nothing else."""
     global _installed
     if _installed:
         return
     _installed = True
-    patches: dict[str, tuple[Callable | None, Callable | None]] = {}
     if needs_named_tensor_placeholders() and "thunder.torch" not in sys.modules:
-        patches["thunder.torch"] = (_named_tensor_placeholders, None)
-    if needs_eager_graph_module_code():
-        if "thunder.dynamo.compiler" in sys.modules:
-            _patch_thunder_compiler(sys.modules["thunder.dynamo.compiler"])
-        else:
-            patches["thunder.dynamo.compiler"] = (None, _patch_thunder_compiler)
-    if patches:
-        sys.meta_path.insert(0, _ThunderPatchFinder(patches))
+        sys.meta_path.insert(0, _ThunderImportFinder("thunder.torch", _named_tensor_placeholders))
 
 
 class LazyInductorModule:

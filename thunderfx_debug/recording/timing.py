@@ -6,8 +6,9 @@ the raw samples of one piece; statistics are computed by the records (`records.T
 calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
 
 `DeviceHold` makes the marks of a sampled call time device work rather than waits for the host (fusion-level
-timing on CUDA). `RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that `fusion_timing`
-inserts into its Thunder traces; `Ranges` names those regions for Nsight Systems and torch.profiler.
+timing on CUDA). `RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that
+`thunder.instrument` inserts into its Thunder traces; `Ranges` names those regions for Nsight Systems and
+torch.profiler.
 
 The clock is injectable so that the sampling logic is tested with a fake clock and exact expected output.
 """
@@ -20,11 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from thunderfx_debug.records import Timing
+from thunderfx_debug.records import ClockKind, Phase, Timing
 
 
 class Clock(Protocol):
-    name: str
+    kind: ClockKind
 
     def mark(self) -> Any:
         """Records a point in time on the device (or host) and returns its handle; must not synchronise."""
@@ -36,7 +37,7 @@ class Clock(Protocol):
 class HostClock:
     """perf_counter marks, for CPU runs (the work is done when the call returns)."""
 
-    name = "host"
+    kind = ClockKind.HOST
 
     def __init__(self, counter: Callable[[], int] = time.perf_counter_ns):
         self._counter = counter
@@ -52,7 +53,7 @@ class CudaClock:
     """CUDA events on the current stream. `elapsed_ms` only waits (synchronises on the event) when asked to,
     which happens at flush, never on the training path."""
 
-    name = "cuda"
+    kind = ClockKind.CUDA
 
     def mark(self):
         import torch
@@ -181,7 +182,7 @@ class SampleSeries:
         return Timing(
             samples_ms=tuple(self.samples_ms[i] for i in order),
             calls=tuple(self.calls[i] for i in order),
-            clock=self.clock.name,
+            clock=self.clock.kind,
         )
 
 
@@ -205,8 +206,8 @@ class DeviceHold:
     Example (a recording sleep and a host counter one millisecond per reading):
         >>> slept, ticks = [], iter(range(0, 10**9, 10**6))
         >>> hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(ticks))
-        >>> hold.begin("forward", call=11); hold.begin("forward", call=11); hold.end("forward")
-        >>> hold.begin("forward", call=61); slept
+        >>> hold.begin(Phase.FORWARD, call=11); hold.begin(Phase.FORWARD, call=11); hold.end(Phase.FORWARD)
+        >>> hold.begin(Phase.FORWARD, call=61); slept
         [10000, 1250]
     """
 
@@ -215,9 +216,9 @@ class DeviceHold:
     def __init__(self, sleep: Callable[[int], None], cycles_per_ms: float,
                  counter: Callable[[], int] = time.perf_counter_ns):
         self._sleep, self._cycles_per_ms, self._counter = sleep, cycles_per_ms, counter
-        self._host_ms: dict[str, float] = {}
-        self._started: dict[str, int] = {}
-        self._held_call: dict[str, int] = {}
+        self._host_ms: dict[Phase, float] = {}
+        self._started: dict[Phase, int] = {}
+        self._held_call: dict[Phase, int] = {}
 
     @classmethod
     def for_current_cuda_device(cls) -> "DeviceHold":
@@ -231,7 +232,7 @@ class DeviceHold:
         """Enqueues a sleep of about `ms` milliseconds on the current stream (the repro scripts' device timing)."""
         self._sleep(int(ms * self._cycles_per_ms))
 
-    def begin(self, phase: str, call: int) -> None:
+    def begin(self, phase: Phase, call: int) -> None:
         """Before the first mark of the phase of sampled call `call`: enqueue the sleep and start the host clock of
         the phase; nothing if this phase of this call was already held."""
         if self._held_call.get(phase) == call:
@@ -241,7 +242,7 @@ class DeviceHold:
         self.sleep_ms(ms)
         self._started[phase] = self._counter()
 
-    def end(self, phase: str) -> None:
+    def end(self, phase: Phase) -> None:
         """After the phase's last mark: how long the host took to queue it sizes the next sleep."""
         started = self._started.pop(phase, None)
         if started is not None:
@@ -277,11 +278,11 @@ class Ranges:
 class RegionTimer:
     """The clock marks of one thunder split's fusion regions, called by the split's instrumented Thunder traces.
 
-    An instrumented trace calls `begin_trace(phase)`, then `begin_region(key)` / `end_region(key)` around each fusion
-    region (key: "nvFusion0_forward"), then `end_trace(phase)`. A run of the trace records only while its phase is
-    armed with the number of a sampled call: `forward_call` is set by the split's runner around the forward of a
-    sampled call, `backward_call` by the gradient hooks of that call (see `runner.BackwardMarks`). Other runs pay one
-    attribute check per mark.
+    An instrumented trace calls `begin_trace(phase)` (a `Phase` value), then `begin_region(key)` / `end_region(key)`
+    around each fusion region (key: "nvFusion0_forward"), then `end_trace(phase)`. A run of the trace records only
+    while its phase is armed with the number of a sampled call: `forward_call` is set by the split's runner around the
+    forward of a sampled call, `backward_call` by the gradient hooks of that call (see `runners.BackwardMarks`).
+    Other runs pay one attribute check per mark.
 
     At `end_trace` each region's (start, end) goes to `series[key]`, and the gaps between regions (from the trace's
     start to the first region, between regions, from the last region to the end) to `series["outside_<phase>"]`,
@@ -318,7 +319,7 @@ class RegionTimer:
     def begin_trace(self, phase: str) -> None:
         if self._ranges is not None:
             self._ranges.push(f"{self._prefix} {phase}")
-        call = self.forward_call if phase == "forward" else self.backward_call
+        call = self.forward_call if phase == Phase.FORWARD else self.backward_call
         if not call:
             return
         for series in self.series.values():  # earlier samples whose marks are complete, without waiting
@@ -342,7 +343,7 @@ class RegionTimer:
         if self._call and phase == self._phase:
             self._marks.append((None, self.clock.mark()))
             self._store(self._call, phase, self._marks)
-            if phase == "backward":
+            if phase == Phase.BACKWARD:
                 self.backward_call = 0  # one backward per sampled call
         self._call, self._marks = 0, []
         if self._ranges is not None:

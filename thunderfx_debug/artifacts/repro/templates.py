@@ -14,9 +14,11 @@ Written by thunderfx_debug at the end of a training run. Runs on its own:
 Inputs: {inputs_note}
 """
 # versions: {versions}
+import sys
+
 import thunderfx_debug  # noqa: F401  (first: installs the workarounds that `import thunder` needs with this torch)
 import torch
-from thunderfx_debug.repro import runtime
+from thunderfx_debug.artifacts.repro import runtime
 {imports}
 
 
@@ -35,7 +37,7 @@ def build():
 
 
 if __name__ == "__main__":
-    runtime.exit_with(
+    sys.exit(
         runtime.main(
             script=__file__,
             piece={piece!r},

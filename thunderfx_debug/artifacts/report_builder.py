@@ -1,0 +1,87 @@
+"""The `Report` of the recorder's snapshots: records built from the states and the Thunder objects read at
+snapshot time, with the dump files each record owns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from thunderfx_debug.records import FusionRecord, GraphRecord, SplitRecord
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.recording.timing import SampleSeries
+from thunderfx_debug.report import Report
+from thunderfx_debug.safety import ReportingFailures
+
+#: owner key ("graph0", "graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> {label: path in the dump}
+FileIndex = Mapping[str, Mapping[str, str]]
+
+
+def build_report(snapshots: list[GraphSnapshot], files: FileIndex, meta: Mapping[str, Any],
+                 failures: ReportingFailures) -> Report:
+    graphs = []
+    for snap in snapshots:
+        with failures.guard(f"building the record of {snap.state.name}"):
+            graphs.append(_graph_record(snap, files))
+    return Report(graphs=tuple(graphs), meta=dict(meta))
+
+
+def _timing(series: SampleSeries | None):
+    return None if series is None else series.timing()
+
+
+def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex) -> SplitRecord:
+    split = snap.state
+    key = f"{graph}/{split.name}"
+    fusions = tuple(
+        FusionRecord(
+            name=r.name,
+            executor=r.executor,
+            phase=r.phase,
+            ops=r.ops,
+            inputs=r.inputs,
+            outputs=r.outputs,
+            input_meta=r.input_meta,
+            timing=_timing(split.region_series.get(r.key)),
+            files=files.get(f"{key}/{r.key}", {}),
+        )
+        for r in snap.regions
+    )
+    outside = {name: series.timing() for name, series in split.region_series.items() if name.startswith("outside_")}
+    return SplitRecord(
+        name=split.name,
+        kind=split.split.kind,
+        ops=split.split.ops,
+        reasons=tuple(split.split.reasons),
+        fusions=fusions,
+        fwd_trace=snap.fwd_text,
+        bwd_trace=snap.bwd_text,
+        input_meta=split.split.input_meta,
+        timing=split.forward.timing(),
+        backward_timing=split.backward.timing(),
+        outside_fusions_timing={name: timing for name, timing in outside.items() if timing is not None},
+        error=split.error,
+        files=files.get(key, {}),
+    )
+
+
+def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
+    state, facts = snap.state, snap.state.facts
+    return GraphRecord(
+        name=state.name,
+        index=state.index,
+        compile_id=facts.compile_id,
+        break_reason=facts.break_reason,
+        break_user_stack=facts.break_user_stack,
+        recompile_reason=facts.recompile_reason,
+        node_count=sum(1 for n in state.gm.graph.nodes if n.op not in ("placeholder", "output")),
+        input_meta=state.input_meta,
+        splits=tuple(_split_record(state.name, split, files) for split in snap.splits),
+        unattributed_reasons=tuple(state.unattributed_reasons),
+        calls=state.calls,
+        timing=state.forward.timing(),
+        backward_timing=state.backward.timing(),
+        error=state.error,
+        fallback=state.fallback,
+        compile_time_s=state.compile_time_s,
+        files=files.get(state.name, {}),
+    )

@@ -1,0 +1,192 @@
+"""In-memory recording of what ThunderFX did with each Dynamo graph, read back as snapshots at report and flush time.
+
+The training path only updates counters and, on sampled calls, timing marks (see `runners`). Everything costly
+(reading Thunder's traces, turning them into text, resolving timing samples) happens in `snapshot()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections import Counter
+from typing import Any
+
+import torch
+
+from thunderfx_debug.config import Config
+from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
+from thunderfx_debug.recording.capture import Captured
+from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
+from thunderfx_debug.safety import ReportingFailures, describe_exception
+from thunderfx_debug.thunder import dynamo as thunder_dynamo
+from thunderfx_debug.thunder import splits as thunder_splits
+from thunderfx_debug.thunder import traces as thunder_traces
+from thunderfx_debug.thunder.dynamo import GraphFacts
+from thunderfx_debug.thunder.splits import CompiledSplit
+from thunderfx_debug.thunder.traces import FusionRegion
+
+log = logging.getLogger("thunderfx_debug")
+
+
+@dataclasses.dataclass
+class SplitState:
+    split: CompiledSplit
+    forward: SampleSeries
+    backward: SampleSeries
+    calls: int = 0
+    error: str | None = None
+    # Filled by the fusion-level timing of the split, keyed by region ("nvFusion0_forward") and "outside_forward".
+    region_series: dict[str, SampleSeries] = dataclasses.field(default_factory=dict)
+    real_inputs: Captured | None = None
+
+    @property
+    def name(self) -> str:
+        return self.split.name
+
+
+@dataclasses.dataclass
+class GraphState:
+    index: int
+    gm: torch.fx.GraphModule  # the Dynamo graph as handed to the backend (kept for repro scripts)
+    facts: GraphFacts
+    input_meta: tuple[InputMeta, ...]
+    clock: Clock
+    forward: SampleSeries
+    backward: SampleSeries
+    splits: list[SplitState] = dataclasses.field(default_factory=list)
+    unattributed_reasons: list[SplitReason] = dataclasses.field(default_factory=list)
+    calls: int = 0
+    error: str | None = None
+    failed_split: str | None = None  # the split that raised, when the graph failed at a call
+    fallback: bool = False
+    compile_time_s: float | None = None
+    split_gm: torch.fx.GraphModule | None = None
+    real_inputs: Captured | None = None
+
+    @property
+    def name(self) -> str:
+        return f"graph{self.index}"
+
+    def series(self):
+        """Every sample series of the graph, its splits and their regions."""
+        yield self.forward
+        yield self.backward
+        for split in self.splits:
+            yield split.forward
+            yield split.backward
+            yield from split.region_series.values()
+
+
+@dataclasses.dataclass
+class SplitSnapshot:
+    """A split as read at snapshot time: its state plus the Thunder objects (traces, fusion regions) behind it."""
+
+    state: SplitState
+    fwd_trace: Any = None
+    bwd_trace: Any = None
+    regions: list[FusionRegion] = dataclasses.field(default_factory=list)
+
+    @functools.cached_property
+    def fwd_text(self) -> str | None:
+        return None if self.fwd_trace is None else str(self.fwd_trace)
+
+    @functools.cached_property
+    def bwd_text(self) -> str | None:
+        return None if self.bwd_trace is None else str(self.bwd_trace)
+
+
+@dataclasses.dataclass
+class GraphSnapshot:
+    state: GraphState
+    splits: list[SplitSnapshot]
+
+
+class Recorder:
+    """Holds the per-graph states of one process; `snapshot()` reads them, with what Thunder built, for a report."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.graphs: list[GraphState] = []
+        self.failures = ReportingFailures(config.strict)
+        self.frame_compiles: Counter[str] = Counter()
+        self.warnings: list[str] = []
+
+    # ---- training path (compile time) -------------------------------------------------------------------------
+    def new_graph(self, gm: torch.fx.GraphModule, example_inputs) -> GraphState:
+        facts = GraphFacts()
+        with self.failures.guard("reading Dynamo's compile id and break reason"):
+            facts = thunder_dynamo.graph_facts(gm)
+        metas: tuple[InputMeta, ...] = ()
+        with self.failures.guard("reading the metadata of a graph's inputs"):
+            metas = tuple(thunder_splits.input_meta(x) for x in example_inputs)
+        clock = clock_for({str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)})
+        state = GraphState(
+            index=len(self.graphs), gm=gm, facts=facts, input_meta=metas, clock=clock,
+            forward=SampleSeries(clock), backward=SampleSeries(clock),
+        )
+        self.graphs.append(state)
+        with self.failures.guard(f"counting the compiles of the frame of {state.name}"):
+            self._warn_on_recompiles(state)
+        return state
+
+    def _warn_on_recompiles(self, state: GraphState) -> None:
+        frame = state.facts.frame_id
+        if not frame:
+            return
+        if any(g.facts.compile_id == state.facts.compile_id for g in self.graphs if g is not state):
+            return  # another graph of the same compile (DDP's optimizer hands one graph per bucket)
+        self.frame_compiles[frame] += 1
+        threshold = self.config.recompile_warn_threshold
+        if self.frame_compiles[frame] == threshold + 1:
+            where = f" ({state.facts.frame})" if state.facts.frame else ""
+            message = (
+                f"Dynamo frame {frame}{where} was compiled {self.frame_compiles[frame]} times, more than "
+                f"THUNDERFX_DEBUG_RECOMPILE_WARN={threshold} (last reason: "
+                f"{state.facts.recompile_reason or 'not recorded'}); each compile runs ThunderFX again."
+            )
+            self.warnings.append(message)
+            log.warning("thunderfx_debug: %s", message)
+
+    def graph_compiled(self, state: GraphState, info, split_gm: torch.fx.GraphModule, compile_time_s: float) -> None:
+        state.compile_time_s = compile_time_s
+        state.split_gm = split_gm
+        with self.failures.guard(f"reading the splits of {state.name}"):
+            splits, unattributed = thunder_splits.compiled_splits(info, split_gm)
+            state.splits = [SplitState(s, SampleSeries(state.clock), SampleSeries(state.clock)) for s in splits]
+            state.unattributed_reasons = unattributed
+
+    def graph_failed(self, state: GraphState, error: BaseException) -> None:
+        state.error = describe_exception(error)
+
+    # ---- off the training path ----------------------------------------------------------------------------------
+    def snapshot(self, wait: bool) -> list[GraphSnapshot]:
+        """Reads what Thunder built for each split (traces, fusion regions) and resolves timing samples.
+
+        `wait=True` (at flush) waits for outstanding CUDA events; `wait=False` leaves incomplete ones for later.
+        """
+        snapshots = []
+        for state in self.graphs:
+            for series in state.series():
+                with self.failures.guard(f"reading timing samples of {state.name}"):
+                    series.resolve(wait=wait)
+            snapshots.append(GraphSnapshot(state, [self._split_snapshot(state, split) for split in state.splits]))
+        return snapshots
+
+    def _split_snapshot(self, state: GraphState, split: SplitState) -> SplitSnapshot:
+        snap = SplitSnapshot(split)
+        if split.split.kind is not SplitKind.THUNDER:
+            return snap
+        where = f"{state.name}/{split.name}"
+        with self.failures.guard(f"reading the traces of {where}"):
+            snap.fwd_trace, snap.bwd_trace = thunder_traces.final_traces(split.split.compiled)
+        with self.failures.guard(f"reading the fusion regions of {where}"):
+            snap.regions = thunder_traces.fusion_regions(snap.fwd_trace, Phase.FORWARD)
+            snap.regions += thunder_traces.fusion_regions(snap.bwd_trace, Phase.BACKWARD)
+        for text in ("fwd_text", "bwd_text"):
+            # Printed here, guarded, so that a trace that cannot be printed loses its text only, not the record of
+            # its graph (which reads the text later).
+            with self.failures.guard(f"printing the traces of {where}"):
+                getattr(snap, text)
+            snap.__dict__.setdefault(text, None)  # cached_property's slot: None after a failure
+        return snap

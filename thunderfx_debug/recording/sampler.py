@@ -1,0 +1,176 @@
+"""Timing one sampled call of a graph or a split: clock marks around its forward, and gradient hooks that mark the
+start and end of its backward. Marks are read later (see `timing`); nothing here waits for the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from thunderfx_debug.records import Phase
+from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
+from thunderfx_debug.safety import ReportingFailures
+
+
+class PhaseSampler:
+    """The sampling state of one graph or split: its forward and backward sample series and the pending backward
+    hooks of its last sampled call.
+
+    `regions` is the RegionTimer of a thunder split timed at fusion level (see `thunder.instrument`): it is armed
+    with the call number around the forward of each sampled call, and for that call's backward by `BackwardMarks`.
+
+    `hold` (a graph timed at fusion level on CUDA) holds the device back before the first mark of each sampled
+    forward and backward, so that its marks and those of the splits and regions inside time device work. The graph
+    owns it (`owns_hold`); its splits share it so that a split's backward start, which autograd may run before the
+    graph's, also comes after the hold.
+
+    The bookkeeping around the piece's own function is guarded by `failures`: a failing clock or hook loses that
+    sample (logged once), while the function itself runs exactly once and its exceptions are the user's, raised as
+    they are.
+    """
+
+    def __init__(self, label: str, forward: SampleSeries, backward: SampleSeries, failures: ReportingFailures,
+                 hold: DeviceHold | None = None, owns_hold: bool = True):
+        self.label = label
+        self.forward, self.backward = forward, backward
+        self.failures = failures
+        self.hold, self.owns_hold = hold, owns_hold
+        self.regions: RegionTimer | None = None
+        self._backward_marks: BackwardMarks | None = None
+
+    def run(self, fn: Callable, args: Sequence[Any], call: int) -> Any:
+        """`fn(*args)` as sampled call number `call` (1-based, the graph's call count)."""
+        regions = self.regions
+        start = None
+        with self.failures.guard(f"starting a timing sample of {self.label}"):
+            if self._backward_marks is not None:  # the previous sample's backward never ran (e.g. an eval step)
+                self._backward_marks.cancel()
+                self._backward_marks = None
+            # Reading earlier samples whose events are complete costs no synchronisation (`Event.query`).
+            self.forward.resolve()
+            self.backward.resolve()
+            if regions is not None:
+                regions.forward_call = call
+            if self.hold is not None and self.owns_hold:
+                self.hold.begin(Phase.FORWARD, call)
+            start = self.forward.clock.mark()
+        try:
+            out = fn(*args)
+        finally:
+            if regions is not None:
+                regions.forward_call = 0
+        with self.failures.guard(f"ending a timing sample of {self.label}"):
+            if start is not None:
+                self.forward.add(call, start, self.forward.clock.mark())
+                if self.hold is not None and self.owns_hold:
+                    self.hold.end(Phase.FORWARD)
+            tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self._backward_marks = BackwardMarks(self, call, args, tensors)
+        return out
+
+
+class BackwardMarks:
+    """Marks the backward of one sampled call of a piece (graph or split) with hooks on the piece's own autograd
+    nodes: start just before the first of them runs (pre-hooks on the outputs' `grad_fn`), end once every node that
+    passes gradients to the piece's inputs has run (post-hooks). Hooks on the input tensors would end too late: an
+    input's gradient is complete only when every consumer of it ran its backward (a tied embedding weight waits for
+    the other graph's backward). Hooks are removed as soon as the end fired, or by `cancel()`.
+
+    The start also arms the sampler's `regions` (fusion-level timing of a thunder split) for this call's backward,
+    so that its instrumented backward trace records the fusion regions of exactly this call; the end (or `cancel()`)
+    disarms it. With the sampler's `hold`, the start first holds the device back (once per call, whichever piece
+    starts first), and where the sampler owns the hold the end tells it how long the host took.
+
+    The hooks run inside the user's `backward()`: a failure in them goes to the sampler's failures (logged, never
+    raised into the backward unless strict), and the gradient always passes unchanged."""
+
+    def __init__(self, sampler: PhaseSampler, call: int, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]):
+        self.sampler, self.call = sampler, call
+        self.start = None
+        self.handles: list[Any] = []
+        first_nodes, last_nodes = _backward_nodes(inputs, outputs)
+        if not first_nodes or not last_nodes:
+            return
+        self._ends_left = len(last_nodes)
+        try:
+            for node in first_nodes:
+                self.handles.append(node.register_prehook(self._on_start))
+            for node in last_nodes:
+                self.handles.append(node.register_hook(self._on_node_done))
+        except BaseException:
+            self.cancel()  # no half-registered hooks left behind on the user's autograd graph
+            raise
+
+    def _on_start(self, grad_outputs):
+        sampler = self.sampler
+        with sampler.failures.guard(f"marking the start of the backward of {sampler.label}"):
+            if self.start is None:
+                if sampler.hold is not None:
+                    sampler.hold.begin(Phase.BACKWARD, self.call)
+                self.start = sampler.backward.clock.mark()
+                if sampler.regions is not None:
+                    sampler.regions.backward_call = self.call
+        return None  # the gradients pass unchanged
+
+    def _on_node_done(self, grad_inputs, grad_outputs):
+        self._ends_left -= 1
+        if self._ends_left > 0:
+            return
+        sampler = self.sampler
+        try:
+            with sampler.failures.guard(f"marking the end of the backward of {sampler.label}"):
+                if self.start is not None:
+                    sampler.backward.add(self.call, self.start, sampler.backward.clock.mark())
+                    if sampler.hold is not None and sampler.owns_hold:
+                        sampler.hold.end(Phase.BACKWARD)
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        regions = self.sampler.regions
+        if regions is not None and regions.backward_call == self.call:
+            regions.disarm_backward()
+
+
+def _backward_nodes(inputs: Sequence[Any], outputs: Sequence[torch.Tensor], limit: int = 10_000) -> tuple[list, list]:
+    """The autograd nodes of a piece's backward: those of its outputs (run first), and those with an edge into the
+    gradient node of an input (run last), found by walking from the outputs until the inputs. A walk that does not
+    end within `limit` nodes (the inputs are not a cut of the graph) gives no nodes: no backward sample this call."""
+    from torch.autograd.graph import get_gradient_edge
+
+    input_nodes = {}
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            node = get_gradient_edge(t).node
+            input_nodes[id(node)] = node  # the node objects are kept alive, so their ids stay theirs
+    first = {}
+    for t in outputs:
+        if t.grad_fn is not None and id(t.grad_fn) not in input_nodes:
+            first.setdefault(id(t.grad_fn), t.grad_fn)  # an output that is an input passed through is not ours
+    if not input_nodes or not first:
+        return [], []
+    seen, last, stack = {}, [], list(first.values())
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        if len(seen) >= limit:
+            return [], []
+        seen[id(node)] = node
+        feeds_an_input = False
+        for next_node, _ in node.next_functions:
+            if next_node is None:
+                continue
+            if id(next_node) in input_nodes:
+                feeds_an_input = True
+            else:
+                stack.append(next_node)
+        if feeds_an_input:
+            last.append(node)
+    return list(first.values()), last

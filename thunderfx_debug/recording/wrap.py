@@ -1,0 +1,51 @@
+"""Wrapping a compiled graph for the training path: the `GraphRunner` handed to Dynamo, a `SplitRunner` in place of
+each split, samplers as the timing level asks, and the fusion-level instrumentation of Thunder's traces."""
+
+from __future__ import annotations
+
+import torch
+
+from thunderfx_debug.config import Config, TimingLevel
+from thunderfx_debug.records import SplitKind
+from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.recorder import GraphState
+from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner
+from thunderfx_debug.recording.sampler import PhaseSampler
+from thunderfx_debug.recording.timing import CudaClock, DeviceHold, Ranges, RegionTimer, Sampling
+from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder import instrument
+
+
+def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
+               capture: InputCapture | None, on_error: GraphErrorHandler) -> GraphRunner:
+    """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners).
+
+    Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
+    """
+    level = config.timing
+    sampling = Sampling(config.timing_every, config.timing_warmup, enabled=level >= TimingLevel.GRAPH)
+    hold = None
+    if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
+        # Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels
+        # rather than waits for the host's launches (see `timing.DeviceHold`).
+        with failures.guard(f"preparing the fusion timing of {state.name}"):
+            hold = DeviceHold.for_current_cuda_device()
+    with failures.guard(f"wrapping the splits of {state.name}"):
+        for split in state.splits:
+            sampler = None
+            if level >= TimingLevel.SPLIT:
+                sampler = PhaseSampler(f"{state.name}/{split.name}", split.forward, split.backward, failures, hold,
+                                       owns_hold=False)
+            runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture)
+            setattr(split_gm, split.name, runner)
+            if split.split.kind is SplitKind.THUNDER and (level >= TimingLevel.FUSION or config.nvtx):
+                # NVTX ranges also work without fusion timing.
+                ranges = (Ranges(), f"{state.name}/{split.name}") if config.nvtx else None
+                timer = RegionTimer(state.clock, split.region_series, ranges)
+                if level >= TimingLevel.FUSION:
+                    runner.attach_regions(timer)
+                instrument.attach(split.split.compiled, timer)
+    sampler = None
+    if level >= TimingLevel.GRAPH:
+        sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold)
+    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error)
