@@ -327,13 +327,13 @@ class RegionTimer:
         self._call, self._phase = call, phase
         self._marks = [(None, self.clock.mark())]
 
-    def begin_region(self, key: str) -> None:
+    def begin_region(self, key: str, *inputs) -> None:
         if self._ranges is not None:
             self._ranges.push(f"{self._prefix}/{key}")
         if self._call:
             self._marks.append((key, self.clock.mark()))
 
-    def end_region(self, key: str) -> None:
+    def end_region(self, key: str, *outputs) -> None:
         if self._call:
             self._marks.append((key, self.clock.mark()))
         if self._ranges is not None:

@@ -9,6 +9,7 @@ from thunderfx_debug.config import Config, TimingLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.recorder import GraphState
+from thunderfx_debug.recording.regions import RegionObservers
 from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import CudaClock, DeviceHold, Ranges, RegionTimer, Sampling
@@ -38,13 +39,18 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                                        owns_hold=False)
             runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture)
             setattr(split_gm, split.name, runner)
-            if split.split.kind is SplitKind.THUNDER and (level >= TimingLevel.FUSION or config.nvtx):
-                # NVTX ranges also work without fusion timing.
+            if split.split.kind is not SplitKind.THUNDER:
+                continue
+            observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
+            if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), f"{state.name}/{split.name}") if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges)
                 if level >= TimingLevel.FUSION:
                     runner.attach_regions(timer)
-                instrument.attach(split.split.compiled, timer)
+                observers.append(timer)
+            if observers:
+                instrument.attach(split.split.compiled,
+                                  observers[0] if len(observers) == 1 else RegionObservers(observers))
     sampler = None
     if level >= TimingLevel.GRAPH:
         sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold)

@@ -1,9 +1,11 @@
-"""Fusion-level timing: a Thunder trace transform that brackets every fusion region of a thunder split's final
-forward and backward traces with calls to a timer (clock marks, and optionally named NVTX / profiler ranges).
+"""A Thunder trace transform that brackets every fusion region of a thunder split's final forward and backward traces
+with calls to an observer: the recorder's fusion-level timing (clock marks, named NVTX / profiler ranges), and
+whatever else watches the regions of a split (see `recording.regions`).
 
-The timer is any object with the four methods of `MARK_METHODS` (the recorder's `recording.timing.RegionTimer`);
-each is called with one text argument: the phase ("forward", "backward") for `begin_trace` and `end_trace`, the
-region key ("nvFusion0_forward") for `begin_region` and `end_region`.
+The observer is any object with the four methods of `MARK_METHODS`. `begin_trace(phase)` and `end_trace(phase)`
+get the phase ("forward", "backward"); `begin_region(key, *inputs)` gets the region key ("nvFusion0_forward") and
+the values the region is called with, `end_region(key, *outputs)` the key and the values it returned (the run's own
+tensors: no copy is made, and an observer must not keep them beyond what it needs).
 
 Checked against lightning-thunder 0.2.6. What it relies on:
 
@@ -19,9 +21,11 @@ Checked against lightning-thunder 0.2.6. What it relies on:
   it). So one `FusionTimingTransform` is appended per list, and it finds the split a trace belongs to through the
   compile data that Thunder makes current while it builds a cache entry (`get_compile_data()`).
 - Each inserted call is a bound symbol of an operator of our own executor, with a per-split `_call_ctx` that binds
-  its name to the method of the split's timer (the way fusion executors bind their compiled callables).
+  its name to the method of the split's observer (the way fusion executors bind their compiled callables). The
+  calls around a region stand right before and after it, where Thunder's `del` statements (placed after each
+  value's last use) have not freed its inputs and outputs yet.
 
-What the marks record, when and how is the timer's business; nothing here runs on the training path except the
+What the calls record, when and how is the observer's business; nothing here runs on the training path except the
 generated calls.
 """
 
@@ -42,11 +46,11 @@ from thunderfx_debug.records import Phase
 _timing_ex = OperatorExecutor("thunderfx_debug_timing")
 
 
-def _no_output(label: str) -> None:
+def _no_output(label: str, *values) -> None:
     return None
 
 
-# The operators of the inserted calls, named after the timer methods they call.
+# The operators of the inserted calls, named after the observer methods they call.
 MARK_METHODS = ("begin_trace", "begin_region", "end_region", "end_trace")
 _MARK_OPS = {
     method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output) for method in MARK_METHODS
@@ -55,8 +59,8 @@ _MARK_NAMES = frozenset(op.name for op in _MARK_OPS.values())
 _PROVENANCE = "thunderfx_debug fusion timing marks"
 
 
-def attach(thunder_module, timer) -> None:
-    """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `timer`."""
+def attach(thunder_module, observer) -> None:
+    """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `observer`."""
     import thunder
 
     compile_data = thunder.compile_data(thunder_module)
@@ -64,27 +68,27 @@ def attach(thunder_module, timer) -> None:
     if compile_data is None:
         raise RuntimeError(f"{type(thunder_module).__name__} is not a Thunder-compiled module")
     if stats is not None and stats.interpreter_cache:
-        raise RuntimeError("the Thunder module was already compiled; fusion timing must be attached before its first call")
+        raise RuntimeError("the Thunder module was already compiled; an observer must be attached before its first call")
     transforms = compile_data.transforms
     transform = next((t for t in transforms if isinstance(t, FusionTimingTransform)), None)
     if transform is None:
         transform = FusionTimingTransform()
         transforms.append(transform)  # last: after every other transform of the user's, on the final traces
-    transform.timers[compile_data] = timer
+    transform.observers[compile_data] = observer
 
 
 class FusionTimingTransform(Transform):
-    """Brackets the fusion regions of the final traces of the modules registered in `timers` (keyed by their
+    """Brackets the fusion regions of the final traces of the modules registered in `observers` (keyed by their
     compile data); traces of other modules sharing the transform list pass unchanged."""
 
     def __init__(self):
-        self.timers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.observers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs) -> TraceCtx:
-        timer = self.timers.get(get_compile_data())
-        if timer is None:
+        observer = self.observers.get(get_compile_data())
+        if observer is None:
             return computation_trace
-        return instrument_trace(computation_trace, timer)
+        return instrument_trace(computation_trace, observer)
 
 
 def trace_phase(trace: TraceCtx) -> Phase:
@@ -92,15 +96,16 @@ def trace_phase(trace: TraceCtx) -> Phase:
     return Phase.BACKWARD if trace.siginfo().name == "backward_fn" else Phase.FORWARD
 
 
-def instrument_trace(trace: TraceCtx, timer) -> TraceCtx:
-    """A copy of `trace` with calls to `timer` at its start, before and after every fusion region, and before its
+def instrument_trace(trace: TraceCtx, observer) -> TraceCtx:
+    """A copy of `trace` with calls to `observer` at its start, before and after every fusion region, and before its
     return. The region keys are "<fusion name>_<phase>" ("nvFusion0_forward", "TorchCompile1_backward")."""
     phase = trace_phase(trace).value
 
-    def mark(method: str, label: str):
+    def mark(method: str, label: str, values=()):
         op = _MARK_OPS[method]
         # Built directly: `bind` and `from_bsym` would reset the call ctx to the operator's registered one (none).
-        return BoundSymbol(op, args=(label,), kwargs={}, output=None, _call_ctx={op.name: getattr(timer, method)})
+        return BoundSymbol(op, args=(label, *values), kwargs={}, output=None,
+                           _call_ctx={op.name: getattr(observer, method)})
 
     body = list(trace.bound_symbols)
     return_index = next(
@@ -110,7 +115,7 @@ def instrument_trace(trace: TraceCtx, timer) -> TraceCtx:
     for bsym in body[:return_index]:
         if bsym.sym.is_fusion:
             key = f"{bsym.sym.name}_{phase}"
-            instrumented += [mark("begin_region", key), bsym, mark("end_region", key)]
+            instrumented += [mark("begin_region", key, bsym.flat_args), bsym, mark("end_region", key, bsym.flat_outs)]
         else:
             instrumented.append(bsym)
     instrumented += [mark("end_trace", phase), *body[return_index:]]
