@@ -13,6 +13,7 @@ of Thunder.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import TYPE_CHECKING
 
 from thunderfx_debug.config import ConfigError
@@ -23,7 +24,10 @@ from thunderfx_debug.thunder.workarounds import install_import_workaround
 
 install_import_workaround()
 
-__version__ = "0.1.0"
+try:  # the one source of the version is pyproject.toml, read back from the installed package's metadata
+    __version__ = importlib.metadata.version("thunderfx-debug")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = ["ReportingBackend", "Report", "load_report", "load_reports", "ConfigError", "DumpError", "__version__"]
 
 if TYPE_CHECKING:
