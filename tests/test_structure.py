@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "thunderfx_debug"
 
 
@@ -123,3 +125,34 @@ def test_importing_the_package_changes_nothing_of_thunder():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_thunder_imported_before_the_package_is_an_import_error_that_says_what_to_do():
+    """Thunder 0.2.6 on torch 2.13: `import thunder` first fails and leaves Thunder half-loaded. Both ways of then
+    importing the package say so, and what to do, instead of "cannot import name 'ReportingBackend'"."""
+    from thunderfx_debug.thunder.workarounds import needs_named_tensor_placeholders
+
+    if not needs_named_tensor_placeholders():
+        pytest.skip("this torch and Thunder import in either order")
+    code = (
+        "try:\n"
+        "    import thunder\n"
+        "except AttributeError as e:\n"
+        "    print('thunder failed:', e)\n"
+        "for statement in ('import thunderfx_debug', 'from thunderfx_debug import ReportingBackend'):\n"
+        "    try:\n"
+        "        exec(statement)\n"
+        "    except ImportError as e:\n"
+        "        print(type(e).__name__, '|', e)\n"
+        "    else:\n"
+        "        print('imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == 3, done.stdout + done.stderr[-2000:]
+    assert "align_as" in lines[0]
+    for line in lines[1:]:
+        kind, message = line.split(" | ")
+        assert kind == "ThunderImportOrderError"
+        assert "Put `import thunderfx_debug` first, before `import thunder`" in message
+        assert "restart the interpreter" in message

@@ -8,7 +8,8 @@
 
 `import thunderfx_debug` imports neither torch nor thunder (so `load_report` works on a laptop). It installs the one
 workaround that `import thunder` itself needs on the installed torch (`thunder.workarounds`) and changes nothing else
-of Thunder.
+of Thunder; so it must come before `import thunder` (it raises ThunderImportOrderError, saying so, where an earlier
+`import thunder` failed for want of it).
 """
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ from thunderfx_debug.config import ConfigError
 from thunderfx_debug.dump import load_report, load_reports
 from thunderfx_debug.records import DumpError
 from thunderfx_debug.report import Report
+from thunderfx_debug.thunder.import_order import ThunderImportOrderError, check_import_order, import_reporting_backend
 from thunderfx_debug.thunder.workarounds import install_import_workaround
 
+check_import_order()  # a Thunder half-imported before us: say what to do, instead of failing later and obscurely
 install_import_workaround()
 
 try:  # the one source of the version is pyproject.toml, read back from the installed package's metadata
     __version__ = importlib.metadata.version("thunderfx-debug")
 except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
-__all__ = ["ReportingBackend", "Report", "load_report", "load_reports", "ConfigError", "DumpError", "__version__"]
+__all__ = ["ReportingBackend", "Report", "load_report", "load_reports", "ConfigError", "DumpError",
+           "ThunderImportOrderError", "__version__"]
 
 if TYPE_CHECKING:
     from thunderfx_debug.backend import ReportingBackend
@@ -37,7 +41,5 @@ if TYPE_CHECKING:
 def __getattr__(name: str):
     # ReportingBackend imports thunder; loaded on first use only.
     if name == "ReportingBackend":
-        from thunderfx_debug.backend import ReportingBackend
-
-        return ReportingBackend
+        return import_reporting_backend()
     raise AttributeError(f"module 'thunderfx_debug' has no attribute {name!r}")

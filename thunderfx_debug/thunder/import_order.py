@@ -1,0 +1,79 @@
+"""`import thunderfx_debug` must come before `import thunder` where Thunder needs the import workaround
+(`workarounds.needs_named_tensor_placeholders`: Thunder 0.2.6 on torch 2.13). Where it did not, this says so.
+
+What a wrong order leaves behind: `import thunder` fails with "type object 'Tensor' has no attribute 'align_as'";
+Python then drops `thunder` from sys.modules but keeps the submodules that had finished loading (thunder.core.*,
+thunder.clang, ...). Importing Thunder again in the same process cannot succeed (its optree registrations are
+already made), and the package's lazy `ReportingBackend` would otherwise fail with Python's bare "cannot import name
+'ReportingBackend'". Imports neither torch nor thunder.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+from thunderfx_debug.thunder.workarounds import needs_named_tensor_placeholders
+
+
+class ThunderImportOrderError(ImportError):
+    """Thunder was half-imported before thunderfx_debug; the message says what to do."""
+
+
+def half_imported_thunder_modules(modules: dict | None = None) -> list[str]:
+    """Submodules of a Thunder whose own `import thunder` failed: present while `thunder` itself is absent.
+
+    Example:
+        >>> half_imported_thunder_modules({"thunder.core": None, "torch": None})
+        ['thunder.core']
+        >>> half_imported_thunder_modules({"thunder": None, "thunder.core": None})
+        []
+    """
+    modules = sys.modules if modules is None else modules
+    if "thunder" in modules:
+        return []
+    return sorted(name for name in modules if name.startswith("thunder."))
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def import_order_message(modules: list[str], cause: BaseException | None = None) -> str:
+    what = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    text = (f"thunderfx_debug: an earlier `import thunder` failed{what} and left Thunder half-loaded in this process "
+            f"({len(modules)} of its modules, such as {modules[0]}, but not `thunder` itself). ")
+    if needs_named_tensor_placeholders():
+        text += (f"Thunder {_version('lightning-thunder')} imports on torch {_version('torch')} only after "
+                 "`import thunderfx_debug`, which installs the workaround it needs (lightning-thunder#2829). Put "
+                 "`import thunderfx_debug` first, before `import thunder` and before anything that imports Thunder, ")
+    else:
+        text += "Run `python -c 'import thunder'` to see why it failed and fix that, "
+    return text + "then restart the interpreter (or notebook kernel): a failed import of Thunder cannot be undone."
+
+
+def check_import_order() -> None:
+    """Raises ThunderImportOrderError where an `import thunder` failed earlier in this process (a scan of
+    sys.modules: cheap)."""
+    modules = half_imported_thunder_modules()
+    if modules:
+        raise ThunderImportOrderError(import_order_message(modules))
+
+
+def import_reporting_backend():
+    """`thunderfx_debug.backend.ReportingBackend`, for the package's lazy attribute. An AttributeError while importing
+    it (a half-imported Thunder: "partially initialized module 'thunder' has no attribute 'core'") becomes an
+    ImportError that says so: raised from a module `__getattr__`, Python would report it as "cannot import name"
+    without its cause."""
+    check_import_order()
+    try:
+        from thunderfx_debug.backend import ReportingBackend
+    except AttributeError as e:
+        modules = half_imported_thunder_modules()
+        if modules:
+            raise ThunderImportOrderError(import_order_message(modules, e)) from e
+        raise ImportError(f"thunderfx_debug.ReportingBackend cannot be imported ({type(e).__name__}: {e})") from e
+    return ReportingBackend
