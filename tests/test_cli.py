@@ -153,21 +153,71 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, argv, expected)
         assert expected in err
 
 
-def test_bad_arguments_exit_2_with_usage(capsys):
+@pytest.mark.parametrize("argv, expected", [
+    (["bench", str(NORMAL), "--tolerance", "lots"], "not a fraction"),
+    (["bench", str(NORMAL), "--gpus", "0,0"], "distinct GPU indices"),
+    (["demo", "--steps", "0"], "not a whole number of at least 1"),
+    (["summary"], "required: dir"),
+    ([], "required: COMMAND"),
+    (["sumary", str(NORMAL)], "invalid choice: 'sumary'"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, expected):
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", str(NORMAL), "--tolerance", "lots"])
-    assert exit_info.value.code == 2 and "not a fraction" in capsys.readouterr().err
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and expected in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("thunderfx-debug") and "--help" in err
+
+
+def test_version_is_the_installed_distributions(capsys):
+    import importlib.metadata
+
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", str(NORMAL), "--gpus", "0,0"])
-    assert exit_info.value.code == 2 and "distinct GPU indices" in capsys.readouterr().err
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"thunderfx-debug {importlib.metadata.version('thunderfx-debug')}\n"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_demo_on_cuda_without_cuda_is_one_line(capsys):
+    code, out, err = run(capsys, "demo", "--device", "cuda")
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "--device cuda:" in err and "leave --device out" in err
+
+
+def test_demo_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(capsys, "demo", "--dir", str(tmp_path / "file"))
+    assert code == 2 and err.count("\n") == 1 and "is not a directory" in err
+
+
+def test_demo_writes_where_dir_says_and_points_to_the_next_commands(tmp_path, capsys, monkeypatch):
+    """An explicit --dir wins over THUNDERFX_DEBUG_DIR, with a warning naming both; the dump is complete (it
+    loads, and html and diff read it); then the demo names the commands to try next."""
+    monkeypatch.setenv("THUNDERFX_DEBUG_DIR", str(tmp_path / "from_env"))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "demo", "--steps", "2", "--dir", "asked", "--no-progress")
+    assert code == 0, err
+    assert not (tmp_path / "from_env").exists()
+    report = load_report(tmp_path / "asked")
+    assert out.rstrip("\n") == str(report).rstrip("\n")
+    assert f"--dir asked overrides THUNDERFX_DEBUG_DIR={tmp_path / 'from_env'}" in err
+    next_commands = err[err.index("next, try:"):].splitlines()[1:]
+    commands = [line.split("#")[0].split() for line in next_commands]
+    assert [c[1] for c in commands] == ["html", "demo", "diff", "bench"]
+    assert commands[0] == ["thunderfx-debug", "html", "asked"]
+    assert run(capsys, *commands[0][1:])[0] == 0 and (tmp_path / "asked" / "report.html").is_file()
+    assert run(capsys, "diff", "asked", "asked")[0] == 0
 
 
 def test_console_script_help_and_error():
-    """The installed entry point: --help works for every command, and an error reaches the shell as status 2."""
-    for command in ("summary", "html", "diff", "bench"):
+    """The installed entry point: --help works for every command (and shows no doubled "%%"), and an error reaches
+    the shell as status 2."""
+    for command in ("demo", "summary", "html", "diff", "bench"):
         done = subprocess.run([sys.executable, "-m", "thunderfx_debug", command, "--help"], capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0 and "usage: thunderfx-debug" in done.stdout
+        assert "%%" not in done.stdout, command
     done = subprocess.run([sys.executable, "-m", "thunderfx_debug", "summary", str(DAMAGED / "bad_json")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "not valid JSON" in done.stderr
@@ -289,3 +339,19 @@ def test_bench_warm_up_runs_each_script_once_in_its_folder_and_nothing_outside_t
     assert bench.warm_up(rank_dir, scripts, jobs=2, timeout_s=60) == 1
     assert (rank_dir / "graph0" / "ran").read_text() == "x"  # once, in the script's own folder
     assert not (tmp_path / "ran").exists()
+
+
+def test_demo_dir_precedence(tmp_path, caplog):
+    """--dir given: it wins over THUNDERFX_DEBUG_DIR (a warning names both when they differ); not given: the
+    variable, else ./thunderfx_debug_demo."""
+    from thunderfx_debug.demo import DEFAULT_DIR, demo_dump_dir
+
+    env = {"THUNDERFX_DEBUG_DIR": str(tmp_path / "env")}
+    with caplog.at_level("WARNING", logger="thunderfx_debug"):
+        assert demo_dump_dir(None, environ=env) == tmp_path / "env"
+        assert demo_dump_dir(None, environ={}) == Path(DEFAULT_DIR).absolute()
+        assert demo_dump_dir(tmp_path / "env", environ=env) == tmp_path / "env"
+        assert caplog.records == []
+        assert demo_dump_dir(tmp_path / "flag", environ=env) == tmp_path / "flag"
+    (warning,) = caplog.records
+    assert f"--dir {tmp_path / 'flag'} overrides THUNDERFX_DEBUG_DIR={tmp_path / 'env'}" in warning.getMessage()

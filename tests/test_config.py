@@ -119,6 +119,14 @@ def test_environment_wins_over_constructor_argument(field, argument, variable, t
     assert getattr(from_both, field) == getattr(from_env, field) != getattr(from_argument, field)
 
 
+def test_an_argument_the_environment_overrides_is_warned_about_naming_both(caplog):
+    with caplog.at_level("WARNING", logger="thunderfx_debug"):
+        load_config({"timing": "split", "timing_every": 10},
+                    environ={"THUNDERFX_DEBUG_TIMING": "fusion", "THUNDERFX_DEBUG_TIMING_EVERY": "10"})
+    (warning,) = [r.getMessage() for r in caplog.records]  # timing_every agrees: no warning for it
+    assert "THUNDERFX_DEBUG_TIMING='fusion' overrides ReportingBackend(timing='split')" in warning
+
+
 def test_a_bad_constructor_argument_is_ignored_when_the_environment_sets_it():
     # The environment re-points a run without touching code, even code with a value this version refuses.
     assert load_config({"timing": "bogus"}, environ={"THUNDERFX_DEBUG_TIMING": "split"}).timing is TimingLevel.SPLIT

@@ -18,7 +18,7 @@ from thunderfx_debug import bench
 from thunderfx_debug.dump import load_report, load_reports
 from thunderfx_debug.records import Phase, SplitKind, Timing
 from thunderfx_debug.report import Report
-from thunderfx_debug.render import digest, noise
+from thunderfx_debug.render import digest, noise, svg
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
@@ -283,6 +283,48 @@ def test_html_escapes_everything_from_the_dump(tmp_path):
     assert "&lt;script&gt;alert(&#x27;op&#x27;)&lt;/script&gt;" in page  # shown, escaped
     # Only the <svg> elements the renderer draws are real tags.
     assert len(re.findall(r"<svg[\s>]", page)) == page.count('<svg xmlns="http://www.w3.org/2000/svg"')
+
+
+# ---- charts and wording -----------------------------------------------------------------------------------------
+
+
+def test_timeline_marks_an_outlier_instead_of_stretching_its_axis():
+    steady = tuple((call, 10.0 + 0.1 * (call % 3)) for call in range(1, 13))
+    late_compile = ((2, 640.0),)
+    page = svg.timeline([svg.Series("graph0 forward", steady + late_compile), svg.Series("graph0 backward", steady)],
+                        x_label="call of the graph", y_label="ms (host clock)")
+    y_ticks = [float(t) for t in re.findall(r'text-anchor="end">([0-9.]+)</text>', page)]
+    assert max(y_ticks) < 20  # the axis fits the steady samples, not the 640 ms one
+    (outlier,) = re.findall(r'<g class="outlier">(.*?)</g>', page)
+    assert "640.000 ms (host clock) at call of the graph 2" in outlier and ">640<" in outlier
+    assert "1 outlier above the axis" in page
+    assert page.count('class="axis-label"') == 2 and "call of the graph" in page and "ms (host clock)" in page
+    assert page.count('<g class="legend">') == 3  # both series and the outlier mark
+    x_ticks = [float(t) for t in re.findall(r'text-anchor="middle">([0-9.]+)</text>', page)]
+    assert len(x_ticks) >= 4 and all(t.is_integer() for t in x_ticks)  # calls are whole numbers
+    # Without the outlier, nothing is marked.
+    assert 'class="outlier"' not in svg.timeline([svg.Series("graph0 forward", steady)])
+
+
+def test_bar_chart_has_a_value_axis_and_a_legend():
+    page = svg.bar_chart([svg.Bar("graph0 forward", 12.5, "forward"), svg.Bar("graph0 backward", 20.1, "backward")],
+                         unit="ms", axis_label="ms per step")
+    assert 'class="axis-label"' in page and ">ms per step<" in page
+    legend = re.findall(r'<g class="legend">.*?<text[^>]*>([^<]*)</text></g>', page)
+    assert legend == ["forward", "backward"]
+    ticks = [float(t) for t in re.findall(r'text-anchor="middle">([0-9.]+)</text>', page)]
+    assert ticks[0] == 0 and ticks[-1] >= 20.1
+
+
+def test_counts_are_worded_in_the_right_number(normal):
+    one = dataclasses.replace(normal, graphs=normal.graphs[1:])  # one graph, one split, one call sampled...
+    graph = one.graphs[0]
+    single = dataclasses.replace(graph, calls=1, timing=dataclasses.replace(graph.timing, samples_ms=(1.0,), calls=(1,)))
+    text = render_summary(dataclasses.replace(one, graphs=(single,)))
+    assert "1 Dynamo graph," in text and "over 1 sample (" in text and "1 call," in text
+    assert re.search(r"\b1 (Dynamo graph|sample|call|thunder split|inductor split|fusion region|op|step)s\b", text) is None
+    assert "2 Dynamo graphs," in render_summary(normal)
+    assert "ClockKind" not in text  # the clock by its name ("host clock")
 
 
 # ---- bench triage -----------------------------------------------------------------------------------------------

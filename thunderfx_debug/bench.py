@@ -155,8 +155,9 @@ def _env(device: str | None) -> dict[str, str] | None:
 
 
 def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float, python: str = sys.executable,
-            devices: Sequence[str] = ()) -> int:
-    """Runs each script once without timing it, `jobs` at a time, and returns how many exited 0.
+            devices: Sequence[str] = (), on_done: Callable[[str], None] | None = None) -> int:
+    """Runs each script once without timing it, `jobs` at a time, and returns how many exited 0 (`on_done(script)`
+    after each, from the thread that ran it).
 
     Why: most of a script's run is compiling (inductor and Triton), and both keep what they compile in on-disk caches
     that the next process reads. Compiling every script in parallel first leaves the timed runs, which must run one
@@ -173,6 +174,9 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
                                   env=_env(device))
         except (ValueError, subprocess.TimeoutExpired):
             return False
+        finally:
+            if on_done is not None:
+                on_done(Path(scripts[index]).name)
         return done.returncode == 0
 
     # Threads only wait on the subprocesses; the compiling happens in them.

@@ -1,7 +1,11 @@
 """`thunderfx-debug`: the command line. It reads dumps (never importing thunder, except `demo` and `bench`) and
-reports user mistakes (a missing or damaged dump, an unwritable output) as one clear line on stderr with exit
-status 2, not as a traceback.
+reports user mistakes (a missing or damaged dump, an unwritable output, a bad argument, a device that is not
+there) as one clear line on stderr with exit status 2, not as a traceback.
 
+A flag typed on the command line wins over the environment variable of the same setting (`demo --dir` over
+THUNDERFX_DEBUG_DIR), with a warning naming both; the library's own rule is the other way round (see `config`).
+
+    thunderfx-debug demo [--dir DIR]            train a small model under ReportingBackend, write and summarise a dump
     thunderfx-debug summary DIR                 the run at a glance (ranks side by side for a multi-rank dump)
     thunderfx-debug html DIR [-o FILE]          one self-contained HTML page with charts, traces and script links
     thunderfx-debug diff DIR_A DIR_B            what changed between two runs, timing changes beyond noise flagged
@@ -11,30 +15,79 @@ status 2, not as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
+import shlex
 import sys
-import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
 from thunderfx_debug.config import ConfigError
+from thunderfx_debug.progress import progress
 from thunderfx_debug.records import DumpError
+from thunderfx_debug.render.text import plural
 from thunderfx_debug.report import Report
+
+log = logging.getLogger("thunderfx_debug")
 
 
 class UsageError(Exception):
     """A mistake of the command's user: printed as one line, exit status 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (what is wrong and where to look) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 DIR_HELP = "a dump directory (THUNDERFX_DEBUG_DIR of a run, holding rank0/, rank1/, ...) or one rank directory"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("thunder") is None:
+        raise UsageError("the demo trains under Thunder, which is not installed here (pip install lightning-thunder)")
+    if args.dir is not None and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        raise UsageError(f"--dir {args.dir} exists and is not a directory; give a directory for the dump")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise UsageError(f"--device cuda: {why} (torch {torch.__version__}); leave --device out to train on the CPU")
     from thunderfx_debug.demo import run_demo
 
-    run_demo(steps=args.steps, dump_dir=args.dir, device=args.device, progress=not args.no_progress)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rank_dir = run_demo(steps=args.steps, dump_dir=args.dir, device=device, show_progress=not args.no_progress)
+    if rank_dir is not None:
+        print(_next_commands(rank_dir.parent, on_cuda=device == "cuda"), file=sys.stderr)
     return 0
+
+
+def _next_commands(dump_dir: Path, on_cuda: bool) -> str:
+    """What to try after the demo, with the directory as the user can type it (relative where it is below here)."""
+    try:
+        shown = os.path.relpath(dump_dir)
+    except ValueError:  # another drive
+        shown = str(dump_dir)
+    if shown.startswith(".."):
+        shown = str(dump_dir)
+    other = shlex.quote(shown.rstrip("/") + "_b")
+    shown = shlex.quote(shown)
+    bench = f"thunderfx-debug bench {shown}" + ("" if on_cuda else " --allow-cpu")
+    commands = [
+        (f"thunderfx-debug html {shown}", "one HTML page: charts, split reasons, traces, links to the scripts"),
+        (f"thunderfx-debug demo --dir {other}", "a second run, then:"),
+        (f"thunderfx-debug diff {shown} {other}", "what changed between the two runs, beyond noise"),
+        (bench, "each Thunder split" + (" and nvFuser region" if on_cuda else "") + " against inductor"
+                + ("" if on_cuda else " (nvFuser regions need CUDA)")),
+    ]
+    width = max(len(command) for command, _ in commands)
+    return "\n".join(["next, try:", *(f"  {command.ljust(width)}  # {what}" for command, what in commands)])
 
 
 def _load(path: str, rank: int | None) -> dict[int, Report]:
@@ -132,23 +185,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if args.resume:  # an interrupted bench: keep what it measured, run the rest
             kept = {s: r for s in scripts if (r := bench.read_result(results_dir / bench.result_name(s), s)).error is None}
             scripts = [s for s in scripts if s not in kept]
-            print(f"--resume: {len(kept)} scripts already measured in {results_dir}, {len(scripts)} to run",
-                  file=sys.stderr)
+            log.info("--resume: %s already measured in %s, %d to run", plural(len(kept), "script"), results_dir,
+                     len(scripts))
+        show = not args.no_progress
         if args.jobs > 1 and scripts:
-            print(f"compiling {len(scripts)} scripts, {args.jobs} at a time, before timing them one at a time"
-                  + (f" on each of {len(devices)} GPUs" if len(devices) > 1 else "") + "...", file=sys.stderr)
-            bench.warm_up(rank_dir, scripts, args.jobs, args.timeout, devices=devices)
-        done = [0]
-        lock = threading.Lock()
+            log.info("compiling %s, %d at a time, before timing them one at a time%s", plural(len(scripts), "script"),
+                     args.jobs, f" on each of {len(devices)} GPUs" if len(devices) > 1 else "")
+            with progress(len(scripts), "compiling (untimed)", unit="script", enabled=show, delay_s=0) as step:
+                bench.warm_up(rank_dir, scripts, args.jobs, args.timeout, devices=devices, on_done=step)
 
-        def run_one(script: str, device: str | None) -> bench.ScriptResult:
-            with lock:
-                done[0] += 1
-                print(f"[{done[0]}/{len(scripts)}] {script}" + (f" (GPU {device})" if device else ""),
-                      file=sys.stderr)
-            return bench.run_script(rank_dir, script, results_dir, args.timeout, device=device)
+        with progress(len(scripts), "timing", unit="script", enabled=show, delay_s=0, every_s=0) as step:
 
-        results = {**kept, **bench.run_all(scripts, run_one, devices)}
+            def run_one(script: str, device: str | None) -> bench.ScriptResult:
+                result = bench.run_script(rank_dir, script, results_dir, args.timeout, device=device)
+                step(Path(script).name + (f" on GPU {device}" if device else "")
+                     + (f": {result.error}" if result.error else ""))
+                return result
+
+            results = {**kept, **bench.run_all(scripts, run_one, devices)}
     ranked = bench.rank(comparisons, results, args.tolerance)
     out = Path(args.output) if args.output else rank_dir / "triage.md"
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
@@ -158,7 +212,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                          outside_in_run=bench.outside_in_run(report))
     _write(out, text, "triage report")
     print(text, end="")
-    print(f"triage report written to {out}", file=sys.stderr)
+    log.info("triage report written to %s", out)
     return 0
 
 
@@ -227,17 +281,22 @@ _rank = _whole_number(0, "a rank (a whole number)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from thunderfx_debug import __version__
+
+    parser = OneLineParser(
         prog="thunderfx-debug",
         description="Reports of ThunderFX training runs recorded by thunderfx_debug.ReportingBackend.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
 
     demo = commands.add_parser("demo", help="train a small GPT-style model under ReportingBackend and print the summary")
     demo.add_argument("--steps", type=_positive_int, default=30, help="training steps (default: 30)")
-    demo.add_argument("--dir", default="thunderfx_debug_demo", help="dump directory (default: ./thunderfx_debug_demo)")
+    demo.add_argument("--dir", default=None,
+                      help="dump directory (default: $THUNDERFX_DEBUG_DIR if set, else ./thunderfx_debug_demo); "
+                           "given here, it wins over THUNDERFX_DEBUG_DIR")
     demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     demo.set_defaults(run=_cmd_demo)
 
     summary = commands.add_parser(
@@ -263,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         "diff", help="what changed between two runs: graphs, splits, reasons, fusions, timing beyond noise",
         description="Compares run B with run A: graphs, splits and split reasons, fusion regions (ops gained and lost) "
                     "and timing, as the ratio B/A of the medians, flagged when beyond noise (Mann-Whitney rank test "
-                    "on the raw samples, p < 0.05, and at least 2%%; disjoint sample ranges with too few samples).")
+                    "on the raw samples, p < 0.05, and at least 2%; disjoint sample ranges with too few samples).")
     diff.add_argument("dir_a", help="run A: " + DIR_HELP)
     diff.add_argument("dir_b", help="run B: " + DIR_HELP)
     diff.add_argument("--rank", type=_rank, help="the rank to compare (default: the lowest of each dump)")
@@ -300,17 +359,40 @@ def build_parser() -> argparse.ArgumentParser:
                             "process sees them; default: one script at a time on the default device)")
     bench.add_argument("--allow-cpu", action="store_true",
                        help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     bench.set_defaults(run=_cmd_bench)
     return parser
 
 
+@contextlib.contextmanager
+def _messages_to_stderr() -> Iterator[None]:
+    """The package's log records (warnings, progress lines) as plain lines on stderr while a command runs; taken
+    away after, so that a program calling `main` keeps its own logging."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (UsageError, DumpError, ConfigError) as e:
-        print(f"thunderfx-debug {args.command}: {e}", file=sys.stderr)
-        return 2
+    with _messages_to_stderr():
+        try:
+            return args.run(args)
+        except (UsageError, DumpError, ConfigError) as e:
+            print(f"thunderfx-debug {args.command}: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"thunderfx-debug {args.command}: interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

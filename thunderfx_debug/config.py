@@ -1,8 +1,9 @@
 """The backend's settings: parsed and validated in one place, before training starts.
 
 Each setting can be given to `ReportingBackend(...)` as a keyword argument or through its environment variable;
-the environment variable wins, so a run can be re-pointed without touching code. A bad value raises
-`ConfigError` naming the variable (or argument), the value, and what is allowed.
+the environment variable wins, so a run can be re-pointed without touching code, and a warning names both where it
+replaces an argument given with another value. A bad value raises `ConfigError` naming the variable (or argument),
+the value, and what is allowed.
 """
 
 from __future__ import annotations
@@ -219,8 +220,21 @@ def _from_argument(field: str, value: Any) -> Any:
         raise ConfigError(f"ReportingBackend({field}={value!r}) is not valid ({e})") from None
 
 
+def _warn_if_overridden(field: str, argument: Any, variable: str, text: str, value: Any) -> None:
+    """An explicit argument that the environment replaces is worth a warning naming both (a run re-pointed by a
+    variable left set in the shell is otherwise a silent surprise); an argument equal to the variable's value is not."""
+    try:
+        if _from_argument(field, argument) == value:
+            return
+    except ConfigError:
+        pass  # an argument this version refuses is overridden all the same
+    log.warning("thunderfx_debug: %s=%r overrides ReportingBackend(%s=%r): the environment variable wins (unset it "
+                "to use the argument)", variable, text, field, argument)
+
+
 def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Builds the Config from constructor `arguments` and `environ` (default: os.environ); the environment wins.
+    """Builds the Config from constructor `arguments` and `environ` (default: os.environ); the environment wins,
+    with a warning naming both where it replaces an argument given with another value.
 
     Example:
         >>> load_config({"timing": "fusion"}, environ={"THUNDERFX_DEBUG_TIMING_EVERY": "10"}).timing_every
@@ -245,6 +259,8 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
                 values[field] = parse(environ[variable])
             except ValueError as e:
                 raise ConfigError(f"{variable}={environ[variable]!r} is not valid ({e})") from None
+            if field in arguments:
+                _warn_if_overridden(field, arguments[field], variable, environ[variable], values[field])
         elif field in arguments:
             values[field] = _from_argument(field, arguments[field])
     return Config(**values)

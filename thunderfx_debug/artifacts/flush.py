@@ -9,8 +9,9 @@ from typing import Any
 
 from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
-from thunderfx_debug.artifacts.repro.builder import scripts_for_graph
+from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts_for_graph
 from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
@@ -21,17 +22,24 @@ DumpFiles = list[tuple[str, str | bytes]]
 
 
 def dump_files(snapshots: list[GraphSnapshot], meta: Mapping[str, Any], settings: ArtifactSettings,
-               failures: ReportingFailures) -> tuple[Report, DumpFiles]:
+               failures: ReportingFailures, show_progress: bool = False) -> tuple[Report, DumpFiles]:
     """The report and the files of a dump: traces, repro scripts (as `settings` ask; a graph that failed under
     Thunder gets the scripts of its failing piece regardless), graph.json per graph, summary.txt, trace.json and
-    manifest.json. A piece whose artifacts cannot be made is a reporting failure; the others are still made."""
+    manifest.json. A piece whose artifacts cannot be made is a reporting failure; the others are still made.
+    `show_progress`: progress of the scripts (`progress`: a bar on a terminal, log lines otherwise) where making
+    them takes more than a second."""
     artifacts: list[Artifact] = []
     for snapshot in snapshots:
         with failures.guard(f"collecting the traces of {snapshot.state.name}"):
             artifacts += trace_artifacts(snapshot)
-        if settings.repro or snapshot.state.error:
+    with_scripts = [s for s in snapshots if settings.repro or s.state.error]
+    pieces = 0
+    with failures.guard("counting the pieces that get repro scripts"):
+        pieces = sum(len(pieces_with_scripts(s, settings)) for s in with_scripts)
+    with progress(pieces, "writing repro scripts", unit="piece", enabled=show_progress) as step:
+        for snapshot in with_scripts:
             with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
-                artifacts += scripts_for_graph(snapshot, settings, failures)
+                artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=step)
     index: dict[str, dict[str, str]] = {}
     for artifact in artifacts:
         index.setdefault(artifact.owner, {})[artifact.label] = artifact.path

@@ -13,7 +13,7 @@ from collections import Counter
 from thunderfx_debug.records import RankRecord, SplitRecord, Timing
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, Change, compare_timings
-from thunderfx_debug.render.text import ms
+from thunderfx_debug.render.text import ms, plural
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def render_structure_changes(d: RunDiff) -> list[str]:
             line += (f", ops lost: {_ops(f.ops_removed)}" if f.ops_removed else "")
         else:
             ops = f.ops_added or f.ops_removed
-            line += f" ({f.executor_b or f.executor_a}, {sum(ops.values())} ops)"
+            line += f" ({f.executor_b or f.executor_a}, {plural(sum(ops.values()), 'op')})"
         lines.append(line)
     return lines or ["no change in graphs, splits, split reasons or fusions"]
 
@@ -169,7 +169,7 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
                      f"({t.change.method}{p})")
     hidden = len(d.timings) - len(shown)
     if hidden:
-        lines.append(f"  ({hidden} timed pieces within noise or not comparable; --all shows them)")
+        lines.append(f"  ({plural(hidden, 'timed piece')} within noise or not comparable; --all shows them)")
     lines += [
         "",
         f"Beyond noise means: Mann-Whitney rank test on the raw samples, two-sided p < {ALPHA}, and a change of the "

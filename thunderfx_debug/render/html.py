@@ -18,7 +18,7 @@ from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
-from thunderfx_debug.render.text import ms
+from thunderfx_debug.render.text import ms, plural
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
@@ -72,7 +72,7 @@ def _overview(report: RankRecord) -> str:
     rows = [[esc(k), str(v)] for k, v in c.items()]
     if step is not None:
         rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report).value)} clock, "
-                                         f"{digest.estimated_steps(report)} steps)"])
+                                         f"{plural(digest.estimated_steps(report), 'step')})"])
     html = _table(["", "rank " + str(report.rank)], rows)
     for warning in report.meta.get("warnings", []):
         html += f'<p><span class="flag">warning</span> {esc(warning)}</p>'
@@ -92,7 +92,8 @@ def _compiles(report: RankRecord) -> str:
     html = "<h3>Compiles</h3>" + _table(
         ["graph", "compile id", "ops", "calls", "compile time", "graph break", "recompile reason"], rows, {2, 3, 4})
     for frame, graphs in digest.recompiled_frames(report).items():
-        html += f"<p>Frame {esc(frame)} was compiled {len(graphs)} times: {esc(', '.join(g.compile_id or '?' for g in graphs))}</p>"
+        html += (f"<p>Frame {esc(frame)} was compiled {plural(len(graphs), 'time')}: "
+                 f"{esc(', '.join(g.compile_id or '?' for g in graphs))}</p>")
     return html
 
 
@@ -101,7 +102,7 @@ def _reasons(report: RankRecord) -> str:
     if not groups:
         return "<h3>Split reasons</h3><p>No split reasons: every op ran under Thunder.</p>"
     chart = bar_chart([Bar(f"{g.type} {g.op}", g.count, g.type) for g in groups], title="split reasons",
-                      value_format="{:.0f}")
+                      value_format="{:.0f}", axis_label="split reasons (count)")
     rows = [[esc(g.type), f"<code>{esc(g.op)}</code>", str(g.count), esc(", ".join(sorted(set(g.places)))),
              "<br>".join(esc(e) for e in g.exceptions)] for g in groups]
     return "<h3>Split reasons</h3>" + chart + _table(["type", "op", "count", "where", "exception"], rows, {2})
@@ -120,7 +121,9 @@ def _timing_charts(report: RankRecord) -> str:
         bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level is not PieceLevel.GRAPH else p.phase,
                     note=f"{100 * p.ms_per_step / step:.1f}%" if step else "") for p in chosen]
         if bars:
-            html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(bars, unit="ms", title=title)
+            html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(
+                bars, unit="ms", title=title, axis_label=f"ms per step (median per call x calls per step, "
+                                                          f"{digest.clock(report).value} clock)")
     top = digest.top_regions(report, 15)
     if top:
         rows = [[str(i), esc(p.label), esc(p.executor), ms(p.timing.median_ms), ms(p.timing.p10_ms),
@@ -132,7 +135,9 @@ def _timing_charts(report: RankRecord) -> str:
     series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
                                                          p.timing.samples_ms)))
               for p in pieces if p.level is PieceLevel.GRAPH]
-    html += "<h4>Samples over the run</h4>" + timeline(series, title="timeline of samples")
+    html += "<h4>Samples over the run</h4>" + timeline(
+        series, x_label="call of the graph (sampled calls only)", y_label=f"ms ({digest.clock(report).value} clock)",
+        title="timeline of samples")
     return html
 
 
@@ -152,7 +157,7 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
     for s in graph.splits:
         if s.kind is not SplitKind.THUNDER:
             continue
-        html += f"<details><summary>{esc(s.name)}: {len(s.fusions)} fusion regions, traces</summary>"
+        html += f"<details><summary>{esc(s.name)}: {plural(len(s.fusions), 'fusion region')}, traces</summary>"
         frows = [[esc(f.name), esc(f.phase.value), esc(f.executor), str(len(f.ops)), ms(_median(f.timing)),
                   f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
                   _links(f.files, prefix)] for f in s.fusions]
@@ -192,7 +197,8 @@ def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
                                                    set(range(1, len(keys) + 2)))
     html += "<h4>Estimated step time per rank</h4>"
     html += bar_chart([Bar(f"rank {r.rank}", r.step_ms or 0.0, "straggler" if r.straggler else "thunderfx")
-                       for r in rows_by_rank], unit="ms", title="estimated step time per rank")
+                       for r in rows_by_rank], unit="ms", title="estimated step time per rank",
+                      axis_label="ms per step (estimated)")
     per_call: dict[int, dict[int, float]] = {}
     for rank, report in reports.items():
         totals: dict[int, float] = defaultdict(float)
@@ -203,6 +209,7 @@ def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
         per_call[rank] = totals
     html += "<h4>Sampled calls per rank (graphs' forward + backward)</h4>" + timeline(
         [Series(f"rank {rank}", tuple(sorted(t.items()))) for rank, t in per_call.items()],
+        x_label="call of the graphs (sampled calls only)", y_label="ms, graphs' forward + backward",
         title="time of the sampled calls per rank")
     base_rank, base = next(iter(reports.items()))
     for rank, report in reports.items():

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from thunderfx_debug.records import GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import digest
-from thunderfx_debug.render.text import ms
+from thunderfx_debug.render.text import ms, plural
 
 TOP_REGIONS = 10
 
@@ -36,7 +36,7 @@ def _timing_line(label: str, timing: Timing | None) -> str | None:
         return None
     return (
         f"{label}: median {_ms(timing.median_ms)}, p10 {_ms(timing.p10_ms)}, p90 {_ms(timing.p90_ms)} "
-        f"over {timing.count} samples ({timing.clock} clock)"
+        f"over {plural(timing.count, 'sample')} ({timing.clock.value} clock)"
     )
 
 
@@ -55,15 +55,16 @@ def render_overview(report: RankRecord) -> list[str]:
     """Counts, step time, compiles and recompiles, grouped split reasons and the costliest regions."""
     c = digest.counts(report)
     lines = [
-        f"thunderfx_debug report (rank {report.rank}): {c['graphs']} Dynamo graphs, {c['thunder splits']} thunder "
-        f"splits, {c['inductor splits']} inductor splits, {c['forward fusions'] + c['backward fusions']} fusion "
-        f"regions ({c['forward fusions']} forward, {c['backward fusions']} backward)"
+        f"thunderfx_debug report (rank {report.rank}): {plural(c['graphs'], 'Dynamo graph')}, "
+        f"{plural(c['thunder splits'], 'thunder split')}, {plural(c['inductor splits'], 'inductor split')}, "
+        f"{plural(c['forward fusions'] + c['backward fusions'], 'fusion region')} ({c['forward fusions']} forward, "
+        f"{c['backward fusions']} backward)"
     ]
     step = digest.step_ms(report)
     if step is not None:
         lines.append(
             f"step: {_ms(step)} of compiled time per step ({digest.clock(report).value} clock; "
-            f"{digest.estimated_steps(report)} steps estimated from the graphs' calls)"
+            f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls)"
         )
     lines += ["", "compiles:"]
     rows = [["graph", "compile id", "ops", "calls", "compile", "graph break"]]
@@ -73,7 +74,7 @@ def render_overview(report: RankRecord) -> list[str]:
                      _first_line(graph.break_reason or "", 80) or "-"])
     lines += ["  " + line for line in _table(rows, right={2, 3, 4})]
     for frame, graphs in digest.recompiled_frames(report).items():
-        lines.append(f"  recompiles: frame {frame} compiled {len(graphs)} times ("
+        lines.append(f"  recompiles: frame {frame} compiled {plural(len(graphs), 'time')} ("
                      + ", ".join(g.compile_id or g.name for g in graphs) + ")")
         for graph in graphs[1:]:
             if graph.recompile_reason:
@@ -111,8 +112,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
     """One graph: its splits, their timings, split reasons and fusions per split."""
     thunder = [s for s in graph.splits if s.kind is SplitKind.THUNDER]
     inductor = [s for s in graph.splits if s.kind is SplitKind.INDUCTOR]
-    header = f"{graph.name} (compile id {graph.compile_id or '?'}): {graph.node_count} ops, {graph.calls} calls"
-    header += f", {len(thunder)} thunder / {len(inductor)} inductor splits"
+    header = (f"{graph.name} (compile id {graph.compile_id or '?'}): {plural(graph.node_count, 'op')}, "
+              f"{plural(graph.calls, 'call')}, splits: {len(thunder)} thunder, {len(inductor)} inductor")
     if graph.fallback:
         header += "  [FELL BACK TO INDUCTOR]"
     lines = [header]
@@ -127,10 +128,10 @@ def render_graph(graph: GraphRecord) -> list[str]:
     if graph.error:
         lines.append(f"  ERROR: {_last_line(graph.error)}")
     for split in graph.splits:
-        line = f"  {split.name}: {len(split.ops)} ops"
+        line = f"  {split.name}: {plural(len(split.ops), 'op')}"
         if split.kind is SplitKind.THUNDER:
-            line += (f", {len(split.fusions_in(Phase.FORWARD))} forward / "
-                     f"{len(split.fusions_in(Phase.BACKWARD))} backward fusions")
+            line += (f", fusions: {len(split.fusions_in(Phase.FORWARD))} forward, "
+                     f"{len(split.fusions_in(Phase.BACKWARD))} backward")
         lines.append(line)
         for label, timing in (("forward", split.timing), ("backward", split.backward_timing)):
             line = _timing_line(label, timing)
@@ -141,9 +142,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
             lines += [f"      exception: {e}" for e in group.exceptions]
         if split.fusions:
             by_executor = Counter(f.executor for f in split.fusions)
-            lines.append("    fusions: " + ", ".join(f"{n} {ex}" for ex, n in sorted(by_executor.items())))
+            lines.append("    fusion executors: " + ", ".join(f"{n} {ex}" for ex, n in sorted(by_executor.items())))
             for fusion in split.fusions:
-                line = f"      {fusion.name} ({fusion.phase.value}, {fusion.executor}): {len(fusion.ops)} ops"
+                line = f"      {fusion.name} ({fusion.phase.value}, {fusion.executor}): {plural(len(fusion.ops), 'op')}"
                 if fusion.timing is not None and fusion.timing.count:
                     line += f", median {_ms(fusion.timing.median_ms)}"
                 lines.append(line)
@@ -180,7 +181,7 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
     for row in rows_by_rank:
         flags = [flag for flag, on in (("STRAGGLER", row.straggler), ("SPLITS DIFFERENTLY", row.splits_differently)) if on]
         table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.step_ms), " ".join(flags) or "-"])
-    lines = [f"thunderfx_debug report of {len(reports)} ranks (ranks {', '.join(map(str, reports))})", ""]
+    lines = [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
     lines += _table(table, right=set(range(len(keys) + 2)))
     lines += ["", "time per graph and rank (median forward + backward):"]
     names = sorted({g.name for r in reports.values() for g in r.graphs}, key=_natural)

@@ -1,15 +1,26 @@
 """Small inline SVG charts, built in Python: horizontal bars and a timeline of samples. No scripts, no fonts
 beyond the browser's generic families, nothing fetched. Every text that reaches the SVG is escaped here.
 
+Both charts have a labelled value axis with round ticks and a legend of their colours. The timeline keeps its axis
+to the bulk of each series: a sample far above the rest of its series (an outlier, `outlier_limit`: a late compile,
+an allocator warm-up) is drawn as a triangle at the top edge with its value beside it, instead of squeezing every
+other sample into the bottom of the chart.
+
 Example:
     >>> svg = bar_chart([Bar("graph0 forward", 12.5, "forward"), Bar("graph0 backward", 20.1, "backward")], unit="ms")
+    >>> nice_ticks(0, 640)
+    [0.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0]
 """
 
 from __future__ import annotations
 
 import dataclasses
 import html
+import math
+import statistics
 from collections.abc import Sequence
+
+from thunderfx_debug.render.text import plural
 
 #: Colours by series key; unknown keys cycle through PALETTE.
 COLOURS = {
@@ -17,11 +28,13 @@ COLOURS = {
     "torchcompile": "#b07aa1", "thunderfx": "#76b7b2", "outside fusions": "#9c755f", "straggler": "#c0392b",
 }
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+OUTLIER_COLOUR = "#c0392b"
 
 ROW = 20  # px per bar
 LABEL_WIDTH = 320
 BAR_WIDTH = 420
-VALUE_WIDTH = 110
+VALUE_WIDTH = 130
+LEGEND_ROW = 18
 
 
 def esc(text: object) -> str:
@@ -30,6 +43,50 @@ def esc(text: object) -> str:
 
 def colour(key: str, index: int = 0) -> str:
     return COLOURS.get(key, PALETTE[index % len(PALETTE)])
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit // 2 - 1] + "…" + text[-(limit - limit // 2):]
+
+
+def nice_ticks(low: float, high: float, count: int = 6, min_step: float = 0.0) -> list[float]:
+    """Round tick values (steps of 1, 2 or 5 times a power of ten, at least `min_step`) covering [low, high] with
+    about `count` ticks.
+
+    Example:
+        >>> nice_ticks(1, 12), nice_ticks(0, 0.37), nice_ticks(2, 5, min_step=1)
+        ([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0], [0.0, 0.1, 0.2, 0.3, 0.4], [2.0, 3.0, 4.0, 5.0])
+    """
+    if not high > low:
+        return [float(low)]
+    raw = max((high - low) / max(count - 1, 1), min_step)
+    power = 10 ** math.floor(math.log10(raw))
+    # The round step whose number of intervals comes closest to the one asked for (never below `min_step`).
+    steps = [m * power for m in (1, 2, 5, 10) if m * power >= min_step]
+    step = min(steps, key=lambda size: abs((high - low) / size - (count - 1)))
+    first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
+    return [float(f"{k * step:.10g}") for k in range(first, last + 1)]
+
+
+def _tick_text(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _legend(entries: Sequence[tuple[str, str]], x: float, y: float, width: float, per_row: int = 3,
+            triangles: Sequence[tuple[str, str]] = ()) -> str:
+    """Colour squares (and `triangles`, the outlier mark) with their names, `per_row` to a row from (x, y)."""
+    parts = []
+    marked = [(name, fill, False) for name, fill in entries] + [(name, fill, True) for name, fill in triangles]
+    for i, (name, fill, triangle) in enumerate(marked):
+        lx, ly = x + (i % per_row) * (width / per_row), y + (i // per_row) * LEGEND_ROW
+        mark = (f'<path d="M{lx:.1f},{ly + 1} L{lx + 10:.1f},{ly + 1} L{lx + 5:.1f},{ly - 9} Z" fill="{fill}"/>'
+                if triangle else f'<rect x="{lx:.1f}" y="{ly - 9}" width="10" height="10" fill="{fill}"/>')
+        parts.append(f'<g class="legend">{mark}<text x="{lx + 14:.1f}" y="{ly}">{esc(_short(name, 52))}</text></g>')
+    return "".join(parts)
+
+
+def _legend_rows(entries: int, per_row: int = 3) -> int:
+    return (entries + per_row - 1) // per_row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,30 +100,42 @@ class Bar:
     note: str = ""  # printed after the value, e.g. "23.4%"
 
 
-def bar_chart(bars: Sequence[Bar], unit: str = "", title: str = "", value_format: str = "{:.3f}") -> str:
-    """Horizontal bars scaled to the largest value; labels are cut to fit, full text in the tooltip."""
+def bar_chart(bars: Sequence[Bar], unit: str = "", title: str = "", value_format: str = "{:.3f}",
+              axis_label: str = "") -> str:
+    """Horizontal bars scaled to the largest value, a value axis under them (`axis_label`, default `unit`) and a
+    legend of the bar colours; labels are cut to fit, the full text is in the tooltip."""
     if not bars:
         return ""
-    top = max(max(b.value for b in bars), 1e-12)
-    height = ROW * len(bars) + 8
+    whole = all(float(b.value).is_integer() for b in bars)  # counts: no tick between two whole numbers
+    ticks = nice_ticks(0.0, max(b.value for b in bars) or 1.0, count=5, min_step=1.0 if whole else 0.0)
+    top = ticks[-1]
+    keys = list(dict.fromkeys(bar.key for bar in bars))
+    legend = [(key, colour(key, i)) for i, key in enumerate(keys) if key]
+    plot_h = ROW * len(bars) + 4
     width = LABEL_WIDTH + BAR_WIDTH + VALUE_WIDTH
+    height = plot_h + 40 + (_legend_rows(len(legend)) * LEGEND_ROW + 6 if legend else 0)
     parts = [_svg_open(width, height, title or "bar chart")]
-    keys: list[str] = []
+    for value in ticks:  # grid and tick labels of the value axis
+        x = LABEL_WIDTH + BAR_WIDTH * value / top
+        parts.append(f'<line x1="{x:.1f}" y1="2" x2="{x:.1f}" y2="{plot_h}" stroke="#e4e4e4"/>'
+                     f'<text x="{x:.1f}" y="{plot_h + 14}" text-anchor="middle">{_tick_text(value)}</text>')
+    parts.append(f'<line x1="{LABEL_WIDTH}" y1="{plot_h}" x2="{LABEL_WIDTH + BAR_WIDTH}" y2="{plot_h}" stroke="#999"/>')
+    parts.append(f'<text class="axis-label" x="{LABEL_WIDTH + BAR_WIDTH / 2:.1f}" y="{plot_h + 30}" '
+                 f'text-anchor="middle">{esc(axis_label or unit)}</text>')
     for i, bar in enumerate(bars):
-        if bar.key not in keys:
-            keys.append(bar.key)
         y = 4 + i * ROW
         length = max(1.0, BAR_WIDTH * bar.value / top) if bar.value > 0 else 0.0
         tip = bar.tooltip or f"{bar.label}: {value_format.format(bar.value)} {unit}"
-        label = bar.label if len(bar.label) <= 44 else bar.label[:20] + "…" + bar.label[-23:]
         value = f"{value_format.format(bar.value)} {unit}".strip() + (f"  {bar.note}" if bar.note else "")
         parts.append(
             f'<g class="bar"><title>{esc(tip)}</title>'
-            f'<text x="{LABEL_WIDTH - 6}" y="{y + 14}" text-anchor="end">{esc(label)}</text>'
+            f'<text x="{LABEL_WIDTH - 6}" y="{y + 14}" text-anchor="end">{esc(_short(bar.label, 44))}</text>'
             f'<rect x="{LABEL_WIDTH}" y="{y + 2}" width="{length:.1f}" height="{ROW - 5}" '
             f'fill="{colour(bar.key, keys.index(bar.key))}"/>'
             f'<text x="{LABEL_WIDTH + length + 4:.1f}" y="{y + 14}">{esc(value)}</text></g>'
         )
+    if legend:
+        parts.append(_legend(legend, LABEL_WIDTH, plot_h + 52, BAR_WIDTH + VALUE_WIDTH, per_row=4))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -79,51 +148,96 @@ class Series:
     points: tuple[tuple[float, float], ...]
 
 
+def outlier_limit(values: Sequence[float]) -> float:
+    """The value above which a sample of a series is drawn as an outlier: 3 interquartile ranges above the upper
+    quartile, and at least 1.5 times that quartile (so that a series of near-equal samples does not mark its
+    ordinary jitter). Fewer than 4 samples: none is an outlier.
+
+    Example (one late compile among steady steps):
+        >>> outlier_limit([1.0, 1.1, 0.9, 1.0, 1.05, 640.0]) < 640
+        True
+        >>> outlier_limit([1.0, 2.0, 3.0]) == float("inf")
+        True
+    """
+    if len(values) < 4:
+        return math.inf
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return max(q3 + 3 * (q3 - q1), 1.5 * q3)
+
+
 def timeline(series: Sequence[Series], x_label: str = "call", y_label: str = "ms", title: str = "") -> str:
-    """Samples over time: one polyline with dots per series, axes with min/max ticks, a legend below."""
+    """Samples over time: a polyline with dots per series, both axes ticked and labelled (`x_label` under the
+    x axis, `y_label` along the y axis), a legend below; outliers (see `outlier_limit`) sit on the top edge."""
     series = [s for s in series if s.points]
     if not series:
         return ""
-    width, plot_h, left, top_pad = 860, 220, 70, 10
-    legend_rows = (len(series) + 2) // 3
-    height = top_pad + plot_h + 40 + legend_rows * 18
+    width, plot_h, left, top_pad, right = 860, 220, 78, 24, 20
+    plot_w = width - left - right
+    limits = {s.name: outlier_limit([y for _, y in s.points]) for s in series}
+    inliers = [y for s in series for _, y in s.points if y <= limits[s.name]]
+    y_ticks = nice_ticks(0.0, max(inliers, default=0.0) or 1.0, count=5)
+    y1 = y_ticks[-1]
+    # Outliers of their own series that the other series' range does not already cover.
+    outliers = [(s, x, y) for s in series for x, y in s.points if y > y1]
     xs = [x for s in series for x, _ in s.points]
-    ys = [y for s in series for _, y in s.points]
+    whole = all(float(x).is_integer() for x in xs)  # call numbers: no tick between two calls
+    x_ticks = nice_ticks(min(xs), max(xs), count=8, min_step=1.0 if whole else 0.0)
+    x_ticks = [t for t in x_ticks if min(xs) <= t <= max(xs)] or [min(xs)]
     x0, x1 = min(xs), max(xs)
-    y1 = max(ys) * 1.05 or 1.0
-    span_x = (x1 - x0) or 1.0
-    plot_w = width - left - 20
+    legend = [(s.name, _series_colour(s.name, i)) for i, s in enumerate(series)]
+    marks = [(f"{plural(len(outliers), 'outlier')} above the axis, value beside it", OUTLIER_COLOUR)] if outliers else []
+    height = top_pad + plot_h + 44 + _legend_rows(len(legend) + len(marks)) * LEGEND_ROW + 6
 
     def px(x: float) -> float:
-        return left + plot_w * ((x - x0) / span_x if x1 > x0 else 0.5)
+        return left + plot_w * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
 
     def py(y: float) -> float:
-        return top_pad + plot_h * (1 - y / y1)
+        return top_pad + plot_h * (1 - min(y, y1) / y1)
 
     parts = [_svg_open(width, height, title or "timeline")]
     parts.append(f'<rect x="{left}" y="{top_pad}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ccc"/>')
-    for value in (0.0, y1 / 2, y1):
-        parts.append(f'<text x="{left - 4}" y="{py(value) + 4:.1f}" text-anchor="end">{value:.3g}</text>')
-    parts.append(f'<text x="{left - 4}" y="{top_pad + plot_h + 30}" text-anchor="end">{esc(y_label)}</text>')
-    for value in sorted({x0, x1}):
-        parts.append(f'<text x="{px(value):.1f}" y="{top_pad + plot_h + 16}" text-anchor="middle">{value:g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top_pad + plot_h + 30}" text-anchor="middle">'
-                 f'{esc(x_label)}</text>')
+    for value in y_ticks:
+        parts.append(f'<line x1="{left}" y1="{py(value):.1f}" x2="{left + plot_w}" y2="{py(value):.1f}" '
+                     f'stroke="#e4e4e4"/><text x="{left - 5}" y="{py(value) + 4:.1f}" text-anchor="end">'
+                     f'{_tick_text(value)}</text>')
+    for value in x_ticks:
+        parts.append(f'<line x1="{px(value):.1f}" y1="{top_pad + plot_h}" x2="{px(value):.1f}" '
+                     f'y2="{top_pad + plot_h + 4}" stroke="#999"/><text x="{px(value):.1f}" '
+                     f'y="{top_pad + plot_h + 16}" text-anchor="middle">{_tick_text(value)}</text>')
+    parts.append(f'<text class="axis-label" x="{left + plot_w / 2:.1f}" y="{top_pad + plot_h + 32}" '
+                 f'text-anchor="middle">{esc(x_label)}</text>')
+    mid = top_pad + plot_h / 2
+    parts.append(f'<text class="axis-label" x="16" y="{mid:.1f}" text-anchor="middle" '
+                 f'transform="rotate(-90 16 {mid:.1f})">{esc(y_label)}</text>')
     for i, s in enumerate(series):
-        c = colour(s.name, i) if s.name in COLOURS else PALETTE[i % len(PALETTE)]
+        c = _series_colour(s.name, i)
         coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(s.points))
         parts.append(f'<g class="series"><title>{esc(s.name)}</title>')
         parts.append(f'<polyline points="{coords}" fill="none" stroke="{c}" stroke-width="1.5"/>')
         for x, y in s.points:
+            if y > y1:
+                continue
             parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{c}">'
                          f'<title>{esc(s.name)}: {y:.3f} {esc(y_label)} at {esc(x_label)} {x:g}</title></circle>')
         parts.append("</g>")
-        lx, ly = left + (i % 3) * (plot_w / 3), top_pad + plot_h + 46 + (i // 3) * 18
-        name = s.name if len(s.name) <= 40 else s.name[:18] + "…" + s.name[-20:]
-        parts.append(f'<rect x="{lx:.1f}" y="{ly - 9}" width="10" height="10" fill="{c}"/>'
-                     f'<text x="{lx + 14:.1f}" y="{ly}">{esc(name)}</text>')
+    stacked: dict[int, int] = {}  # outliers at the same call: their values one under the other, in series colours
+    for s, x, y in outliers:
+        cx = px(x)
+        row = stacked.get(round(cx), 0)
+        stacked[round(cx)] = row + 1
+        fill = _series_colour(s.name, [t.name for t in series].index(s.name))
+        parts.append(f'<g class="outlier"><title>{esc(s.name)}: {y:.3f} {esc(y_label)} at {esc(x_label)} {x:g} '
+                     f'(outlier, above the axis)</title>'
+                     f'<path d="M{cx - 5:.1f},{top_pad + 8} L{cx + 5:.1f},{top_pad + 8} L{cx:.1f},{top_pad} Z" '
+                     f'fill="{OUTLIER_COLOUR}"/>'
+                     f'<text x="{cx + 7:.1f}" y="{top_pad + 9 + 13 * row}" fill="{fill}">{y:.4g}</text></g>')
+    parts.append(_legend(legend, left, top_pad + plot_h + 54, plot_w, triangles=marks))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _series_colour(name: str, index: int) -> str:
+    return COLOURS[name] if name in COLOURS else PALETTE[index % len(PALETTE)]
 
 
 def _svg_open(width: float, height: float, title: str) -> str:

@@ -13,3 +13,13 @@ def ms(value: float | None, unit: bool = False) -> str:
     if value is None:
         return "-"
     return f"{value:.3f} ms" if unit else f"{value:.3f}"
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """`count` and the noun it counts, in the right number ("s" added unless `plural_form` says otherwise).
+
+    Example:
+        >>> plural(1, "Dynamo graph"), plural(2, "Dynamo graph"), plural(0, "split"), plural(3, "x", "xes")
+        ('1 Dynamo graph', '2 Dynamo graphs', '0 splits', '3 xes')
+    """
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from thunderfx_debug.bench import Ranked, explain
 from thunderfx_debug.render.digest import PieceLevel
-from thunderfx_debug.render.text import ms
+from thunderfx_debug.render.text import ms, plural
 
 
 def _md(text: object) -> str:
@@ -38,8 +38,9 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
     lines = [
         f"# ThunderFX triage: {_md(title)}",
         "",
-        f"{len(ok)} piece{'' if len(ok) == 1 else 's'} compared ({sum(r.comparison.level is PieceLevel.FUSION for r in ok)} nvFusion regions against "
-        f"inductor, {sum(r.comparison.level is PieceLevel.SPLIT for r in ok)} Thunder splits against inductor), "
+        f"{plural(len(ok), 'piece')} compared ("
+        f"{plural(sum(r.comparison.level is PieceLevel.FUSION for r in ok), 'nvFusion region')} against inductor, "
+        f"{plural(sum(r.comparison.level is PieceLevel.SPLIT for r in ok), 'Thunder split')} against inductor), "
         f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
         "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
         "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records. "
@@ -83,7 +84,7 @@ def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script
                   "Their times are used above; a mismatch against eager is worth a report of its own.", ""]
         lines += [f"- {_md(r.comparison.path)}: " + "; ".join(_md(n) for n in r.notes) for r in checked]
     within = len(ok) - len(losses) - len(gains)
-    lines += ["", f"{within} pieces are within tolerance and not listed."]
+    lines += ["", f"{plural(within, 'piece is', 'pieces are')} within tolerance and not listed."]
     if failed:
         lines += ["", "## Not measured", ""]
         lines += [f"- {_md(r.comparison.path)}: {_md(r.error)}" for r in failed]

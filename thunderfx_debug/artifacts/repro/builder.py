@@ -17,6 +17,7 @@ cannot be written is recorded as a reporting failure and the others are still wr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -35,19 +36,39 @@ from thunderfx_debug.thunder import scripts as thunder_scripts
 from thunderfx_debug.thunder.traces import FusionRegion
 
 
-def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures) -> list[Artifact]:
-    """The repro scripts (and saved inputs) of one graph; see the module docstring."""
+#: A piece that gets scripts: (None, None) the graph, (split, None) a split, (split, region) a fusion region.
+Piece = tuple[SplitSnapshot | None, FusionRegion | None]
+
+
+def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings) -> list[Piece]:
+    """The pieces of one graph that get scripts, as THUNDERFX_DEBUG_REPRO asks (and the failing piece)."""
     state = snapshot.state
-    builder = ScriptBuilder(snapshot, settings, failures)
     failed_split = state.failed_split if state.error else None
+    pieces: list[Piece] = []
     if ReproKind.GRAPH in settings.repro or (state.error and failed_split is None):
-        builder.graph_scripts()
+        pieces.append((None, None))
     for split in snapshot.splits:
         if ReproKind.SPLIT in settings.repro or split.state.name == failed_split:
-            builder.split_scripts(split)
+            pieces.append((split, None))
         if ReproKind.FUSION in settings.repro:
-            for region in split.regions:
-                builder.fusion_scripts(split, region)
+            pieces += [(split, region) for region in split.regions]
+    return pieces
+
+
+def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
+                      on_piece: Callable[[str], None] | None = None) -> list[Artifact]:
+    """The repro scripts (and saved inputs) of one graph; see the module docstring. `on_piece(name)` is called
+    after each piece of `pieces_with_scripts` (for progress)."""
+    builder = ScriptBuilder(snapshot, settings, failures)
+    for split, region in pieces_with_scripts(snapshot, settings):
+        if split is None:
+            builder.graph_scripts()
+        elif region is None:
+            builder.split_scripts(split)
+        else:
+            builder.fusion_scripts(split, region)
+        if on_piece is not None:
+            on_piece("/".join(p for p in (snapshot.state.name, split and split.state.name, region and region.key) if p))
     return builder.artifacts
 
 
