@@ -16,6 +16,7 @@ from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
 from thunderfx_debug.artifacts.flush import dump_files
 from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
 from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, load_config
 from thunderfx_debug.dump import check_writable, write_files
 from thunderfx_debug.manifest import run_facts
@@ -26,6 +27,7 @@ from thunderfx_debug.recording.wrap import wrap_graph
 from thunderfx_debug.report import Report
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import describe_options
+from thunderfx_debug.thunder.torch_trace import tracing_enabled
 from thunderfx_debug.thunder.workarounds import make_inductor_compile
 
 log = logging.getLogger("thunderfx_debug")
@@ -36,12 +38,16 @@ class ReportingBackend(ThunderCompiler):
     `thunder.dynamo.ThunderCompiler` does, and records how ThunderFX split it, what it fused and what it costs.
 
     Args:
-        dump_dir: where `flush()` writes the dump (`<dump_dir>/rank<R>/...`); THUNDERFX_DEBUG_DIR wins over it.
+        dump_dir: where `flush()` writes the dump (`<dump_dir>/rank<R>/...`); THUNDERFX_DEBUG_DIR wins over it
+            (with a warning naming both when they differ).
             Without either, nothing is written and `report()` is the way to read the records.
         **options: thunderfx_debug's own settings by their lower-case names (`repro`, `inputs`, `inputs_max_mb`,
             `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`; see
             `thunderfx_debug.config`, the environment variables win), and everything else goes to Thunder as
             ThunderCompiler's options do (`executors=...`, `transforms=...`).
+
+    With torch's trace log on (TORCH_TRACE), the records also go into it, for tlparse
+    (`thunderfx_debug.artifacts.torch_trace`).
 
     Example (usage, not a doctest):
 
@@ -71,8 +77,11 @@ class ReportingBackend(ThunderCompiler):
         self._rank: int | None = None
         self._world_size: int | None = None
         self._flushes = 0
+        # With TORCH_TRACE on, the records also go into torch's trace log for tlparse; without it, nothing is made.
+        self._torch_trace = TorchTraceEmitter(self.recorder) if tracing_enabled() else None
         if self.config.dump_dir is not None:
             check_writable(self.config.dump_dir)
+        if self.config.dump_dir is not None or self._torch_trace is not None:
             _flush_at_exit(self)
 
     # ---- rank -----------------------------------------------------------------------------------------------------
@@ -111,6 +120,8 @@ class ReportingBackend(ThunderCompiler):
             self.subgraph_infos.append(info)
             return split_gm
         state = self.recorder.new_graph(gm, sample_args)
+        if self._torch_trace is not None:
+            self._torch_trace.graph_started(state)
         started = time.perf_counter()
         try:
             split_gm, info = compile_graph(gm, sample_args, self.thunder_options, inductor_compile)
@@ -118,7 +129,12 @@ class ReportingBackend(ThunderCompiler):
             return self._on_graph_error(state, e, sample_args)
         self.subgraph_infos.append(info)
         self.recorder.graph_compiled(state, info, split_gm, time.perf_counter() - started)
-        return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error)
+        after_first_call = None
+        if self._torch_trace is not None:
+            self._torch_trace.graph_compiled(state)
+            after_first_call = self._torch_trace.graph_ran
+        return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
+                          after_first_call)
 
     # ---- report -------------------------------------------------------------------------------------------------
     def report(self) -> Report:
@@ -129,18 +145,27 @@ class ReportingBackend(ThunderCompiler):
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump
-        dir, or on a rank that does not record). Waits for outstanding timing events."""
-        if self.config.dump_dir is None or not self.recording:
+        dir, or on a rank that does not record). Waits for outstanding timing events. With TORCH_TRACE on, also
+        writes what changed since the last flush into torch's trace log (timing statistics, checks)."""
+        if not self.recording or (self.config.dump_dir is None and self._torch_trace is None):
             return None
         self._flushes += 1
         failures = self.recorder.failures
+        if self.config.dump_dir is None:
+            with failures.guard("writing the TORCH_TRACE artifacts"):
+                self._torch_trace.flushed(build_report(self.recorder.snapshot(wait=True), {}, {}, failures).graphs)
+            return None
+        written = None
         with failures.guard("writing the dump"):
             rank_dir = self.config.dump_dir / layout.rank_dir_name(self.rank)
             settings = ArtifactSettings(self.config.repro, self.config.inputs is Inputs.REAL, dict(self.thunder_options))
-            _, files = dump_files(self.recorder.snapshot(wait=True), self._run_facts(), settings, failures)
+            report, files = dump_files(self.recorder.snapshot(wait=True), self._run_facts(), settings, failures,
+                                       show_progress=self.rank == 0)
             write_files(rank_dir, files)
-            return rank_dir
-        return None
+            written = rank_dir
+        if written is not None and self._torch_trace is not None:
+            self._torch_trace.flushed(report.graphs)
+        return written
 
     def _run_facts(self) -> dict[str, Any]:
         failures = self.recorder.failures

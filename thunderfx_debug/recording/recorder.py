@@ -165,13 +165,14 @@ class Recorder:
 
         `wait=True` (at flush) waits for outstanding CUDA events; `wait=False` leaves incomplete ones for later.
         """
-        snapshots = []
-        for state in self.graphs:
-            for series in state.series():
-                with self.failures.guard(f"reading timing samples of {state.name}"):
-                    series.resolve(wait=wait)
-            snapshots.append(GraphSnapshot(state, [self._split_snapshot(state, split) for split in state.splits]))
-        return snapshots
+        return [self.graph_snapshot(state, wait) for state in self.graphs]
+
+    def graph_snapshot(self, state: GraphState, wait: bool) -> GraphSnapshot:
+        """One graph's snapshot (see `snapshot`)."""
+        for series in state.series():
+            with self.failures.guard(f"reading timing samples of {state.name}"):
+                series.resolve(wait=wait)
+        return GraphSnapshot(state, [self._split_snapshot(state, split) for split in state.splits])
 
     def _split_snapshot(self, state: GraphState, split: SplitState) -> SplitSnapshot:
         snap = SplitSnapshot(split)

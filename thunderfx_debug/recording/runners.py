@@ -78,13 +78,16 @@ class SplitRunner(torch.nn.Module):
 
 class GraphRunner:
     """The callable returned to Dynamo for one graph: counts calls, times sampled ones, keeps the first call's
-    inputs and outputs (with `capture`), and hands a failure to `on_error`, whose answer runs the graph from then on."""
+    inputs and outputs (with `capture`), runs `after_first_call(state)` once the first call has returned, and hands
+    a failure to `on_error`, whose answer runs the graph from then on."""
 
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
-                 sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler):
+                 sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
+                 after_first_call: Callable[[GraphState], None] | None = None):
         self.state, self.split_gm = state, split_gm
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
+        self._after_first_call = after_first_call
         self._fallback: Callable | None = None
 
     def __call__(self, *args):
@@ -92,8 +95,8 @@ class GraphRunner:
         state.calls += 1
         if self._fallback is not None:
             return self._fallback(*args)
-        first = state.calls == 1 and self._capture is not None
-        if first:
+        first = state.calls == 1
+        if first and self._capture is not None:
             self._capture.inputs(state, args)
         try:
             if self._sampler is not None and self._sampling.is_sampled(state.calls):
@@ -104,5 +107,8 @@ class GraphRunner:
             self._fallback = self._on_error(state, e, args)
             return self._fallback(*args)
         if first:
-            self._capture.outputs(state, out)
+            if self._capture is not None:
+                self._capture.outputs(state, out)
+            if self._after_first_call is not None:
+                self._after_first_call(state)
         return out

@@ -3,6 +3,8 @@ each split, samplers as the timing level asks, and the fusion-level instrumentat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from thunderfx_debug.config import Config, TimingLevel
@@ -18,8 +20,10 @@ from thunderfx_debug.thunder import instrument
 
 
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
-               capture: InputCapture | None, on_error: GraphErrorHandler) -> GraphRunner:
-    """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners).
+               capture: InputCapture | None, on_error: GraphErrorHandler,
+               after_first_call: Callable[[GraphState], None] | None = None) -> GraphRunner:
+    """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
+    `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
@@ -54,4 +58,14 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     sampler = None
     if level >= TimingLevel.GRAPH:
         sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold)
-    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error)
+    if after_first_call is not None:
+        after_first_call = _guarded(after_first_call, failures, f"reporting the first call of {state.name}")
+    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call)
+
+
+def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:
+    def guarded(state: GraphState) -> None:
+        with failures.guard(what):
+            hook(state)
+
+    return guarded
