@@ -17,7 +17,7 @@ from typing import Any
 
 from thunderfx_debug import layout
 from thunderfx_debug.config import ConfigError
-from thunderfx_debug.records import SCHEMA_VERSION, DumpError, GraphRecord
+from thunderfx_debug.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError, GraphRecord
 from thunderfx_debug.report import Report
 
 
@@ -162,12 +162,13 @@ def _load_rank(rank_dir: Path) -> Report:
     if not isinstance(manifest, dict):
         raise DumpError(f"{rank_dir / layout.MANIFEST} is damaged: expected a JSON object")
     version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in READABLE_SCHEMA_VERSIONS or isinstance(version, bool):
         versions = manifest.get("versions")
         writer = versions.get("thunderfx-debug") if isinstance(versions, dict) else None
+        older = ", ".join(str(v) for v in READABLE_SCHEMA_VERSIONS if v != SCHEMA_VERSION)
         raise DumpError(
             f"{rank_dir} was written with dump schema version {version!r}; this thunderfx_debug reads version "
-            f"{SCHEMA_VERSION}. Open it with the thunderfx_debug version that wrote it "
+            f"{SCHEMA_VERSION} (and older: {older}). Open it with the thunderfx_debug version that wrote it "
             f"({writer if isinstance(writer, str) else 'unknown'})."
         )
     _check_meta_types(manifest, rank_dir / layout.MANIFEST)

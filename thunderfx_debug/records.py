@@ -4,20 +4,25 @@ Plain frozen dataclasses: no torch or thunder import, so a dump can be read and 
 Every record has `to_json()` and a `from_json()` that validates what it reads and raises `DumpError`
 with the field that was wrong, so a damaged or foreign dump gives a clear message instead of a KeyError.
 
-Timings keep their raw samples; the statistics of the contract (count, mean_ms, ...) are computed from them.
+Timings keep raw samples (all of them, or for a long run a bounded selection: see `Timing`); the statistics of
+the contract (count, mean_ms, ...) are computed from them and from the totals over all samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-#: Bumped whenever the JSON form changes incompatibly; `load_report` refuses other versions.
-SCHEMA_VERSION = 1
+#: Bumped whenever the JSON form changes incompatibly; `load_report` refuses versions it cannot read. Version 2: a
+#: timing's `samples_ms` may be a selection of the samples (see `Timing`); older readers would count those alone.
+SCHEMA_VERSION = 2
+#: The versions `load_report` reads: version 1 dumps hold every sample raw, which version 2 reads as it is.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 class DumpError(ValueError):
@@ -99,11 +104,49 @@ def _enum(enum_type: type[enum.Enum], value: Any, where: str):
         raise DumpError(f"{where}: {value!r} is not one of {allowed}") from None
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default, statistics' "inclusive"); q in tenths."""
-    if len(sorted_values) == 1:  # statistics.quantiles needs two points
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default, statistics' "inclusive"); q in tenths.
+
+    The arithmetic of `statistics.quantiles(..., n=10, method="inclusive")`, for one decile rather than all nine
+    (a flush computes a few per window of every timed piece).
+
+    Example:
+        >>> percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.9), percentile([7.0], 0.1)
+        (4.6, 7.0)
+    """
+    if len(sorted_values) == 1:
         return sorted_values[0]
-    return statistics.quantiles(sorted_values, n=10, method="inclusive")[round(q * 10) - 1]
+    j, delta = divmod(round(q * 10) * (len(sorted_values) - 1), 10)
+    return (sorted_values[j] * (10 - delta) + sorted_values[j + 1] * delta) / 10
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleTotals:
+    """Streaming statistics over every sample of a piece, where more were taken than `Timing.samples_ms` keeps."""
+
+    count: int
+    total_ms: float
+    min_ms: float
+    max_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingWindow:
+    """One stretch of a piece's samples over the run: `count` consecutive samples, taken on calls `first_call` to
+    `last_call` of the piece's graph, with their median, 90th percentile and maximum (ms). The median and p90 are
+    exact for windows of up to `recording.samples.WINDOW_VALUES` samples, else estimated from a sample of the window
+    (see `recording.samples.WindowSeries`); `max_ms` is always exact."""
+
+    first_call: int
+    last_call: int
+    count: int
+    median_ms: float
+    p90_ms: float
+    max_ms: float
+
+
+#: The columns of the JSON form of a timing's `windows` (one list per column).
+WINDOW_COLUMNS = ("first_call", "last_call", "count", "median_ms", "p90_ms", "max_ms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,49 +155,88 @@ class Timing:
 
     `samples_ms[i]` was measured on call `calls[i]` of the piece's graph (1-based), so samples of different pieces
     taken on the same call line up. `clock` says what measured them.
+
+    A long run keeps a bounded selection of its samples raw (`recording.samples.SampleStream`): the first ones of
+    the run, a uniform random sample of all of them (`uniform`: indices into `samples_ms`) and the most recent ones.
+    Then `all_samples` holds the count, total, minimum and maximum over every sample, which `count`, `total_ms`,
+    `mean_ms`, `min_ms` and `max_ms` report; `median_ms`, `p10_ms` and `p90_ms` are estimated from the uniform sample
+    (exact while the run took no more samples than that sample holds). With `all_samples` None (a short run, or a
+    version 1 dump) `samples_ms` are all the samples and every statistic is exact. `windows` is the time series of
+    the samples over the run (`TimingWindow`), empty where it was not recorded.
     """
 
     samples_ms: tuple[float, ...] = ()
     calls: tuple[int, ...] = ()
     clock: ClockKind = ClockKind.CUDA
+    all_samples: SampleTotals | None = None
+    uniform: tuple[int, ...] | None = None
+    windows: tuple[TimingWindow, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "clock", ClockKind(self.clock))  # "host" given as text is the same clock
+        if (self.all_samples is None) != (self.uniform is None):
+            raise ValueError("Timing: all_samples and uniform go together (both None: samples_ms are all the samples)")
+
+    @functools.cached_property
+    def by_call(self) -> dict[int, float]:
+        """The kept samples by call number (renderers look samples up by call, piece after piece). Made once."""
+        return dict(zip(self.calls or range(1, len(self.samples_ms) + 1), self.samples_ms))
+
+    @property
+    def complete(self) -> bool:
+        """Whether `samples_ms` holds every sample of the piece (else a selection: see the class docstring)."""
+        return self.all_samples is None
 
     @property
     def count(self) -> int:
-        return len(self.samples_ms)
+        """Samples taken over the run (all of them, kept raw or not)."""
+        return len(self.samples_ms) if self.all_samples is None else self.all_samples.count
 
-    def _stat(self, fn: Callable[[list[float]], float]) -> float | None:
-        return fn(sorted(self.samples_ms)) if self.samples_ms else None
+    @property
+    def uniform_samples_ms(self) -> tuple[float, ...]:
+        """A uniform random sample of all the piece's samples (all of them for a complete timing): what quantiles
+        and rank tests should read, unlike `samples_ms`, where the first and last samples of a run are overrepresented."""
+        if self.uniform is None:
+            return self.samples_ms
+        return tuple(self.samples_ms[i] for i in self.uniform)
+
+    def _quantile(self, fn: Callable[[list[float]], float]) -> float | None:
+        values = self.uniform_samples_ms
+        return fn(sorted(values)) if values else None
 
     @property
     def mean_ms(self) -> float | None:
-        return self._stat(statistics.fmean)
+        if self.all_samples is None:
+            return statistics.fmean(self.samples_ms) if self.samples_ms else None
+        return self.all_samples.total_ms / self.all_samples.count
 
     @property
     def median_ms(self) -> float | None:
-        return self._stat(statistics.median)
+        return self._quantile(statistics.median)
 
     @property
     def p10_ms(self) -> float | None:
-        return self._stat(lambda s: _percentile(s, 0.10))
+        return self._quantile(lambda s: percentile(s, 0.10))
 
     @property
     def p90_ms(self) -> float | None:
-        return self._stat(lambda s: _percentile(s, 0.90))
+        return self._quantile(lambda s: percentile(s, 0.90))
 
     @property
     def min_ms(self) -> float | None:
-        return self._stat(min)
+        if self.all_samples is None:
+            return min(self.samples_ms) if self.samples_ms else None
+        return self.all_samples.min_ms
 
     @property
     def max_ms(self) -> float | None:
-        return self._stat(max)
+        if self.all_samples is None:
+            return max(self.samples_ms) if self.samples_ms else None
+        return self.all_samples.max_ms
 
     @property
     def total_ms(self) -> float:
-        return math.fsum(self.samples_ms)
+        return math.fsum(self.samples_ms) if self.all_samples is None else self.all_samples.total_ms
 
     STAT_NAMES = ("count", "mean_ms", "median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms", "total_ms")
 
@@ -162,20 +244,62 @@ class Timing:
         return {name: getattr(self, name) for name in self.STAT_NAMES}
 
     def to_json(self) -> dict[str, Any]:
-        # The statistics are written for people and other tools reading the JSON; they are recomputed on load.
-        return {"clock": self.clock.value, "samples_ms": list(self.samples_ms), "calls": list(self.calls),
+        # The statistics are written for people and other tools reading the JSON. On load they are recomputed from
+        # the samples, except where `uniform` says the samples are a selection: then count, total_ms, min_ms and
+        # max_ms are the totals over all samples and are read back.
+        data = {"clock": self.clock.value, "samples_ms": list(self.samples_ms), "calls": list(self.calls),
                 **self.stats()}
+        if self.uniform is not None:
+            data["uniform"] = list(self.uniform)
+        if self.windows:
+            data["windows"] = {column: [getattr(w, column) for w in self.windows] for column in WINDOW_COLUMNS}
+        return data
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Timing:
         samples = _get(data, "samples_ms", list, where)
         calls = _get(data, "calls", list, where, default=[])
-        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in samples):
+        if not all(_is_number(s) for s in samples):
             raise DumpError(f"{where}.samples_ms: expected a list of numbers")
         if calls and (len(calls) != len(samples) or not all(isinstance(c, int) for c in calls)):
             raise DumpError(f"{where}.calls: expected one call number per sample")
         clock = _enum(ClockKind, _get(data, "clock", str, where, default="cuda"), f"{where}.clock")
-        return cls(tuple(float(s) for s in samples), tuple(calls), clock)
+        totals, uniform = None, None
+        if "uniform" in data:
+            uniform = tuple(_get(data, "uniform", list, where))
+            if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(samples) for i in uniform) \
+                    or len(set(uniform)) != len(uniform):
+                raise DumpError(f"{where}.uniform: expected distinct indices into samples_ms")
+            number = (int, float)
+            totals = SampleTotals(
+                count=_get(data, "count", int, where),
+                total_ms=float(_get(data, "total_ms", number, where)),
+                min_ms=float(_get(data, "min_ms", number, where)),
+                max_ms=float(_get(data, "max_ms", number, where)),
+            )
+            if totals.count < len(samples):
+                raise DumpError(f"{where}.count: {totals.count} samples in all, fewer than the {len(samples)} kept")
+        windows = _windows(_get(data, "windows", dict, where, default={}), f"{where}.windows")
+        return cls(tuple(float(s) for s in samples), tuple(calls), clock, totals, uniform, windows)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _windows(columns: Mapping[str, Any], where: str) -> tuple[TimingWindow, ...]:
+    if not columns:
+        return ()
+    lists = []
+    for column in WINDOW_COLUMNS:
+        values = _get(columns, column, list, where)
+        integer = column in ("first_call", "last_call", "count")
+        if not all(isinstance(v, int) and not isinstance(v, bool) if integer else _is_number(v) for v in values):
+            raise DumpError(f"{where}.{column}: expected a list of {'whole numbers' if integer else 'numbers'}")
+        lists.append(values)
+    if len({len(values) for values in lists}) != 1:
+        raise DumpError(f"{where}: its columns {', '.join(WINDOW_COLUMNS)} must have the same length")
+    return tuple(TimingWindow(*row) for row in zip(*lists))
 
 
 def _timing_or_none(data: Mapping[str, Any], key: str, where: str) -> Timing | None:

@@ -2,7 +2,8 @@
 
 A `Clock` makes marks: CUDA events recorded on the current stream (read later, once `query()` says they are
 complete, or at flush where waiting is allowed), or host perf_counter readings on CPU runs. A `SampleSeries` keeps
-the raw samples of one piece; statistics are computed by the records (`records.Timing`). `Sampling` decides which
+the samples of one piece in bounded memory (`samples.SampleStream`: the first ones, a uniform sample and the most
+recent ones raw, totals over all, a time series); statistics are computed by the records (`records.Timing`). `Sampling` decides which
 calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
 
 `DeviceHold` makes the marks of a sampled call time device work rather than waits for the host (fusion-level
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from thunderfx_debug.records import ClockKind, Phase, Timing
+from thunderfx_debug.recording.samples import SampleStream
 
 
 class Clock(Protocol):
@@ -123,7 +125,8 @@ class SampleSeries:
 
     A sample is the time from a start mark to an end mark (`add`), or the sum of several such spans (`add_spans`:
     the time of a split's trace outside its fusion regions). Marks are stored as pending and resolved later:
-    `resolve()` without waiting on sampled calls, `resolve(wait=True)` at flush.
+    `resolve()` without waiting on sampled calls, `resolve(wait=True)` at flush. Resolved samples go to `stream`,
+    which holds any number of them in bounded memory (`samples.SampleStream`).
 
     Example (a fake clock whose marks are numbers of milliseconds):
         >>> series = SampleSeries(HostClock(counter=iter([0, 2_000_000, 5_000_000, 6_000_000]).__next__))
@@ -133,11 +136,21 @@ class SampleSeries:
         ([2.0, 1.0], [6, 11])
     """
 
-    def __init__(self, clock: Clock):
+    def __init__(self, clock: Clock, stream: SampleStream | None = None):
         self.clock = clock
-        self.samples_ms: list[float] = []
-        self.calls: list[int] = []
+        self.stream = stream if stream is not None else SampleStream()
         self._pending: list[tuple[int, tuple[tuple[Any, Any], ...]]] = []
+        self._timing: tuple[int, Timing] | None = None  # (samples it was built from, the record)
+
+    @property
+    def samples_ms(self) -> list[float]:
+        """The samples kept raw, in the order they were resolved (all of them on a short run)."""
+        return [ms for _, _, ms in self.stream.kept()]
+
+    @property
+    def calls(self) -> list[int]:
+        """The call numbers of `samples_ms`."""
+        return [call for _, call, _ in self.stream.kept()]
 
     def add(self, call: int, start: Any, end: Any) -> None:
         """One sample of call `call` (1-based call number of the piece's graph): from mark `start` to mark `end`."""
@@ -150,14 +163,15 @@ class SampleSeries:
     def resolve(self, wait: bool = False) -> None:
         """Turns pending marks into samples; with `wait=False` (the training path) marks that are not complete stay
         pending and nothing waits for the device."""
+        if not self._pending:
+            return
         still_pending = []
         for call, spans in self._pending:
             elapsed = self._elapsed_ms(spans, wait)
             if elapsed is None:
                 still_pending.append((call, spans))
             else:
-                self.samples_ms.append(elapsed)
-                self.calls.append(call)
+                self.stream.add(call, elapsed)
         self._pending = still_pending
 
     def _elapsed_ms(self, spans: tuple[tuple[Any, Any], ...], wait: bool) -> float | None:
@@ -175,15 +189,29 @@ class SampleSeries:
         return len(self._pending)
 
     def timing(self) -> Timing | None:
-        """The record of the resolved samples; None when nothing was ever sampled."""
-        if not self.samples_ms and not self._pending:
+        """The record of the resolved samples; None when nothing was ever sampled. Built again only when samples
+        arrived since the last call (a flush reads every series; most did not change)."""
+        stream = self.stream
+        if stream.count == 0 and not self._pending:
             return None
-        order = sorted(range(len(self.calls)), key=self.calls.__getitem__)
-        return Timing(
-            samples_ms=tuple(self.samples_ms[i] for i in order),
-            calls=tuple(self.calls[i] for i in order),
+        if self._timing is not None and self._timing[0] == stream.count:
+            return self._timing[1]
+        kept = sorted(stream.kept(), key=lambda s: (s[1], s[0]))  # by call; arrival order among equal calls
+        totals = uniform = None
+        if not stream.complete:
+            position = {s[0]: i for i, s in enumerate(kept)}
+            uniform = tuple(sorted(position[s[0]] for s in stream.uniform()))
+            totals = stream.totals()
+        timing = Timing(
+            samples_ms=tuple(ms for _, _, ms in kept),
+            calls=tuple(call for _, call, _ in kept),
             clock=self.clock.kind,
+            all_samples=totals,
+            uniform=uniform,
+            windows=tuple(stream.windows.windows()),
         )
+        self._timing = (stream.count, timing)
+        return timing
 
 
 class DeviceHold:

@@ -23,10 +23,7 @@ _SLOT_MARGIN = 1.25  # a slot is this times the longest call, so consecutive cal
 
 
 def _by_call(timing: Timing | None) -> dict[int, float]:
-    if timing is None:
-        return {}
-    calls = timing.calls or tuple(range(1, len(timing.samples_ms) + 1))
-    return dict(zip(calls, timing.samples_ms))
+    return {} if timing is None else timing.by_call
 
 
 class _Tracks:

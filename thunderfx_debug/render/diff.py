@@ -172,8 +172,8 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
         lines.append(f"  ({plural(hidden, 'timed piece')} within noise or not comparable; --all shows them)")
     lines += [
         "",
-        f"Beyond noise means: Mann-Whitney rank test on the raw samples, two-sided p < {ALPHA}, and a change of the "
-        f"median of at least {MIN_EFFECT:.0%}; with too few samples for the test to reach p < {ALPHA}, the sample "
-        "ranges [min, max] of A and B must not overlap instead.",
+        f"Beyond noise means: Mann-Whitney rank test on the samples (of a long run, its uniform sample), two-sided "
+        f"p < {ALPHA}, and a change of the median of at least {MIN_EFFECT:.0%}; with too few samples for the test to "
+        f"reach p < {ALPHA}, the sample ranges [min, max] of A and B must not overlap instead.",
     ]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from thunderfx_debug import layout
-from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, Timing
+from thunderfx_debug.records import ClockKind, GraphRecord, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -138,7 +138,27 @@ def _timing_charts(report: RankRecord) -> str:
     html += "<h4>Samples over the run</h4>" + timeline(
         series, x_label="call of the graph (sampled calls only)", y_label=f"ms ({digest.clock(report).value} clock)",
         title="timeline of samples")
+    if any(not p.timing.complete for p in pieces):
+        html += ('<p class="muted">A long run keeps some of its samples raw: its first ones, a uniform sample of all '
+                 "of them and its most recent ones; counts, means and extremes cover every sample.</p>")
+    html += _time_over_the_run(pieces, digest.clock(report))
     return html
+
+
+def _time_over_the_run(pieces: list[digest.TimedPiece], clock: ClockKind | None) -> str:
+    """The graphs' time series: median and p90 per window of consecutive samples, at the window's middle call."""
+    series = []
+    for p in pieces:
+        if p.level is PieceLevel.GRAPH and len(p.timing.windows) >= 2:
+            for label, value in (("median", lambda w: w.median_ms), ("p90", lambda w: w.p90_ms)):
+                series.append(Series(f"{p.path} {p.phase} {label}", tuple(
+                    ((w.first_call + w.last_call) / 2, value(w)) for w in p.timing.windows)))
+    if not series:
+        return ""
+    return ("<h4>Time over the run</h4><p>Median and 90th percentile of each window of consecutive samples "
+            "(estimated from a sample of the window where it holds many), at the window's middle call.</p>"
+            + timeline(series, x_label="call of the graph (middle of the window)",
+                       y_label=f"ms ({clock.value if clock else '?'} clock)", title="time over the run"))
 
 
 def _graph(graph: GraphRecord, prefix: str | None) -> str:

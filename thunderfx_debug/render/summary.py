@@ -34,9 +34,50 @@ def _last_line(text: str, limit: int = 300) -> str:
 def _timing_line(label: str, timing: Timing | None) -> str | None:
     if timing is None or timing.count == 0:
         return None
+    sampled = "" if timing.complete else f"; quantiles from a uniform sample of {len(timing.uniform_samples_ms)}"
     return (
         f"{label}: median {_ms(timing.median_ms)}, p10 {_ms(timing.p10_ms)}, p90 {_ms(timing.p90_ms)} "
-        f"over {plural(timing.count, 'sample')} ({timing.clock.value} clock)"
+        f"over {plural(timing.count, 'sample')} ({timing.clock.value} clock{sampled})"
+    )
+
+
+#: A time series is shown from this many windows on (a short run's few samples say nothing about trends).
+MIN_WINDOWS_SHOWN = 8
+SPARK_LEVELS = " .:-=+*#%@"  # ASCII: summary.txt is read in any terminal
+SPARK_WIDTH = 32
+
+
+def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
+    """Values as one character each, from " " (0) to "@" (the largest), at most `width` characters (neighbours
+    grouped, each group showing its largest value, so a slow stretch is never averaged away).
+
+    Example:
+        >>> sparkline([1.0, 1.0, 1.0, 2.0, 1.0, 1.5])
+        '===@=#'
+    """
+    if not values:
+        return ""
+    group = -(-len(values) // width)
+    grouped = [max(values[i:i + group]) for i in range(0, len(values), group)]
+    top = max(grouped)
+    if top <= 0:
+        return SPARK_LEVELS[0] * len(grouped)
+    last = len(SPARK_LEVELS) - 1
+    return "".join(SPARK_LEVELS[min(last, round(last * v / top))] for v in grouped)
+
+
+def _time_series_line(timing: Timing | None) -> str | None:
+    """How the piece's median evolved over the run, in one line (see `records.TimingWindow`)."""
+    if timing is None or len(timing.windows) < MIN_WINDOWS_SHOWN:
+        return None
+    windows = timing.windows
+    lowest = min(windows, key=lambda w: w.median_ms)
+    highest = max(windows, key=lambda w: w.median_ms)
+    return (
+        f"over the run, median per window of {windows[0].count} samples (calls {windows[0].first_call}-"
+        f"{windows[-1].last_call}): first {_ms(windows[0].median_ms)}, last {_ms(windows[-1].median_ms)}, lowest "
+        f"{_ms(lowest.median_ms)} (calls {lowest.first_call}-{lowest.last_call}), highest {_ms(highest.median_ms)} "
+        f"(calls {highest.first_call}-{highest.last_call})  [{sparkline([w.median_ms for w in windows])}]"
     )
 
 
@@ -125,6 +166,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
         line = _timing_line(label, timing)
         if line:
             lines.append(f"  {line}")
+            series = _time_series_line(timing)
+            if series:
+                lines.append(f"    {series}")
     if graph.error:
         lines.append(f"  ERROR: {_last_line(graph.error)}")
     for split in graph.splits:
@@ -137,6 +181,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
             line = _timing_line(label, timing)
             if line:
                 lines.append(f"    {line}")
+                series = _time_series_line(timing)
+                if series:
+                    lines.append(f"      {series}")
         for group in digest.group_reasons([GraphRecord(graph.name, graph.index, splits=(split,))]):
             lines.append(f"    split reason: {group.type} {group.op}" + (f" (x{group.count})" if group.count > 1 else ""))
             lines += [f"      exception: {e}" for e in group.exceptions]
