@@ -38,6 +38,7 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_STRICT": ["", "2", "maybe", "on"],
     "THUNDERFX_DEBUG_NVTX": ["", "2", "enabled"],
     "THUNDERFX_DEBUG_RECOMPILE_WARN": ["", "0", "-1", "many"],
+    "THUNDERFX_DEBUG_FLUSH_EVERY": ["", "-1", "nan", "inf", "10m", "never"],
 }
 
 # variable -> (text, field, parsed value)
@@ -60,6 +61,9 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_STRICT", "false", "strict", False),
     ("THUNDERFX_DEBUG_NVTX", "yes", "nvtx", True),
     ("THUNDERFX_DEBUG_RECOMPILE_WARN", "3", "recompile_warn_threshold", 3),
+    ("THUNDERFX_DEBUG_FLUSH_EVERY", "0", "flush_every", 0.0),
+    ("THUNDERFX_DEBUG_FLUSH_EVERY", " 600 ", "flush_every", 600.0),
+    ("THUNDERFX_DEBUG_FLUSH_EVERY", "0.25", "flush_every", 0.25),
 ]
 
 

@@ -12,19 +12,21 @@ from typing import Any
 import torch
 from thunder.dynamo import ThunderCompiler
 
-from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
-from thunderfx_debug.artifacts.flush import dump_files
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
 from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, load_config
-from thunderfx_debug.dump import check_writable, write_files
+from thunderfx_debug.dump import check_writable
+from thunderfx_debug.flusher import DumpFlusher, FlushStats
 from thunderfx_debug.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.fallback import GraphFailureHandler
+from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.recording.wrap import wrap_graph
 from thunderfx_debug.report import Report
+from thunderfx_debug.runs import this_run
+from thunderfx_debug.sigterm import chain_sigterm
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import describe_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled
@@ -42,9 +44,15 @@ class ReportingBackend(ThunderCompiler):
             (with a warning naming both when they differ).
             Without either, nothing is written and `report()` is the way to read the records.
         **options: thunderfx_debug's own settings by their lower-case names (`repro`, `inputs`, `inputs_max_mb`,
-            `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`; see
+            `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`, `flush_every`; see
             `thunderfx_debug.config`, the environment variables win), and everything else goes to Thunder as
             ThunderCompiler's options do (`executors=...`, `transforms=...`).
+
+    With a dump directory, the dump is written every `flush_every` seconds during training (from the training
+    thread, between two graph calls; serialising and writing in a writer thread), at interpreter exit, and on
+    SIGTERM (a handler installed from the main thread, which flushes and then runs the handler installed before
+    it, or SIGTERM's default action). A run restarted into the same directory moves the earlier run's dump to
+    `runs/<its run id>/` (see `thunderfx_debug.runs`).
 
     With torch's trace log on (TORCH_TRACE), the records also go into it, for tlparse
     (`thunderfx_debug.artifacts.torch_trace`).
@@ -76,11 +84,19 @@ class ReportingBackend(ThunderCompiler):
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None
         self._world_size: int | None = None
-        self._flushes = 0
+        self._run = this_run()
+        self._flusher: DumpFlusher | None = None
+        self._periodic: PeriodicFlush | None = None
         # With TORCH_TRACE on, the records also go into torch's trace log for tlparse; without it, nothing is made.
         self._torch_trace = TorchTraceEmitter(self.recorder) if tracing_enabled() else None
         if self.config.dump_dir is not None:
             check_writable(self.config.dump_dir)
+            on_report = self._torch_trace.flushed if self._torch_trace is not None else None
+            self._flusher = DumpFlusher(lambda: self.config.dump_dir, self.recorder, self._artifact_settings,
+                                        lambda: self.rank, self._run_facts, self._run.process_uid, on_report)
+            if self.config.flush_every > 0:
+                self._periodic = PeriodicFlush(self.config.flush_every, self._flush_periodically)
+            chain_sigterm(self._on_sigterm)
         if self.config.dump_dir is not None or self._torch_trace is not None:
             _flush_at_exit(self)
 
@@ -134,40 +150,68 @@ class ReportingBackend(ThunderCompiler):
             self._torch_trace.graph_compiled(state)
             after_first_call = self._torch_trace.graph_ran
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          after_first_call)
+                          after_first_call, self._periodic)
 
     # ---- report -------------------------------------------------------------------------------------------------
     def report(self) -> Report:
         """The records so far (traces and fusions read now from what Thunder built). Does not synchronise the
         device: timing samples whose events are not complete yet are left for later."""
         snapshots = self.recorder.snapshot(wait=False)
-        return build_report(snapshots, {}, self._run_facts(), self.recorder.failures)
+        flushes = self._flusher.flushes if self._flusher is not None else 0
+        return build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures)
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump
-        dir, or on a rank that does not record). Waits for outstanding timing events. With TORCH_TRACE on, also
-        writes what changed since the last flush into torch's trace log (timing statistics, checks)."""
-        if not self.recording or (self.config.dump_dir is None and self._torch_trace is None):
+        dir, on a rank that does not record, or when writing failed: logged). Waits for outstanding timing events
+        and for a periodic flush still being written. With TORCH_TRACE on, also writes what changed since the last
+        flush into torch's trace log (timing statistics, checks); periodic flushes do too."""
+        if not self.recording:
             return None
-        self._flushes += 1
-        failures = self.recorder.failures
-        if self.config.dump_dir is None:
+        if self._flusher is not None:
+            return self._flusher.flush(wait_for_device=True)
+        if self._torch_trace is not None:
+            failures = self.recorder.failures
             with failures.guard("writing the TORCH_TRACE artifacts"):
                 self._torch_trace.flushed(build_report(self.recorder.snapshot(wait=True), {}, {}, failures).graphs)
-            return None
-        written = None
-        with failures.guard("writing the dump"):
-            rank_dir = self.config.dump_dir / layout.rank_dir_name(self.rank)
-            settings = ArtifactSettings(self.config.repro, self.config.inputs is Inputs.REAL, dict(self.thunder_options))
-            report, files = dump_files(self.recorder.snapshot(wait=True), self._run_facts(), settings, failures,
-                                       show_progress=self.rank == 0)
-            write_files(rank_dir, files)
-            written = rank_dir
-        if written is not None and self._torch_trace is not None:
-            self._torch_trace.flushed(report.graphs)
-        return written
+        return None
 
-    def _run_facts(self) -> dict[str, Any]:
+    def wait_for_flush(self, timeout: float | None = None) -> bool:
+        """Waits until a periodic flush still being written (in its writer thread) is on disk; False if it is still
+        writing after `timeout` seconds. `flush()` waits for it by itself."""
+        return self._flusher.wait(timeout) if self._flusher is not None else True
+
+    @property
+    def flush_history(self) -> list[FlushStats]:
+        """What the recent flushes cost (the training thread's time, the writer's, files written and left), oldest
+        first; the manifest of each flush records the one before it as `last_flush`."""
+        return list(self._flusher.history) if self._flusher is not None else []
+
+    def _artifact_settings(self) -> ArtifactSettings:
+        return ArtifactSettings(self.config.repro, self.config.inputs is Inputs.REAL, dict(self.thunder_options))
+
+    def _flush_periodically(self) -> bool:
+        if not self.recording:
+            return True
+        return self._flusher.flush_in_background()
+
+    def _on_sigterm(self, then) -> None:
+        """SIGTERM: the dump, then what SIGTERM did before (see `sigterm`). Not waiting for the device: a job is
+        often terminated because a collective hangs, and a flush that waited would keep it from ending."""
+
+        def flush_then_chain():
+            try:
+                if self.recording:
+                    self._flusher.flush(wait_for_device=False)
+            except Exception as e:  # strict mode: still end as SIGTERM asks
+                log.warning("thunderfx_debug: the dump at SIGTERM failed: %s", e)
+            then()
+
+        if not self._flusher.in_its_process:  # a forked child (a DataLoader worker) inherited the handler
+            then()
+        else:
+            self._flusher.after_flush(flush_then_chain)
+
+    def _run_facts(self, flushes: int, last_flush: FlushStats | None) -> dict[str, Any]:
         failures = self.recorder.failures
         facts: dict[str, Any] = {"rank": self.rank}
         with failures.guard("collecting the run's versions, settings and environment"):
@@ -178,7 +222,10 @@ class ReportingBackend(ThunderCompiler):
                 thunder_options = {"error": repr(e)}
             facts = run_facts(rank=self.rank, world_size=self.world_size, config=self.config.to_json(),
                               thunder_options=thunder_options, warnings=self.recorder.warnings, failures=failures,
-                              flushes=self._flushes)
+                              flushes=flushes)
+        facts.update(run_id=self._run.run_id, run_started_at=self._run.started_at, process_uid=self._run.process_uid)
+        if last_flush is not None:
+            facts["last_flush"] = last_flush.to_json()
         return facts
 
 

@@ -69,6 +69,7 @@ class Config:
     strict: bool = False
     nvtx: bool = False
     recompile_warn_threshold: int = 8
+    flush_every: float = 600.0  # seconds between automatic flushes during training; 0: none
 
     def records_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -87,6 +88,7 @@ class Config:
             "strict": self.strict,
             "nvtx": self.nvtx,
             "recompile_warn_threshold": self.recompile_warn_threshold,
+            "flush_every": self.flush_every,
         }
 
 
@@ -136,6 +138,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("allowed: a number of seconds >= 0 (0: no automatic flushes)") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("allowed: a number of seconds >= 0 (0: no automatic flushes)")
+    return value
+
+
 def _parse_ranks(text: str) -> frozenset[int] | None:
     if text.strip().lower() == "all":
         return None
@@ -177,6 +189,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "strict": ("THUNDERFX_DEBUG_STRICT", _parse_bool),
     "nvtx": ("THUNDERFX_DEBUG_NVTX", _parse_bool),
     "recompile_warn_threshold": ("THUNDERFX_DEBUG_RECOMPILE_WARN", _int_at_least(1)),
+    "flush_every": ("THUNDERFX_DEBUG_FLUSH_EVERY", _seconds),
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)

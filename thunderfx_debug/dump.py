@@ -3,20 +3,30 @@
 What to write comes as (relative path, content) pairs (`artifacts.flush.dump_files`). Each file is written to a
 temporary name and renamed over the old one, in order, and `manifest.json`, the index that `load_report` reads
 first, comes last. A run killed in the middle of a flush therefore leaves the previous dump readable: the old
-manifest still indexes complete files.
+manifest still indexes complete files. Successive flushes of one process (`DumpWriter`) skip the files whose
+content did not change, so a long run's traces and scripts are written once.
+
+A run restarted into the same directory first moves the earlier run's dump aside (`move_earlier_run_aside`):
+the latest run is always at `rank<R>/`, earlier ones under `runs/<run id>/rank<R>/` (`list_runs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import errno
+import hashlib
+import itertools
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from thunderfx_debug import layout
 from thunderfx_debug.config import ConfigError
+from thunderfx_debug.runs import safe_run_id
 from thunderfx_debug.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError, GraphRecord
 from thunderfx_debug.report import Report
 
@@ -76,15 +86,167 @@ def write_file_atomically(path: str | os.PathLike, content: str | bytes) -> None
 
 def write_files(rank_dir: Path, files: list[tuple[str, str | bytes]]) -> None:
     """Writes (relative path, content) pairs under `rank_dir`, each atomically, in order."""
-    for relative, content in files:
-        path = rank_dir / layout.safe_relative(relative)
+    DumpWriter(rank_dir).write(files)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class DumpWriter:
+    """Writes the files of successive flushes into one rank directory: each atomically, in the order given (the
+    manifest last), except those whose content is what this writer last wrote at that path and which are still
+    there: a long run rewrites its graph.json, summary, trace and manifest, not its traces and scripts.
+
+    `write` returns how many files it wrote and how many it left as they were. A content object given again is
+    known unchanged without reading it; another is compared by digest.
+    """
+
+    def __init__(self, rank_dir: Path):
+        self.rank_dir = rank_dir
+        self._written: dict[str, tuple[str | bytes, bytes]] = {}  # relative path -> (content, its digest)
+
+    def write(self, files: Sequence[tuple[str, str | bytes]]) -> tuple[int, int]:
+        written = unchanged = 0
+        for relative, content in files:
+            path = self.rank_dir / layout.safe_relative(relative)
+            previous = self._written.get(relative)
+            if previous is not None and previous[0] is content and path.is_file():
+                unchanged += 1
+                continue
+            data = content.encode() if isinstance(content, str) else content
+            digest = _digest(data)
+            if previous is not None and previous[1] == digest and path.is_file():
+                self._written[relative] = (content, digest)
+                unchanged += 1
+                continue
+            try:
+                _atomic_write(path, data)
+            except OSError as e:
+                hint = "free some space" if e.errno == errno.ENOSPC else "check the directory's permissions"
+                raise DumpWriteError(
+                    e.errno,
+                    f"cannot write {path} ({e.strerror or e}); {hint}. The previous dump in {self.rank_dir} is intact.",
+                ) from e
+            self._written[relative] = (content, digest)
+            written += 1
+        return written, unchanged
+
+
+# ---- runs of one directory ------------------------------------------------------------------------------------------
+
+
+def _manifest_or_none(rank_dir: Path) -> dict[str, Any] | None:
+    try:
+        manifest = _read_json(rank_dir / layout.MANIFEST, "the dump's index")
+    except DumpError:
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _utc_stamp(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def move_earlier_run_aside(dump_dir: Path, rank: int, process_uid: str) -> Path | None:
+    """Keeps an earlier run's dump before this process first writes `<dump_dir>/rank<R>/`: a dump there that another
+    process wrote (its manifest's `process_uid` is not ours: a run restarted into the same directory) is moved, in
+    one atomic rename, to `runs/<its run id>/rank<R>/` (`runs/<its run id>.2/` and on where that is taken; an
+    unreadable or pre-run-id dump is named `unknown-<time of its last write>`). Returns where it went; None when
+    there was nothing to move.
+
+    Raises:
+        OSError: the move failed; the earlier dump is then where it was (write nothing over it).
+    """
+    rank_dir = dump_dir / layout.rank_dir_name(rank)
+    if not rank_dir.is_dir():
+        return None
+    manifest = _manifest_or_none(rank_dir)
+    if manifest is not None and manifest.get("process_uid") == process_uid:
+        return None  # this process's own dump (another backend of it wrote it)
+    if not any(rank_dir.iterdir()):
+        return None
+    run_id = manifest.get("run_id") if manifest is not None else None
+    run_id = safe_run_id(run_id) if isinstance(run_id, str) else ""
+    if not run_id:
+        newest = rank_dir / layout.MANIFEST if (rank_dir / layout.MANIFEST).is_file() else rank_dir
+        run_id = f"unknown-{_utc_stamp(newest.stat().st_mtime)}"
+    for attempt in itertools.count(1):
+        parent = dump_dir / layout.earlier_run_dir(run_id if attempt == 1 else f"{run_id}.{attempt}")
+        target = parent / rank_dir.name
+        if target.exists():
+            continue
+        parent.mkdir(parents=True, exist_ok=True)
         try:
-            _atomic_write(path, content)
+            os.rename(rank_dir, target)  # atomic; the whole earlier dump moves or none of it
         except OSError as e:
-            hint = "free some space" if e.errno == errno.ENOSPC else "check the directory's permissions"
-            raise DumpWriteError(
-                e.errno, f"cannot write {path} ({e.strerror or e}); {hint}. The previous dump in {rank_dir} is intact."
-            ) from e
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY) and attempt < 100:
+                continue  # another process took that name meanwhile
+            raise
+        return target
+    raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEntry:
+    """One run of a dump directory: its id (None for a dump written before runs had ids), the directory holding
+    its rank directories, whether it is the latest (at the top of the dump directory), and from its manifests the
+    ranks, when it started, when it last flushed and how often."""
+
+    run_id: str | None
+    path: Path
+    latest: bool
+    ranks: tuple[int, ...]
+    started_at: str | None
+    written_at: str | None
+    flushes: int | None
+
+
+def _run_entry(path: Path, ranks: dict[int, Path], latest: bool) -> RunEntry:
+    manifests = [m for m in (_manifest_or_none(d) for d in ranks.values()) if m is not None]
+
+    def texts(key: str) -> list[str]:
+        return [m[key] for m in manifests if isinstance(m.get(key), str)]
+
+    run_ids = texts("run_id")
+    flushes = [m["flushes"] for m in manifests if isinstance(m.get("flushes"), int)]
+    return RunEntry(
+        run_id=run_ids[0] if run_ids else None,
+        path=path,
+        latest=latest,
+        ranks=tuple(ranks),
+        started_at=min(texts("run_started_at"), default=None),
+        written_at=max(texts("written_at"), default=None),
+        flushes=max(flushes, default=None),
+    )
+
+
+def list_runs(path: str | os.PathLike) -> list[RunEntry]:
+    """The runs of a dump directory, oldest first and the latest (the one at `rank<R>/`) last.
+
+    Raises:
+        DumpError: the directory holds no dump of any run.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        rank_dirs(root)  # raises the error that says what is wrong: missing, or not a directory
+    earlier = []
+    runs_dir = root / layout.RUNS_DIR
+    if runs_dir.is_dir() and _resolves_inside(root, runs_dir):
+        for child in sorted(runs_dir.iterdir()):
+            if child.is_dir() and _resolves_inside(root, child):
+                try:
+                    earlier.append(_run_entry(child, rank_dirs(child), latest=False))
+                except DumpError:
+                    continue  # not a run (a folder of someone's own)
+    earlier.sort(key=lambda run: (run.started_at or run.written_at or "", run.path.name))
+    try:
+        latest = [_run_entry(root, rank_dirs(root), latest=True)]
+    except DumpError:
+        latest = []
+    if not earlier and not latest:
+        raise DumpError(f"{root} holds no dump: no manifest.json in its rank<N>/ directories nor under {layout.RUNS_DIR}/")
+    return earlier + latest
 
 
 # ---- reading --------------------------------------------------------------------------------------------------------
@@ -194,6 +356,10 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "world_size": int,
     "pid": int,
     "flushes": int,
+    "run_id": str,
+    "run_started_at": str,
+    "process_uid": str,
+    "last_flush": dict,
     "hostname": str,
     "written_at": str,
     "argv": list,

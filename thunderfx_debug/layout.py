@@ -6,6 +6,7 @@ the graph, split and region it came from):
     rank0/graph0/graph0_thunder_0/fwd_trace.py  bwd_trace.py  graph0_thunder_0_repro_thunder.py ...
     rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py
     rank0/graph0/inputs/graph0_inputs.pt  rank0/graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt
+    runs/<run id>/rank0/...   earlier runs into the same directory (the latest run is always at rank<R>/)
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ SUMMARY = "summary.txt"
 CHROME_TRACE = "trace.json"
 GRAPH_JSON = "graph.json"
 INPUTS_DIR = "inputs"
+RUNS_DIR = "runs"
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 def rank_dir_name(rank: int) -> str:
     return f"rank{rank}"
+
+
+def earlier_run_dir(run_id: str) -> str:
+    """Where an earlier run's rank directories go, relative to the dump directory."""
+    return f"{RUNS_DIR}/{run_id}"
 
 
 def graph_dir(graph: str) -> str:

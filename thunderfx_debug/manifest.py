@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import os
 import platform
@@ -76,13 +77,20 @@ def redacted_argv(argv: list[str]) -> list[str]:
     return redacted
 
 
+@functools.cache
+def _installed_version(package: str) -> str | None:
+    """The installed version of `package` (read once per process: reading package metadata costs about a
+    millisecond, and a periodic flush asks again and again)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def package_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for package in ("torch", "lightning-thunder", "nvfuser", "nvfuser-cu130-torch210", "triton", "thunderfx-debug"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
+        versions[package] = _installed_version(package)
     # nvFuser may be importable without pip metadata (as the H200 bundle provides it).
     if versions.get("nvfuser") is None and "nvfuser_direct" in sys.modules:
         versions["nvfuser"] = str(getattr(sys.modules["nvfuser_direct"], "version", lambda: "unknown")())

@@ -1,5 +1,12 @@
 """Records in, files out: the `Report` of a flush and every file of its dump, as (relative path, content) pairs in
-the order they are to be written (manifest.json, the index `load_report` reads first, last)."""
+the order they are to be written (manifest.json, the index `load_report` reads first, last).
+
+A flush has two halves. `ArtifactCache.artifacts` makes the traces and repro scripts of each graph from the
+recorder's snapshots (it reads Thunder's objects, so it runs in the training process's own thread), once per graph
+and again only when what they are made from changed. `report_files` turns the finished records into graph.json,
+summary.txt, trace.json and manifest.json: records in, text out, nothing else touched, so it may run in another
+thread. `dump_files` does both.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import Any
 from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts_for_graph
-from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.artifacts.report_builder import FileIndex, build_report
 from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot
@@ -22,40 +29,120 @@ DumpFiles = list[tuple[str, str | bytes]]
 
 
 def dump_files(snapshots: list[GraphSnapshot], meta: Mapping[str, Any], settings: ArtifactSettings,
-               failures: ReportingFailures, show_progress: bool = False) -> tuple[Report, DumpFiles]:
+               failures: ReportingFailures, show_progress: bool = False,
+               cache: ArtifactCache | None = None) -> tuple[Report, DumpFiles]:
     """The report and the files of a dump: traces, repro scripts (as `settings` ask; a graph that failed under
     Thunder gets the scripts of its failing piece regardless), graph.json per graph, summary.txt, trace.json and
     manifest.json. A piece whose artifacts cannot be made is a reporting failure; the others are still made.
     `show_progress`: progress of the scripts (`progress`: a bar on a terminal, log lines otherwise) where making
-    them takes more than a second."""
-    artifacts: list[Artifact] = []
-    for snapshot in snapshots:
-        with failures.guard(f"collecting the traces of {snapshot.state.name}"):
-            artifacts += trace_artifacts(snapshot)
-    with_scripts = [s for s in snapshots if settings.repro or s.state.error]
-    pieces = 0
-    with failures.guard("counting the pieces that get repro scripts"):
-        pieces = sum(len(pieces_with_scripts(s, settings)) for s in with_scripts)
-    with progress(pieces, "writing repro scripts", unit="piece", enabled=show_progress) as step:
-        for snapshot in with_scripts:
-            with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
-                artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=step)
+    them takes more than a second. `cache` (one per dump being written) keeps the traces and scripts of earlier
+    flushes."""
+    artifacts = (cache or ArtifactCache()).artifacts(snapshots, settings, failures, show_progress)
+    report = build_report(snapshots, file_index(artifacts), meta, failures)
+    return report, report_files(report, artifacts, failures)
+
+
+def file_index(artifacts: list[Artifact]) -> FileIndex:
+    """owner ("graph0/thunder_0") -> {label: path}: what each record lists in its `files`."""
     index: dict[str, dict[str, str]] = {}
     for artifact in artifacts:
         index.setdefault(artifact.owner, {})[artifact.label] = artifact.path
-    report = build_report(snapshots, index, meta, failures)
+    return index
 
+
+def report_files(report: Report, artifacts: list[Artifact], failures: ReportingFailures) -> DumpFiles:
+    """Every file of the dump, manifest.json last, from the finished records and artifacts (no Thunder, no torch)."""
     files: DumpFiles = [(a.path, a.content) for a in artifacts]
     files += [(f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", _json(g.to_json())) for g in report.graphs]
     files.append((layout.SUMMARY, str(report)))
     with failures.guard("rendering trace.json"):
-        files.append((layout.CHROME_TRACE, _json(chrome_trace(report))))
+        files.append((layout.CHROME_TRACE, _event_lines(chrome_trace(report))))
     files.append((layout.MANIFEST, _json(manifest_json(report))))
-    return report, files
+    return files
+
+
+class ArtifactCache:
+    """The traces and scripts of each graph of one run, made at the first flush that sees the graph and made again
+    only when what they are made from changed: the objects of its splits' final traces (a new cache entry of
+    Thunder's), a failure recorded on it, the inputs captured of it. The later flushes of a long run then make none.
+    """
+
+    def __init__(self):
+        # graph index -> (what the artifacts were made from, the artifacts). The first element holds the objects
+        # themselves, so that they stay alive and their ids stay theirs.
+        self._graphs: dict[int, tuple[tuple, tuple, list[Artifact]]] = {}
+        self._settings: ArtifactSettings | None = None
+
+    def artifacts(self, snapshots: list[GraphSnapshot], settings: ArtifactSettings, failures: ReportingFailures,
+                  show_progress: bool = False) -> list[Artifact]:
+        """The artifacts of every graph of `snapshots`, in their order; `show_progress` as in `dump_files`."""
+        if settings != self._settings:  # other scripts asked for: none of the cached ones is right
+            self._graphs, self._settings = {}, settings
+        keys = {snapshot.state.index: _sources(snapshot) for snapshot in snapshots}
+        stale = [s for s in snapshots if (cached := self._graphs.get(s.state.index)) is None
+                 or cached[1] != keys[s.state.index][1]]
+        pieces = 0
+        with failures.guard("counting the pieces that get repro scripts"):
+            pieces = sum(len(pieces_with_scripts(s, settings)) for s in stale if settings.repro or s.state.error)
+        with progress(pieces, "writing repro scripts", unit="piece", enabled=show_progress) as step:
+            for snapshot in stale:
+                sources, key = keys[snapshot.state.index]
+                self._graphs[snapshot.state.index] = (sources, key, _graph_artifacts(snapshot, settings, failures,
+                                                                                     step))
+        return [artifact for snapshot in snapshots for artifact in self._graphs[snapshot.state.index][2]]
+
+
+def _sources(snapshot: GraphSnapshot) -> tuple[tuple, tuple]:
+    """The objects a graph's artifacts are made from, and the key (ids and texts) that changes when one does."""
+    state = snapshot.state
+    objects = [state.real_inputs]
+    key: list[Any] = [state.error, state.failed_split, state.fallback, _captured_key(state.real_inputs)]
+    for split in snapshot.splits:
+        objects += [split.fwd_trace, split.bwd_trace, split.state.real_inputs]
+        key.append((split.state.name, split.state.error, id(split.fwd_trace), id(split.bwd_trace),
+                    split.fwd_text is None, split.bwd_text is None, len(split.regions),
+                    _captured_key(split.state.real_inputs)))
+    return tuple(objects), tuple(key)
+
+
+def _captured_key(captured) -> tuple | None:
+    return None if captured is None else (id(captured), captured.inputs is not None, captured.outputs is not None)
+
+
+def _graph_artifacts(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
+                     on_piece) -> list[Artifact]:
+    artifacts: list[Artifact] = []
+    with failures.guard(f"collecting the traces of {snapshot.state.name}"):
+        artifacts += trace_artifacts(snapshot)
+    if settings.repro or snapshot.state.error:
+        with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
+            if settings.real_inputs:
+                _wait_for_host_copies()
+            artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=on_piece)
+    return artifacts
+
+
+def _wait_for_host_copies() -> None:
+    """The captured inputs are copied to the host without waiting (`recording.capture`); before they are saved,
+    the copies must be complete. Once per graph whose scripts are made, not per flush."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _json(data: Any) -> str:
     return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
+
+
+def _event_lines(trace: Mapping[str, Any]) -> str:
+    """A Chrome trace as JSON with one event per line. Each event goes through json's C encoder, which an indented
+    dump does not use: a long run's trace is encoded three times faster, a third the size, and in many short steps
+    that leave the training thread its share of the GIL when a writer thread encodes it."""
+    encode = json.JSONEncoder(default=str).encode  # one encoder for all events (json.dumps makes one per call)
+    events = ",\n".join(map(encode, trace["traceEvents"]))
+    rest = "".join(f",\n{encode(key)}: {encode(value)}" for key, value in trace.items() if key != "traceEvents")
+    return '{"traceEvents": [\n' + events + "\n]" + rest + "}\n"
 
 
 def manifest_json(report: RankRecord) -> dict[str, Any]:

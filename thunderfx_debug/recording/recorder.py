@@ -39,6 +39,9 @@ class SplitState:
     # Filled by the fusion-level timing of the split, keyed by region ("nvFusion0_forward") and "outside_forward".
     region_series: dict[str, SampleSeries] = dataclasses.field(default_factory=dict)
     real_inputs: Captured | None = None
+    # What the last snapshot read of the split's traces: (forward trace, backward trace, regions, texts). Reused
+    # while Thunder's final traces stay the same objects, so a flush of a long run neither walks nor prints them.
+    traces_read: tuple | None = dataclasses.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -179,8 +182,15 @@ class Recorder:
         if split.split.kind is not SplitKind.THUNDER:
             return snap
         where = f"{state.name}/{split.name}"
+        failures_before = self.failures.total
         with self.failures.guard(f"reading the traces of {where}"):
             snap.fwd_trace, snap.bwd_trace = thunder_traces.final_traces(split.split.compiled)
+        read = split.traces_read
+        if read is not None and read[0] is snap.fwd_trace and read[1] is snap.bwd_trace:
+            snap.regions = list(read[2])
+            snap.__dict__["fwd_text"], snap.__dict__["bwd_text"] = read[3], read[4]
+            return snap
+        split.traces_read = None  # read again below; kept only if everything could be read
         with self.failures.guard(f"reading the fusion regions of {where}"):
             snap.regions = thunder_traces.fusion_regions(snap.fwd_trace, Phase.FORWARD)
             snap.regions += thunder_traces.fusion_regions(snap.bwd_trace, Phase.BACKWARD)
@@ -190,4 +200,6 @@ class Recorder:
             with self.failures.guard(f"printing the traces of {where}"):
                 getattr(snap, text)
             snap.__dict__.setdefault(text, None)  # cached_property's slot: None after a failure
+        if self.failures.total == failures_before and snap.fwd_trace is not None:
+            split.traces_read = (snap.fwd_trace, snap.bwd_trace, tuple(snap.regions), snap.fwd_text, snap.bwd_text)
         return snap

@@ -1,8 +1,9 @@
 """What runs on the training path: the callable the backend hands Dynamo for each graph, and the stand-in of each
 split inside it.
 
-Unsampled calls pay a counter, a comparison and a Python call per split. Sampled calls add clock marks before and
-after, and gradient hooks that mark the start and end of the backward (see `sampler`). The first call of a graph
+Unsampled calls pay a counter, a comparison and a Python call per split, and, with a dump directory, one clock
+reading per graph call for the periodic flush (`periodic`). Sampled calls add clock marks before and after, and
+gradient hooks that mark the start and end of the backward (see `sampler`). The first call of a graph
 and of each split also keeps host copies of its inputs and outputs when the run asks for real inputs (`capture`).
 """
 
@@ -19,6 +20,7 @@ from thunderfx_debug.safety import describe_exception
 
 if TYPE_CHECKING:
     from thunderfx_debug.recording.capture import InputCapture
+    from thunderfx_debug.recording.periodic import PeriodicFlush
     from thunderfx_debug.recording.recorder import GraphState, SplitState
 
 
@@ -78,37 +80,45 @@ class SplitRunner(torch.nn.Module):
 
 class GraphRunner:
     """The callable returned to Dynamo for one graph: counts calls, times sampled ones, keeps the first call's
-    inputs and outputs (with `capture`), runs `after_first_call(state)` once the first call has returned, and hands
-    a failure to `on_error`, whose answer runs the graph from then on."""
+    inputs and outputs (with `capture`), runs `after_first_call(state)` once the first call has returned, hands
+    a failure to `on_error`, whose answer runs the graph from then on, and after each call starts the periodic
+    flush when it is due (`periodic`; None: no periodic flushes)."""
 
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
-                 after_first_call: Callable[[GraphState], None] | None = None):
+                 after_first_call: Callable[[GraphState], None] | None = None,
+                 periodic: PeriodicFlush | None = None):
         self.state, self.split_gm = state, split_gm
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
-        self._after_first_call = after_first_call
         self._fallback: Callable | None = None
+        self._after_first_call = after_first_call
+        self._periodic = periodic
 
     def __call__(self, *args):
         state = self.state
         state.calls += 1
         if self._fallback is not None:
-            return self._fallback(*args)
-        first = state.calls == 1
-        if first and self._capture is not None:
-            self._capture.inputs(state, args)
-        try:
-            if self._sampler is not None and self._sampling.is_sampled(state.calls):
-                out = self._sampler.run(self.split_gm, args, state.calls)
+            out = self._fallback(*args)
+        else:
+            first = state.calls == 1
+            if first and self._capture is not None:
+                self._capture.inputs(state, args)
+            try:
+                if self._sampler is not None and self._sampling.is_sampled(state.calls):
+                    out = self._sampler.run(self.split_gm, args, state.calls)
+                else:
+                    out = self.split_gm(*args)
+            except Exception as e:
+                self._fallback = self._on_error(state, e, args)
+                out = self._fallback(*args)
             else:
-                out = self.split_gm(*args)
-        except Exception as e:
-            self._fallback = self._on_error(state, e, args)
-            return self._fallback(*args)
-        if first:
-            if self._capture is not None:
-                self._capture.outputs(state, out)
-            if self._after_first_call is not None:
-                self._after_first_call(state)
+                if first:
+                    if self._capture is not None:
+                        self._capture.outputs(state, out)
+                    if self._after_first_call is not None:
+                        self._after_first_call(state)
+        periodic = self._periodic
+        if periodic is not None and periodic.clock() >= periodic.due_at:
+            periodic.fire()  # between two graph calls of the training thread (see `periodic`)
         return out

@@ -10,6 +10,7 @@ import torch
 from thunderfx_debug.config import Config, TimingLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.regions import RegionObservers
 from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner
@@ -21,9 +22,11 @@ from thunderfx_debug.thunder import instrument
 
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
                capture: InputCapture | None, on_error: GraphErrorHandler,
-               after_first_call: Callable[[GraphState], None] | None = None) -> GraphRunner:
+               after_first_call: Callable[[GraphState], None] | None = None,
+               periodic: PeriodicFlush | None = None) -> GraphRunner:
     """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
-    `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged).
+    `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
+    `periodic`, shared by the backend's graphs, is the trigger of the periodic flush.
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
@@ -60,7 +63,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold)
     if after_first_call is not None:
         after_first_call = _guarded(after_first_call, failures, f"reporting the first call of {state.name}")
-    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call)
+    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic)
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:

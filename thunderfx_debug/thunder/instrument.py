@@ -142,7 +142,10 @@ def without_marks(trace: TraceCtx | None) -> TraceCtx | None:
         return source
     if not any(is_mark(b) for b in trace.bound_symbols):
         return trace
-    stripped = from_trace(trace)
-    stripped.bound_symbols = [b for b in trace.bound_symbols if not is_mark(b)]
-    stripped.set_provenance(TraceProvenance(f"{trace.get_provenance()} (the timing calls removed)"))
+    stripped = getattr(trace, "_thunderfx_debug_stripped", None)  # the same copy for the same trace, every flush
+    if stripped is None:
+        stripped = from_trace(trace)
+        stripped.bound_symbols = [b for b in trace.bound_symbols if not is_mark(b)]
+        stripped.set_provenance(TraceProvenance(f"{trace.get_provenance()} (the timing calls removed)"))
+        trace._thunderfx_debug_stripped = stripped
     return stripped
