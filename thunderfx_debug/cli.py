@@ -9,6 +9,8 @@ THUNDERFX_DEBUG_DIR), with a warning naming both; the library's own rule is the 
     thunderfx-debug summary DIR                 the run at a glance (ranks side by side for a multi-rank dump)
     thunderfx-debug html DIR [-o FILE]          one self-contained HTML page with charts, traces and script links
     thunderfx-debug diff DIR_A DIR_B            what changed between two runs, timing changes beyond noise flagged
+    thunderfx-debug diff DIR --runs [ID ...]    the same for consecutive runs of one directory (restarts of a job)
+    thunderfx-debug runs DIR                    the runs of one directory: the latest and those before it
     thunderfx-debug bench DIR                   nvFuser/Thunder against inductor, region by region (needs CUDA)
 """
 
@@ -101,9 +103,30 @@ def _load(path: str, rank: int | None) -> dict[int, Report]:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
+    from thunderfx_debug import layout
     from thunderfx_debug.render.summary import render_ranks
 
     print(render_ranks(_load(args.dir, args.rank)), end="")
+    earlier = Path(args.dir) / layout.RUNS_DIR
+    if earlier.is_dir() and any(earlier.iterdir()):
+        print(f"\nearlier runs of this directory are in {earlier} (thunderfx-debug runs {args.dir})")
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from thunderfx_debug.dump import list_runs
+
+    root = Path(args.dir)
+    rows = [["run id", "started (UTC)", "last written (UTC)", "ranks", "flushes", "where"]]
+    for run in list_runs(root):
+        where = "." if run.path == root else os.path.relpath(run.path, root)
+        rows.append([(run.run_id or "(no run id)") + (" (latest)" if run.latest else ""), run.started_at or "-",
+                     run.written_at or "-", ",".join(map(str, run.ranks)),
+                     "-" if run.flushes is None else str(run.flushes), where])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print(f"runs of {root}, oldest first:")
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return 0
 
 
@@ -143,8 +166,38 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     from thunderfx_debug.dump import load_report
     from thunderfx_debug.render.diff import diff_reports, render_diff
 
+    if args.runs is not None:
+        return _diff_runs(args)
+    if args.dir_b is None:
+        raise UsageError("diff takes two dump directories, or one with --runs (its consecutive runs)")
     a, b = load_report(args.dir_a, args.rank), load_report(args.dir_b, args.rank)
     print(render_diff(diff_reports(a, b), args.dir_a, args.dir_b, show_all=args.all), end="")
+    return 0
+
+
+def _diff_runs(args: argparse.Namespace) -> int:
+    """Consecutive runs of one directory (all of them, or those named, in the order named), each against the one
+    before it."""
+    from thunderfx_debug.dump import list_runs, load_report
+    from thunderfx_debug.render.diff import diff_reports, render_diff
+
+    if args.dir_b is not None:
+        raise UsageError("--runs compares the runs of one directory; give one DIR (and run ids after --runs)")
+    runs = list_runs(args.dir_a)
+    if args.runs:
+        by_id = {run.run_id: run for run in runs}
+        unknown = [run_id for run_id in args.runs if run_id not in by_id]
+        if unknown:
+            known = ", ".join(str(run.run_id) for run in runs)
+            raise UsageError(f"{args.dir_a} has no run {', '.join(unknown)}; its runs: {known}")
+        runs = [by_id[run_id] for run_id in args.runs]
+    if len(runs) < 2:
+        raise UsageError(f"{args.dir_a} holds {len(runs)} run; --runs needs two or more (thunderfx-debug runs DIR)")
+    for i, (a, b) in enumerate(zip(runs, runs[1:])):
+        label_a, label_b = (f"run {run.run_id or '(no run id)'} ({run.path})" for run in (a, b))
+        text = render_diff(diff_reports(load_report(a.path, args.rank), load_report(b.path, args.rank)), label_a,
+                           label_b, show_all=args.all)
+        print(("\n" if i else "") + text, end="")
     return 0
 
 
@@ -322,12 +375,24 @@ def build_parser() -> argparse.ArgumentParser:
         "diff", help="what changed between two runs: graphs, splits, reasons, fusions, timing beyond noise",
         description="Compares run B with run A: graphs, splits and split reasons, fusion regions (ops gained and lost) "
                     "and timing, as the ratio B/A of the medians, flagged when beyond noise (Mann-Whitney rank test "
-                    "on the raw samples, p < 0.05, and at least 2%; disjoint sample ranges with too few samples).")
+                    "on the samples (of a long run, its uniform sample), p < 0.05, and at least 2%; disjoint sample "
+                    "ranges with too few samples).")
     diff.add_argument("dir_a", help="run A: " + DIR_HELP)
-    diff.add_argument("dir_b", help="run B: " + DIR_HELP)
+    diff.add_argument("dir_b", nargs="?", help="run B: " + DIR_HELP + " (absent with --runs)")
     diff.add_argument("--rank", type=_rank, help="the rank to compare (default: the lowest of each dump)")
     diff.add_argument("--all", action="store_true", help="list every timed piece, not only changes beyond noise")
+    diff.add_argument("--runs", nargs="*", metavar="RUN_ID",
+                      help="compare the runs of DIR (a job restarted into the same THUNDERFX_DEBUG_DIR), each against "
+                           "the one before it: all of them oldest first, or the runs named, in that order")
     diff.set_defaults(run=_cmd_diff)
+
+    runs = commands.add_parser(
+        "runs", help="list the runs of a dump directory: the latest (at rank<R>/) and the earlier ones (runs/<id>/)",
+        description="A job restarted into the same THUNDERFX_DEBUG_DIR keeps every run: the latest at rank<R>/, "
+                    "earlier ones under runs/<run id>/rank<R>/. Lists them oldest first with their ranks, start, "
+                    "last flush and number of flushes; `diff DIR --runs` compares consecutive ones.")
+    runs.add_argument("dir", help="a THUNDERFX_DEBUG_DIR")
+    runs.set_defaults(run=_cmd_runs)
 
     bench = commands.add_parser(
         "bench", help="run the dump's scripts: nvFuser vs inductor per region, Thunder vs inductor per split (CUDA)",
