@@ -90,3 +90,21 @@ def test_real_models_reports_the_exception_line_of_a_failed_mode_not_its_last_li
     assert real_models.error_line(stderr) == "AssertionError: expected size 4==4, stride 4096==32 at dim=1"
     assert real_models.error_line("Segmentation fault\n") == "Segmentation fault"
     assert real_models.error_line("") == "no output"
+
+
+def test_flush_pause_benchmark_classifies_steps_by_the_flushes_they_overlap():
+    """benchmarks/flush_pause.py's arithmetic on made-up flushes and steps (its training run is the H200's)."""
+    flush_pause = _load("flush_pause")
+    from thunderfx_debug.flusher import FlushStats
+
+    history = [FlushStats("periodic", 900.0, 50.0, 9, 0, started_s=0.0),  # the first: makes every script
+               FlushStats("periodic", 2.0, 98.0, 4, 5, started_s=10.0), FlushStats("periodic", 4.0, 96.0, 4, 5,
+                                                                                    started_s=20.0)]
+    steps = [(1.0, 1.010), (5.0, 5.012), (10.05, 10.075), (20.09, 20.13), (30.0, 30.011)]  # seconds
+    result = flush_pause.summarise({"history": history, "steps_times": steps})
+    assert result["first_flush"]["training_thread_ms"] == 900.0 and result["flushes_measured"] == 2
+    assert result["pause_ms"]["median"] == 3.0 and result["pause_ms"]["worst"] == 4.0
+    assert result["step_ms"]["median_without_flush"] == pytest.approx(11.0)  # the steps at 1, 5 and 30 s
+    assert result["step_ms"]["steps_overlapping_a_flush"] == 2
+    assert result["step_ms"]["excess_worst"] == pytest.approx(29.0)
+    assert flush_pause.check_cost_ns(rounds=1, calls=1000)["ns_per_call_with"] > 0

@@ -42,6 +42,8 @@ def _check(out: Path) -> None:
     assert sorted(p.name for p in everyone.iterdir()) == ["rank0", "rank1"]
     reports = load_reports(everyone)
     assert sorted(reports) == [0, 1]
+    # One run: the ranks derived the same run id (torchrun's rendezvous id) without communicating.
+    assert reports[0].meta["run_id"] == reports[1].meta["run_id"] and reports[0].meta["run_id"].endswith("-restart0")
     for rank, report in reports.items():
         assert report.meta["rank"] == rank and report.meta["world_size"] == 2
         assert report.meta["reporting_failures"] == []
