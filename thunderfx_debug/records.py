@@ -311,6 +311,174 @@ def _timing_json(timing: Timing | None) -> dict[str, Any] | None:
     return None if timing is None else timing.to_json()
 
 
+class CostWhen(str, enum.Enum):
+    """When a part of a piece's compile cost was paid: before its first call (Dynamo and the backend call), in its
+    first forward call, or in its first backward."""
+
+    COMPILE = "compile"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class CostStage(str, enum.Enum):
+    """The parts of a compile cost that can be told apart (host wall time, perf_counter).
+
+    - DYNAMO: Dynamo's compile of the frame, less the backend call (tracing the user's code, guards, bytecode).
+    - BACKEND: the backend call (ThunderFX splitting the graph; inductor splits with dynamic shapes compile here).
+    - THUNDER_TRACING: Thunder's interpreter and first passes over a split, at its first call (Thunder's compile stats).
+    - THUNDER_TRANSFORMS: Thunder's transforms of the traces: autodiff, executor and fusion passes, forward/backward
+      split, code generation (compile stats).
+    - KERNEL_COMPILES: compiles Dynamo reports inside the first call (its compile callbacks): torch.compile of
+      Thunder's TorchCompile regions, inductor's lazily compiled backward.
+    - INDUCTOR_COMPILE: inductor compiling a split at its first call, with the real inputs.
+    - FIRST_EXECUTION: the first execution, less the compiles seen inside it. nvFuser compiles its fusions here, at
+      their first execution, and nothing reports that compile on its own: on CUDA most of this part is nvFuser's.
+    """
+
+    DYNAMO = "dynamo"
+    BACKEND = "backend"
+    THUNDER_TRACING = "thunder tracing"
+    THUNDER_TRANSFORMS = "thunder transforms"
+    KERNEL_COMPILES = "kernel compiles"
+    INDUCTOR_COMPILE = "inductor compile"
+    FIRST_EXECUTION = "first execution"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostPart:
+    """`seconds` of host wall time of stage `what`, paid `when`."""
+
+    when: CostWhen
+    what: CostStage
+    seconds: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "when", CostWhen(self.when))
+        object.__setattr__(self, "what", CostStage(self.what))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"when": self.when.value, "what": self.what.value, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> CostPart:
+        return cls(
+            when=_enum(CostWhen, _get(data, "when", str, where), f"{where}.when"),
+            what=_enum(CostStage, _get(data, "what", str, where), f"{where}.what"),
+            seconds=float(_get(data, "seconds", (int, float), where)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCost:
+    """What compiling a graph or split and running it the first time cost the host (perf_counter, seconds).
+
+    `forward_s` is the wall time of the piece's first forward call, `backward_s` that of its first backward (from its
+    first autograd node to its last; None where it never ran). `parts` are the pieces of that time which can be told
+    apart (`CostStage`); what they do not cover is the rest of those calls. `started_s` and `ended_s` place the cost on
+    the run's host clock (seconds since the backend was built): a graph's starts with Dynamo's compile of its frame
+    (with the backend call where Dynamo's start was not seen), a split's with its first call; both end with the end
+    of the first backward (the first forward where there was none).
+    """
+
+    forward_s: float | None = None
+    backward_s: float | None = None
+    parts: tuple[CostPart, ...] = ()
+    started_s: float | None = None
+    ended_s: float | None = None
+
+    def seconds(self, what: CostStage, when: CostWhen | None = None) -> float:
+        return math.fsum(p.seconds for p in self.parts if p.what is what and (when is None or p.when is when))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"forward_s": self.forward_s, "backward_s": self.backward_s, "parts": [p.to_json() for p in self.parts],
+                "started_s": self.started_s, "ended_s": self.ended_s}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> CompileCost:
+        number = (int, float)
+        return cls(
+            forward_s=_get(data, "forward_s", number, where, default=None),
+            backward_s=_get(data, "backward_s", number, where, default=None),
+            parts=_records(data, "parts", where, CostPart.from_json),
+            started_s=_get(data, "started_s", number, where, default=None),
+            ended_s=_get(data, "ended_s", number, where, default=None),
+        )
+
+
+def _cost_or_none(data: Mapping[str, Any], where: str) -> CompileCost | None:
+    value = _get(data, "compile_cost", dict, where, default=None)
+    return None if value is None else CompileCost.from_json(value, f"{where}.compile_cost")
+
+
+#: The op group of a split's time outside its fusion regions that no op opened: the start of a trace (unpacking its
+#: inputs) and what follows a fusion region before the next op (Thunder's dels, views, bookkeeping).
+BETWEEN_OPS = "between ops"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpGroup:
+    """The non-fusion work of a thunder split's trace of one phase, grouped by symbol and executor ("linear" run by
+    "torch", "sdpa" by "cudnn"): `count` bound symbols of the trace, and the summed time of all of them on each
+    sampled call (`timing`). An op's time runs from its mark to the next mark, so the views, dels and unpacks that
+    follow an op (they launch no kernel) count with it. `symbol` BETWEEN_OPS (executor "thunder") is the rest of the
+    time outside the regions; the groups of a phase and its regions add up to the trace's time."""
+
+    symbol: str
+    executor: str
+    phase: Phase
+    count: int = 0
+    timing: Timing | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "phase", Phase(self.phase))
+
+    @property
+    def label(self) -> str:
+        """"linear [torch]": the group's name in reports."""
+        return f"{self.symbol} [{self.executor}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"symbol": self.symbol, "executor": self.executor, "phase": self.phase.value, "count": self.count,
+                "timing": _timing_json(self.timing)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> OpGroup:
+        return cls(
+            symbol=_get(data, "symbol", str, where),
+            executor=_get(data, "executor", str, where, default=""),
+            phase=_enum(Phase, _get(data, "phase", str, where), f"{where}.phase"),
+            count=_get(data, "count", int, where, default=0),
+            timing=_timing_or_none(data, "timing", where),
+        )
+
+
+class Disturbance(str, enum.Enum):
+    """Why a sampled call is left out of the headline statistics (its samples stay in the records):
+    COMPILE: the process compiled something during the call (Dynamo's compile callbacks fired);
+    PREEMPTED: the host thread waited for a CPU for more than a tenth of the call (Linux run-queue wait)."""
+
+    COMPILE = "compile"
+    PREEMPTED = "preempted"
+
+
+@dataclasses.dataclass(frozen=True)
+class DisturbedCall:
+    """Sampled call `call` of a graph was disturbed (`why`), which concerns the samples of every piece of the graph."""
+
+    call: int
+    why: Disturbance
+
+    def __post_init__(self):
+        object.__setattr__(self, "why", Disturbance(self.why))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call": self.call, "why": self.why.value}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> DisturbedCall:
+        return cls(_get(data, "call", int, where), _enum(Disturbance, _get(data, "why", str, where), f"{where}.why"))
+
+
 def storage_span(shape: tuple[int, ...] | list[int], stride: tuple[int, ...] | list[int]) -> int:
     """Elements of storage that a strided tensor reaches from its storage offset (0 for an empty one).
 
@@ -468,6 +636,13 @@ class SplitRecord:
     `timing` is the forward device time of the submodule's calls and `backward_timing` that of its backward.
     `fwd_trace`/`bwd_trace` are the final Thunder traces (Python source), None for inductor splits or when the
     split never ran. `error` is the text of a failure while compiling or running it, if any.
+
+    `host_timing`/`host_backward_timing` are the host wall time (perf_counter) of the same sampled calls, recorded
+    where `timing` is device time (CUDA); on CPU runs `timing` is host time already and they are None.
+    `thunder_overhead_timing` is, per sampled call, the host time Thunder spent in the split's forward call outside
+    its computation (cache check, prologue, autograd connection, epilogue; from Thunder's compile stats).
+    `op_groups` is the split's time outside its fusion regions by op (fusion-level timing, see `OpGroup`).
+    `compile_cost` is what its first call cost (see `CompileCost`).
     """
 
     name: str
@@ -483,6 +658,11 @@ class SplitRecord:
     outside_fusions_timing: Mapping[str, Timing] = dataclasses.field(default_factory=dict)
     error: str | None = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    host_timing: Timing | None = None
+    host_backward_timing: Timing | None = None
+    thunder_overhead_timing: Timing | None = None
+    op_groups: tuple[OpGroup, ...] = ()
+    compile_cost: CompileCost | None = None
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -501,6 +681,11 @@ class SplitRecord:
             "outside_fusions_timing": {k: v.to_json() for k, v in self.outside_fusions_timing.items()},
             "error": self.error,
             "files": dict(self.files),
+            "host_timing": _timing_json(self.host_timing),
+            "host_backward_timing": _timing_json(self.host_backward_timing),
+            "thunder_overhead_timing": _timing_json(self.thunder_overhead_timing),
+            "op_groups": [g.to_json() for g in self.op_groups],
+            "compile_cost": None if self.compile_cost is None else self.compile_cost.to_json(),
         }
 
     @classmethod
@@ -523,6 +708,11 @@ class SplitRecord:
             },
             error=_get(data, "error", str, where, default=None),
             files=_files(data, where),
+            host_timing=_timing_or_none(data, "host_timing", where),
+            host_backward_timing=_timing_or_none(data, "host_backward_timing", where),
+            thunder_overhead_timing=_timing_or_none(data, "thunder_overhead_timing", where),
+            op_groups=_records(data, "op_groups", where, OpGroup.from_json),
+            compile_cost=_cost_or_none(data, where),
         )
 
 
@@ -533,6 +723,13 @@ class GraphRecord:
     `compile_id` is Dynamo's ("0/0", "0/1" for the first recompile of frame 0); `break_reason` is why Dynamo ended
     the graph where it did (None when the frame ended normally); `recompile_reason` the guard that failed, for
     recompiles. `fallback` is True when the graph ran without Thunder after an error (THUNDERFX_DEBUG_ON_ERROR).
+
+    `compile_time_s` is the backend call alone; `compile_cost` what compiling the graph and its first forward and
+    backward cost the host in all, in parts (see `CompileCost`). `host_timing`/`host_backward_timing` are the host
+    wall time of the sampled calls where `timing` is device time (CUDA; None on CPU, where `timing` is host time).
+    `period_timing` is the host wall time from the start of a sampled call to the start of the graph's next call:
+    for a graph called once per step, the wall time of a training step. `disturbed` lists the sampled calls that the
+    headline statistics leave out (see `Disturbance`); their samples stay in every timing of the graph.
     """
 
     name: str
@@ -552,6 +749,11 @@ class GraphRecord:
     fallback: bool = False
     compile_time_s: float | None = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    compile_cost: CompileCost | None = None
+    host_timing: Timing | None = None
+    host_backward_timing: Timing | None = None
+    period_timing: Timing | None = None
+    disturbed: tuple[DisturbedCall, ...] = ()
 
     @property
     def reasons(self) -> tuple[SplitReason, ...]:
@@ -589,6 +791,11 @@ class GraphRecord:
             "fallback": self.fallback,
             "compile_time_s": self.compile_time_s,
             "files": dict(self.files),
+            "compile_cost": None if self.compile_cost is None else self.compile_cost.to_json(),
+            "host_timing": _timing_json(self.host_timing),
+            "host_backward_timing": _timing_json(self.host_backward_timing),
+            "period_timing": _timing_json(self.period_timing),
+            "disturbed": [d.to_json() for d in self.disturbed],
         }
 
     @classmethod
@@ -618,6 +825,11 @@ class GraphRecord:
             fallback=_get(data, "fallback", bool, where, default=False),
             compile_time_s=_get(data, "compile_time_s", (int, float), where, default=None),
             files=_files(data, where),
+            compile_cost=_cost_or_none(data, where),
+            host_timing=_timing_or_none(data, "host_timing", where),
+            host_backward_timing=_timing_or_none(data, "host_backward_timing", where),
+            period_timing=_timing_or_none(data, "period_timing", where),
+            disturbed=_records(data, "disturbed", where, DisturbedCall.from_json),
         )
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from thunderfx_debug.records import FusionRecord, GraphRecord, SplitRecord
-from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord
+from thunderfx_debug.recording import compile_cost
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
 from thunderfx_debug.recording.timing import SampleSeries
 from thunderfx_debug.report import Report
 from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder.compile_events import SPANS
 
 #: owner key ("graph0", "graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> {label: path in the dump}
 FileIndex = Mapping[str, Mapping[str, str]]
@@ -29,7 +31,13 @@ def _timing(series: SampleSeries | None):
     return None if series is None else series.timing()
 
 
-def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex) -> SplitRecord:
+def _op_groups(split: SplitState) -> tuple[OpGroup, ...]:
+    groups = [OpGroup(symbol, executor, phase, split.op_counts.get((phase, symbol, executor), 0), series.timing())
+              for (phase, symbol, executor), series in split.op_series.items()]
+    return tuple(sorted(groups, key=lambda g: (g.phase.value != "forward", -(g.timing.total_ms if g.timing else 0))))
+
+
+def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int) -> SplitRecord:
     split = snap.state
     key = f"{graph}/{split.name}"
     fusions = tuple(
@@ -61,11 +69,17 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex) -> SplitRec
         outside_fusions_timing={name: timing for name, timing in outside.items() if timing is not None},
         error=split.error,
         files=files.get(key, {}),
+        host_timing=_timing(split.host_forward),
+        host_backward_timing=_timing(split.host_backward),
+        thunder_overhead_timing=_timing(split.overhead),
+        op_groups=_op_groups(split),
+        compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
     )
 
 
 def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
     state, facts = snap.state, snap.state.facts
+    origin_ns = state.origin_ns
     return GraphRecord(
         name=state.name,
         index=state.index,
@@ -75,7 +89,7 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
         recompile_reason=facts.recompile_reason,
         node_count=sum(1 for n in state.gm.graph.nodes if n.op not in ("placeholder", "output")),
         input_meta=state.input_meta,
-        splits=tuple(_split_record(state.name, split, files) for split in snap.splits),
+        splits=tuple(_split_record(state.name, split, files, origin_ns) for split in snap.splits),
         unattributed_reasons=tuple(state.unattributed_reasons),
         calls=state.calls,
         timing=state.forward.timing(),
@@ -84,4 +98,9 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
         fallback=state.fallback,
         compile_time_s=state.compile_time_s,
         files=files.get(state.name, {}),
+        compile_cost=compile_cost.graph_cost(state.first, state.backend, origin_ns, SPANS),
+        host_timing=_timing(state.host_forward),
+        host_backward_timing=_timing(state.host_backward),
+        period_timing=state.period.timing(),
+        disturbed=state.waits.disturbed(),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -17,9 +18,12 @@ import torch
 from thunderfx_debug.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured
-from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
+from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
+from thunderfx_debug.recording.host import CallWaits
+from thunderfx_debug.recording.timing import Clock, HostClock, SampleSeries, clock_for
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
+from thunderfx_debug.thunder.compile_events import SPANS
 from thunderfx_debug.thunder import splits as thunder_splits
 from thunderfx_debug.thunder import traces as thunder_traces
 from thunderfx_debug.thunder.dynamo import GraphFacts
@@ -42,6 +46,13 @@ class SplitState:
     # What the last snapshot read of the split's traces: (forward trace, backward trace, regions, texts). Reused
     # while Thunder's final traces stay the same objects, so a flush of a long run neither walks nor prints them.
     traces_read: tuple | None = dataclasses.field(default=None, repr=False)
+    # ... and its time outside the regions by op group, keyed (phase, symbol, executor); how many ops each group has.
+    op_series: dict[tuple[str, str, str], SampleSeries] = dataclasses.field(default_factory=dict)
+    op_counts: dict[tuple[str, str, str], int] = dataclasses.field(default_factory=dict)
+    first: FirstCall | None = None  # the host's view of the first call (compile cost)
+    host_forward: SampleSeries | None = None  # host wall of sampled calls, where `forward` is device time
+    host_backward: SampleSeries | None = None
+    overhead: SampleSeries | None = None  # Thunder's own host time per sampled forward call (thunder splits)
 
     @property
     def name(self) -> str:
@@ -66,6 +77,15 @@ class GraphState:
     compile_time_s: float | None = None
     split_gm: torch.fx.GraphModule | None = None
     real_inputs: Captured | None = None
+    origin_ns: int = 0  # the start of the run's host clock (`Recorder.origin_ns`)
+    backend_started_ns: int = 0
+    dynamo_started_ns: int | None = None  # the Dynamo compile the backend call was part of
+    backend: BackendCall | None = None
+    first: FirstCall | None = None
+    host_forward: SampleSeries | None = None
+    host_backward: SampleSeries | None = None
+    period: SampleSeries = dataclasses.field(default_factory=lambda: SampleSeries(HostClock()))
+    waits: CallWaits = dataclasses.field(default_factory=CallWaits)
 
     @property
     def name(self) -> str:
@@ -75,10 +95,18 @@ class GraphState:
         """Every sample series of the graph, its splits and their regions."""
         yield self.forward
         yield self.backward
+        yield self.period
+        yield from (s for s in (self.host_forward, self.host_backward) if s is not None)
+        if self.first is not None:
+            yield from (self.first.forward, self.first.backward)
         for split in self.splits:
             yield split.forward
             yield split.backward
             yield from split.region_series.values()
+            yield from split.op_series.values()
+            yield from (s for s in (split.host_forward, split.host_backward, split.overhead) if s is not None)
+            if split.first is not None:
+                yield from (split.first.forward, split.first.backward)
 
 
 @dataclasses.dataclass
@@ -114,9 +142,14 @@ class Recorder:
         self.failures = ReportingFailures(config.strict)
         self.frame_compiles: Counter[str] = Counter()
         self.warnings: list[str] = []
+        self.origin_ns = time.perf_counter_ns()  # the run's host clock: compile costs are placed on it
+        SPANS.install()
 
     # ---- training path (compile time) -------------------------------------------------------------------------
     def new_graph(self, gm: torch.fx.GraphModule, example_inputs) -> GraphState:
+        backend_started_ns = time.perf_counter_ns()
+        dynamo_started_ns = SPANS.open_start_ns  # the compile in progress (its start callback ran before this call)
+        SPANS.install()  # again: torch._dynamo.reset() removes Dynamo's callbacks
         facts = GraphFacts()
         with self.failures.guard("reading Dynamo's compile id and break reason"):
             facts = thunder_dynamo.graph_facts(gm)
@@ -127,6 +160,7 @@ class Recorder:
         state = GraphState(
             index=len(self.graphs), gm=gm, facts=facts, input_meta=metas, clock=clock,
             forward=SampleSeries(clock), backward=SampleSeries(clock),
+            origin_ns=self.origin_ns, backend_started_ns=backend_started_ns, dynamo_started_ns=dynamo_started_ns,
         )
         self.graphs.append(state)
         with self.failures.guard(f"counting the compiles of the frame of {state.name}"):
@@ -154,6 +188,7 @@ class Recorder:
     def graph_compiled(self, state: GraphState, info, split_gm: torch.fx.GraphModule, compile_time_s: float) -> None:
         state.compile_time_s = compile_time_s
         state.split_gm = split_gm
+        state.backend = BackendCall(state.backend_started_ns, time.perf_counter_ns(), state.dynamo_started_ns)
         with self.failures.guard(f"reading the splits of {state.name}"):
             splits, unattributed = thunder_splits.compiled_splits(info, split_gm)
             state.splits = [SplitState(s, SampleSeries(state.clock), SampleSeries(state.clock)) for s in splits]

@@ -29,6 +29,18 @@ class RegionObservers:
     def __init__(self, observers: Sequence[object]):
         self.observers = list(observers)
         self._reversed = self.observers[::-1]
+        marking = [o.mark_op for o in self.observers if hasattr(o, "mark_op")]
+        # `mark_op` (before every op outside the regions, on every run) goes straight to the one observer that wants
+        # it, without a loop in between.
+        self.mark_op = marking[0] if len(marking) == 1 else self._mark_ops(marking)
+
+    @staticmethod
+    def _mark_ops(marking):
+        def mark_op(symbol: str, executor: str) -> None:
+            for mark in marking:
+                mark(symbol, executor)
+
+        return mark_op
 
     def begin_trace(self, phase: str) -> None:
         for observer in self.observers:

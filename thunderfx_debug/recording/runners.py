@@ -1,25 +1,30 @@
 """What runs on the training path: the callable the backend hands Dynamo for each graph, and the stand-in of each
 split inside it.
 
-Unsampled calls pay a counter, a comparison and a Python call per split, and, with a dump directory, one clock
-reading per graph call for the periodic flush (`periodic`). Sampled calls add clock marks before and after, and
-gradient hooks that mark the start and end of the backward (see `sampler`). The first call of a graph
-and of each split also keeps host copies of its inputs and outputs when the run asks for real inputs (`capture`).
+Unsampled calls pay a counter, a comparison and a Python call per split, with a dump directory one clock reading
+per graph call for the periodic flush (`periodic`), and on the call after a sampled one of a graph a clock reading
+(the end of its call period). Sampled calls add clock marks before and after, and gradient hooks that mark the
+start and end of the backward (see `sampler`). The first call of a graph and of each split is timed on the host
+clock, forward and backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its
+inputs and outputs when the run asks for real inputs (`capture`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from thunderfx_debug.recording.sampler import PhaseSampler
-from thunderfx_debug.recording.timing import RegionTimer, Sampling
-from thunderfx_debug.safety import describe_exception
+from thunderfx_debug.recording.timing import RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.safety import ReportingFailures, describe_exception
+from thunderfx_debug.thunder import compile_events
 
 if TYPE_CHECKING:
     from thunderfx_debug.recording.capture import InputCapture
+    from thunderfx_debug.recording.compile_cost import FirstCallTimer
     from thunderfx_debug.recording.periodic import PeriodicFlush
     from thunderfx_debug.recording.recorder import GraphState, SplitState
 
@@ -28,6 +33,20 @@ class GraphErrorHandler(Protocol):
     def __call__(self, state: GraphState, error: BaseException, args: tuple) -> Callable:
         """Records that Thunder failed on a graph, then raises `error` again or returns what runs the graph from
         now on (THUNDERFX_DEBUG_ON_ERROR)."""
+
+
+class ThunderOverhead:
+    """After a sampled call of a thunder split: the host time Thunder spent in the call outside its computation
+    function (cache check, prologue, autograd connection, epilogue), from the split's compile stats, into `series`."""
+
+    def __init__(self, module, series: SampleSeries, failures: ReportingFailures, label: str):
+        self.module, self.series, self.failures, self.label = module, series, failures, label
+
+    def read(self, call: int) -> None:
+        with self.failures.guard(f"reading Thunder's host time in {self.label}"):
+            ns = compile_events.overhead_ns(self.module)
+            if ns is not None:
+                self.series.add(call, 0, ns)  # host-clock marks are nanoseconds
 
 
 class SplitRunner(torch.nn.Module):
@@ -42,12 +61,14 @@ class SplitRunner(torch.nn.Module):
     """
 
     def __init__(self, inner: Callable, split: SplitState, graph: GraphState, sampling: Sampling,
-                 sampler: PhaseSampler | None, capture: InputCapture | None):
+                 sampler: PhaseSampler | None, capture: InputCapture | None, first: FirstCallTimer | None = None,
+                 overhead: ThunderOverhead | None = None):
         super().__init__()
         self.inner = inner
         self.__dict__["_inner"] = inner  # beside the registered child: a plain lookup on the call path
         self._split, self._graph = split, graph
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
+        self._first, self._overhead = first, overhead
 
     def attach_regions(self, regions: RegionTimer) -> None:
         """Times the fusion regions of this (thunder) split on its sampled calls; needs split-level timing."""
@@ -57,68 +78,100 @@ class SplitRunner(torch.nn.Module):
         self._sampler.regions = regions
 
     def forward(self, *args):
-        split, graph = self._split, self._graph
+        split = self._split
         split.calls += 1
-        first = split.calls == 1 and self._capture is not None
-        if first:
-            self._capture.inputs(split, args)
+        if split.calls == 1:
+            return self._first_call(args)
+        return self._call(*args)
+
+    __call__ = forward
+
+    def _call(self, *args):
+        split, graph = self._split, self._graph
         try:
             if self._sampler is not None and self._sampling.is_sampled(graph.calls):
                 out = self._sampler.run(self._inner, args, graph.calls)
+                if self._overhead is not None and split.calls > 1:  # the first call's is its compile
+                    self._overhead.read(graph.calls)
             else:
                 out = self._inner(*args)
         except Exception as e:
             split.error = describe_exception(e)
             graph.failed_split = split.name
             raise
-        if first:
-            self._capture.outputs(split, out)
         return out
 
-    __call__ = forward
+    def _first_call(self, args):
+        if self._capture is not None:
+            self._capture.inputs(self._split, args)
+        out = self._first.run(self._call, args) if self._first is not None else self._call(*args)
+        if self._capture is not None:
+            self._capture.outputs(self._split, out)
+        return out
 
 
 class GraphRunner:
     """The callable returned to Dynamo for one graph: counts calls, times sampled ones, keeps the first call's
     inputs and outputs (with `capture`), runs `after_first_call(state)` once the first call has returned, hands
     a failure to `on_error`, whose answer runs the graph from then on, and after each call starts the periodic
-    flush when it is due (`periodic`; None: no periodic flushes)."""
+    flush when it is due (`periodic`; None: no periodic flushes). `first` times the first call on the host clock
+    (compile cost); a sampled call's period runs from its start to the start of the next call (`GraphState.period`).
+    """
 
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
                  after_first_call: Callable[[GraphState], None] | None = None,
-                 periodic: PeriodicFlush | None = None):
+                 periodic: PeriodicFlush | None = None, first: FirstCallTimer | None = None):
         self.state, self.split_gm = state, split_gm
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
         self._fallback: Callable | None = None
         self._after_first_call = after_first_call
         self._periodic = periodic
+        self._first = first
+        # (sampled call, perf_counter_ns at its start) until the next call closes its period (`GraphState.period`)
+        self._period_start: tuple[int, int] | None = None
 
     def __call__(self, *args):
         state = self.state
         state.calls += 1
+        if self._period_start is not None:
+            call, started = self._period_start
+            state.period.add(call, started, time.perf_counter_ns())
+            self._period_start = None
         if self._fallback is not None:
             out = self._fallback(*args)
+        elif state.calls == 1:
+            out = self._first_call(args)
         else:
-            first = state.calls == 1
-            if first and self._capture is not None:
-                self._capture.inputs(state, args)
-            try:
-                if self._sampler is not None and self._sampling.is_sampled(state.calls):
-                    out = self._sampler.run(self.split_gm, args, state.calls)
-                else:
-                    out = self.split_gm(*args)
-            except Exception as e:
-                self._fallback = self._on_error(state, e, args)
-                out = self._fallback(*args)
-            else:
-                if first:
-                    if self._capture is not None:
-                        self._capture.outputs(state, out)
-                    if self._after_first_call is not None:
-                        self._after_first_call(state)
+            out = self._call(*args)
         periodic = self._periodic
         if periodic is not None and periodic.clock() >= periodic.due_at:
+            self._period_start = None  # a period with a flush in it is not a step's
             periodic.fire()  # between two graph calls of the training thread (see `periodic`)
+        return out
+
+    def _call(self, *args):
+        state = self.state
+        try:
+            if self._sampler is not None and self._sampling.is_sampled(state.calls):
+                self._period_start = (state.calls, time.perf_counter_ns())
+                out = self._sampler.run(self.split_gm, args, state.calls)
+            else:
+                out = self.split_gm(*args)
+        except Exception as e:
+            self._fallback = self._on_error(state, e, args)
+            return self._fallback(*args)
+        return out
+
+    def _first_call(self, args):
+        state = self.state
+        if self._capture is not None:
+            self._capture.inputs(state, args)
+        out = self._first.run(self._call, args) if self._first is not None else self._call(*args)
+        if self._fallback is None:
+            if self._capture is not None:
+                self._capture.outputs(state, out)
+            if self._after_first_call is not None:
+                self._after_first_call(state)
         return out

@@ -11,6 +11,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
+from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
 from thunderfx_debug.safety import ReportingFailures
 
@@ -27,24 +28,28 @@ class PhaseSampler:
     owns it (`owns_hold`); its splits share it so that a split's backward start, which autograd may run before the
     graph's, also comes after the hold.
 
+    `watch` takes the host's readings of the same calls (wall time beside device time, disturbances; see
+    `host.HostWatch`), outside the clock's marks: its readings are not inside what the marks time.
+
     The bookkeeping around the piece's own function is guarded by `failures`: a failing clock or hook loses that
     sample (logged once), while the function itself runs exactly once and its exceptions are the user's, raised as
     they are.
     """
 
     def __init__(self, label: str, forward: SampleSeries, backward: SampleSeries, failures: ReportingFailures,
-                 hold: DeviceHold | None = None, owns_hold: bool = True):
+                 hold: DeviceHold | None = None, owns_hold: bool = True, watch: HostWatch | None = None):
         self.label = label
         self.forward, self.backward = forward, backward
         self.failures = failures
         self.hold, self.owns_hold = hold, owns_hold
+        self.watch = watch
         self.regions: RegionTimer | None = None
         self._backward_marks: BackwardMarks | None = None
 
     def run(self, fn: Callable, args: Sequence[Any], call: int) -> Any:
         """`fn(*args)` as sampled call number `call` (1-based, the graph's call count)."""
         regions = self.regions
-        start = None
+        start = host = None
         with self.failures.guard(f"starting a timing sample of {self.label}"):
             if self._backward_marks is not None:  # the previous sample's backward never ran (e.g. an eval step)
                 self._backward_marks.cancel()
@@ -56,6 +61,8 @@ class PhaseSampler:
                 regions.forward_call = call
             if self.hold is not None and self.owns_hold:
                 self.hold.begin(Phase.FORWARD, call)
+            if self.watch is not None:
+                host = self.watch.begin()
             start = self.forward.clock.mark()
         try:
             out = fn(*args)
@@ -65,6 +72,8 @@ class PhaseSampler:
         with self.failures.guard(f"ending a timing sample of {self.label}"):
             if start is not None:
                 self.forward.add(call, start, self.forward.clock.mark())
+                if host is not None:
+                    self.watch.end(host, call, Phase.FORWARD)
                 if self.hold is not None and self.owns_hold:
                     self.hold.end(Phase.FORWARD)
             tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -89,7 +98,7 @@ class BackwardMarks:
 
     def __init__(self, sampler: PhaseSampler, call: int, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]):
         self.sampler, self.call = sampler, call
-        self.start = None
+        self.start = self.host = None
         self.handles: list[Any] = []
         first_nodes, last_nodes = _backward_nodes(inputs, outputs)
         if not first_nodes or not last_nodes:
@@ -110,6 +119,8 @@ class BackwardMarks:
             if self.start is None:
                 if sampler.hold is not None:
                     sampler.hold.begin(Phase.BACKWARD, self.call)
+                if sampler.watch is not None:
+                    self.host = sampler.watch.begin()
                 self.start = sampler.backward.clock.mark()
                 if sampler.regions is not None:
                     sampler.regions.backward_call = self.call
@@ -124,6 +135,8 @@ class BackwardMarks:
             with sampler.failures.guard(f"marking the end of the backward of {sampler.label}"):
                 if self.start is not None:
                     sampler.backward.add(self.call, self.start, sampler.backward.clock.mark())
+                    if self.host is not None:
+                        sampler.watch.end(self.host, self.call, Phase.BACKWARD)
                     if sampler.hold is not None and sampler.owns_hold:
                         sampler.hold.end(Phase.BACKWARD)
         finally:

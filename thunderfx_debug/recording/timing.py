@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from thunderfx_debug.records import ClockKind, Phase, Timing
+from thunderfx_debug.records import BETWEEN_OPS, ClockKind, Phase, Timing
 from thunderfx_debug.recording.samples import SampleStream
 
 
@@ -316,11 +316,18 @@ class RegionTimer:
     start to the first region, between regions, from the last region to the end) to `series["outside_<phase>"]`,
     so the regions and the outside time of a call add up to the whole trace.
 
+    Where the trace also marks its ops (`mark_op(symbol, executor)` before each op outside the regions, see
+    `thunder.instrument`), the outside time is split further, by op group: from an op's mark to the next mark is
+    that op's time, summed per (symbol, executor) into `op_series[(phase, symbol, executor)]`, and what no op opened
+    (a trace's start, what follows a region until the next op) goes to `records.BETWEEN_OPS`, executor "thunder".
+    `op_counts` gets how many ops of each group the trace has. The groups of a call add up to its outside time.
+
     Args:
         clock: makes the marks (CUDA events on the current stream, or host time).
         series: the split's `region_series`, filled here (created on first use).
         ranges: with a name prefix ("graph0/thunder_0"), every run (sampled or not) also opens a named range per
             region and per trace, "graph0/thunder_0/nvFusion0_forward" (see `Ranges`); None for no ranges.
+        op_series, op_counts: the split's op groups, filled here (see above).
 
     Example (host clock counting one millisecond per mark):
         >>> ticks = iter(range(0, 10**9, 10**6))
@@ -333,9 +340,13 @@ class RegionTimer:
         {'F0_forward': ([1.0], [6]), 'outside_forward': ([2.0], [6])}
     """
 
-    def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None):
+    def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None,
+                 op_series: dict[tuple[str, str, str], SampleSeries] | None = None,
+                 op_counts: dict[tuple[str, str, str], int] | None = None):
         self.clock = clock
         self.series = series
+        self.op_series = op_series if op_series is not None else {}
+        self.op_counts = op_counts if op_counts is not None else {}
         self.forward_call = 0
         self.backward_call = 0
         self._ranges, self._prefix = ranges if ranges is not None else (None, "")
@@ -352,6 +363,8 @@ class RegionTimer:
             return
         for series in self.series.values():  # earlier samples whose marks are complete, without waiting
             series.resolve()
+        for series in self.op_series.values():
+            series.resolve()
         self._call, self._phase = call, phase
         self._marks = [(None, self.clock.mark())]
 
@@ -367,6 +380,10 @@ class RegionTimer:
         if self._ranges is not None:
             self._ranges.pop()
 
+    def mark_op(self, symbol: str, executor: str) -> None:
+        if self._call:
+            self._marks.append(((symbol, executor), self.clock.mark()))
+
     def end_trace(self, phase: str) -> None:
         if self._call and phase == self._phase:
             self._marks.append((None, self.clock.mark()))
@@ -381,16 +398,37 @@ class RegionTimer:
     def disarm_backward(self) -> None:
         self.backward_call = 0
 
-    def _store(self, call: int, phase: str, marks: list[tuple[str | None, Any]]) -> None:
-        # marks: trace start, (start, end) of each region in trace order, trace end
-        gaps = []
-        previous_end = marks[0][1]
-        for (key, start), (_, end) in zip(marks[1:-1:2], marks[2:-1:2]):
-            self._series(key).add(call, start, end)
-            gaps.append((previous_end, start))
-            previous_end = end
-        gaps.append((previous_end, marks[-1][1]))
+    def _store(self, call: int, phase: str, marks: list[tuple[Any, Any]]) -> None:
+        # marks: trace start (None), then in trace order a region's start and end (its key twice) and ops (a
+        # (symbol, executor) pair each), trace end (None)
+        between = (BETWEEN_OPS, "thunder")
+        gaps, op_spans, op_counts = [], {}, {}
+        gap_start = span_start = marks[0][1]
+        current, region_start = between, None
+        for key, mark in marks[1:-1]:
+            if isinstance(key, tuple):  # an op: the time since the last mark was the previous op's
+                op_spans.setdefault(current, []).append((span_start, mark))
+                op_counts[key] = op_counts.get(key, 0) + 1
+                current, span_start = key, mark
+            elif region_start is None:  # a region starts: the gap before it ends
+                op_spans.setdefault(current, []).append((span_start, mark))
+                gaps.append((gap_start, mark))
+                region_start = mark
+            else:  # the region ends
+                self._series(key).add(call, region_start, mark)
+                region_start, current, gap_start, span_start = None, between, mark, mark
+        end = marks[-1][1]
+        gaps.append((gap_start, end))
         self._series(f"outside_{phase}").add_spans(call, gaps)
+        if op_counts:  # the trace marks its ops: the outside time by op group
+            op_spans.setdefault(current, []).append((span_start, end))
+            for (symbol, executor), spans in op_spans.items():
+                key = (phase, symbol, executor)
+                series = self.op_series.get(key)
+                if series is None:
+                    series = self.op_series[key] = SampleSeries(self.clock)
+                series.add_spans(call, spans)
+                self.op_counts[key] = op_counts.get((symbol, executor), 0)
 
     def _series(self, key: str) -> SampleSeries:
         series = self.series.get(key)

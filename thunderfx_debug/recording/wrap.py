@@ -10,14 +10,30 @@ import torch
 from thunderfx_debug.config import Config, TimingLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.compile_cost import FirstCallTimer
+from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.regions import RegionObservers
-from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner
+from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead
 from thunderfx_debug.recording.sampler import PhaseSampler
-from thunderfx_debug.recording.timing import CudaClock, DeviceHold, Ranges, RegionTimer, Sampling
+from thunderfx_debug.recording.timing import (
+    CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
+)
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import instrument
+from thunderfx_debug.thunder.compile_events import SPANS
+
+
+def _compiles_started() -> int:
+    return SPANS.started
+
+
+def _host_series(state: GraphState) -> tuple[SampleSeries | None, SampleSeries | None]:
+    """Host-clock series for the wall time beside device time; none where the piece's clock is the host's."""
+    if isinstance(state.clock, HostClock):
+        return None, None
+    return SampleSeries(HostClock()), SampleSeries(HostClock())
 
 
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
@@ -32,6 +48,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     """
     level = config.timing
     sampling = Sampling(config.timing_every, config.timing_warmup, enabled=level >= TimingLevel.GRAPH)
+    timed = level >= TimingLevel.GRAPH
     hold = None
     if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
         # Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels
@@ -40,30 +57,45 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             hold = DeviceHold.for_current_cuda_device()
     with failures.guard(f"wrapping the splits of {state.name}"):
         for split in state.splits:
-            sampler = None
+            label = f"{state.name}/{split.name}"
+            sampler = overhead = first = None
             if level >= TimingLevel.SPLIT:
-                sampler = PhaseSampler(f"{state.name}/{split.name}", split.forward, split.backward, failures, hold,
-                                       owns_hold=False)
-            runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture)
+                split.host_forward, split.host_backward = _host_series(state)
+                watch = HostWatch(split.host_forward, split.host_backward, None, _compiles_started)
+                sampler = PhaseSampler(label, split.forward, split.backward, failures, hold, owns_hold=False,
+                                       watch=watch)
+                if split.split.kind is SplitKind.THUNDER:
+                    split.overhead = SampleSeries(HostClock())
+                    overhead = ThunderOverhead(split.split.compiled, split.overhead, failures, label)
+            if timed:
+                first = FirstCallTimer(label, failures, split.split.kind, split.split.compiled)
+                split.first = first.first
+            runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture, first, overhead)
             setattr(split_gm, split.name, runner)
             if split.split.kind is not SplitKind.THUNDER:
                 continue
             observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
-                ranges = (Ranges(), f"{state.name}/{split.name}") if config.nvtx else None
-                timer = RegionTimer(state.clock, split.region_series, ranges)
+                ranges = (Ranges(), label) if config.nvtx else None
+                timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts)
                 if level >= TimingLevel.FUSION:
                     runner.attach_regions(timer)
                 observers.append(timer)
             if observers:
+                # Ops are marked only where their time is recorded: every mark costs a call on every run.
                 instrument.attach(split.split.compiled,
-                                  observers[0] if len(observers) == 1 else RegionObservers(observers))
-    sampler = None
-    if level >= TimingLevel.GRAPH:
-        sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold)
+                                  observers[0] if len(observers) == 1 else RegionObservers(observers),
+                                  mark_ops=level >= TimingLevel.FUSION)
+    sampler = first = None
+    if timed:
+        state.host_forward, state.host_backward = _host_series(state)
+        watch = HostWatch(state.host_forward, state.host_backward, state.waits, _compiles_started)
+        sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold, watch=watch)
+        first = FirstCallTimer(state.name, failures)
+        state.first = first.first
     if after_first_call is not None:
         after_first_call = _guarded(after_first_call, failures, f"reporting the first call of {state.name}")
-    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic)
+    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first)
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:

@@ -7,6 +7,12 @@ get the phase ("forward", "backward"); `begin_region(key, *inputs)` gets the reg
 the values the region is called with, `end_region(key, *outputs)` the key and the values it returned (the run's own
 tensors: no copy is made, and an observer must not keep them beyond what it needs).
 
+With `mark_ops`, the observer also gets `mark_op(symbol, executor)` right before every other bound symbol that does
+work (`is_op`: not a fusion, not Thunder's bookkeeping (`thunder.dev_utils.utils.NON_COMPUTATION_PRIMS`, the list
+Thunder's own NVTX transform skips, and `shallow_copy`), not a view): "linear", "torch". One mark per op, not two:
+the time from an op's mark to the next mark is the op's, with the views and dels that follow it, so the marks of a
+trace chain its time without gaps and cost one call per op on every run.
+
 Checked against lightning-thunder 0.2.6. What it relies on:
 
 - `Transform.transform_trace_post_optimization` runs on the final forward trace and then on the final backward trace
@@ -35,10 +41,11 @@ import weakref
 from typing import Any
 
 from thunder.core.compile_data import get_compile_data
-from thunder.core.prims import PrimIDs
+from thunder.core.prims import OpTags, PrimIDs
 from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
+from thunder.dev_utils.utils import NON_COMPUTATION_PRIMS
 from thunder.extend import OperatorExecutor
 
 from thunderfx_debug.records import Phase
@@ -52,15 +59,42 @@ def _no_output(label: str, *values) -> None:
 
 # The operators of the inserted calls, named after the observer methods they call.
 MARK_METHODS = ("begin_trace", "begin_region", "end_region", "end_trace")
+OP_METHOD = "mark_op"
 _MARK_OPS = {
-    method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output) for method in MARK_METHODS
+    method: _timing_ex.register_operator(f"thunderfx_debug_{method}", meta=_no_output)
+    for method in (*MARK_METHODS, OP_METHOD)
 }
 _MARK_NAMES = frozenset(op.name for op in _MARK_OPS.values())
 _PROVENANCE = "thunderfx_debug fusion timing marks"
 
+#: Bound symbols that launch no work of their own: Thunder's list (unpacking, checks, del, return...) and a view copy.
+_BOOKKEEPING_IDS = frozenset(NON_COMPUTATION_PRIMS) | {PrimIDs.SHALLOW_COPY}
+_BOOKKEEPING_NAMES = frozenset({"clear_mutable_collection", "shallow_copy"})
+#: Executor ops that change only a tensor's metadata (a view, no kernel); a copy one of them may make (reshape of a
+#: non-contiguous tensor) counts with the op before it.
+VIEW_NAMES = frozenset({
+    "unsqueeze", "squeeze", "expand", "permute", "transpose", "view", "reshape", "split", "broadcast_in_dim",
+    "torch_prims_reshape_impl", "torch_prims_transpose_impl", "slice_prim", "getitem", "torch_prims_view_impl",
+    "real_view", "flatten", "unflatten", "chunk", "movedim", "t", "narrow", "unbind", "as_strided", "detach",
+})
 
-def attach(thunder_module, observer) -> None:
-    """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `observer`."""
+
+def is_op(bsym) -> bool:
+    """A bound symbol of a final trace that does work outside fusion regions (see the module docstring)."""
+    sym = bsym.sym
+    if sym.is_fusion or sym.name in _MARK_NAMES or sym.id in _BOOKKEEPING_IDS or sym.name in _BOOKKEEPING_NAMES:
+        return False
+    return sym.name not in VIEW_NAMES and OpTags.SHAPE_OP not in (getattr(sym, "tags", None) or ())
+
+
+def op_executor(bsym) -> str:
+    """The name of the executor that runs a bound symbol ("torch", "sdpa", "cudnn", "python")."""
+    return getattr(bsym.sym.executor, "name", None) or "thunder"
+
+
+def attach(thunder_module, observer, mark_ops: bool = False) -> None:
+    """Makes Thunder instrument the traces it builds for `thunder_module` from now on, calling `observer` (and its
+    `mark_op` before every op outside the fusion regions, with `mark_ops`)."""
     import thunder
 
     compile_data = thunder.compile_data(thunder_module)
@@ -74,21 +108,22 @@ def attach(thunder_module, observer) -> None:
     if transform is None:
         transform = FusionTimingTransform()
         transforms.append(transform)  # last: after every other transform of the user's, on the final traces
-    transform.observers[compile_data] = observer
+    transform.observers[compile_data] = (observer, mark_ops)
 
 
 class FusionTimingTransform(Transform):
     """Brackets the fusion regions of the final traces of the modules registered in `observers` (keyed by their
-    compile data); traces of other modules sharing the transform list pass unchanged."""
+    compile data, with whether to mark ops); traces of other modules sharing the transform list pass unchanged."""
 
     def __init__(self):
-        self.observers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.observers: weakref.WeakKeyDictionary[Any, tuple[Any, bool]] = weakref.WeakKeyDictionary()
 
     def transform_trace_post_optimization(self, computation_trace: TraceCtx, **kwargs) -> TraceCtx:
-        observer = self.observers.get(get_compile_data())
-        if observer is None:
+        registered = self.observers.get(get_compile_data())
+        if registered is None:
             return computation_trace
-        return instrument_trace(computation_trace, observer)
+        observer, mark_ops = registered
+        return instrument_trace(computation_trace, observer, mark_ops)
 
 
 def trace_phase(trace: TraceCtx) -> Phase:
@@ -96,9 +131,10 @@ def trace_phase(trace: TraceCtx) -> Phase:
     return Phase.BACKWARD if trace.siginfo().name == "backward_fn" else Phase.FORWARD
 
 
-def instrument_trace(trace: TraceCtx, observer) -> TraceCtx:
-    """A copy of `trace` with calls to `observer` at its start, before and after every fusion region, and before its
-    return. The region keys are "<fusion name>_<phase>" ("nvFusion0_forward", "TorchCompile1_backward")."""
+def instrument_trace(trace: TraceCtx, observer, mark_ops: bool = False) -> TraceCtx:
+    """A copy of `trace` with calls to `observer` at its start, before and after every fusion region, before every
+    other op (with `mark_ops`), and before its return. The region keys are "<fusion name>_<phase>"
+    ("nvFusion0_forward", "TorchCompile1_backward")."""
     phase = trace_phase(trace).value
 
     def mark(method: str, label: str, values=()):
@@ -116,6 +152,8 @@ def instrument_trace(trace: TraceCtx, observer) -> TraceCtx:
         if bsym.sym.is_fusion:
             key = f"{bsym.sym.name}_{phase}"
             instrumented += [mark("begin_region", key, bsym.flat_args), bsym, mark("end_region", key, bsym.flat_outs)]
+        elif mark_ops and is_op(bsym):
+            instrumented += [mark(OP_METHOD, bsym.sym.name, (op_executor(bsym),)), bsym]
         else:
             instrumented.append(bsym)
     instrumented += [mark("end_trace", phase), *body[return_index:]]

@@ -17,6 +17,7 @@ import importlib.metadata
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -166,18 +167,29 @@ class LazyInductorModule:
         self.graph = graph_module.graph  # thunder's splitter and print_readable look for it
         self._inductor_compile = inductor_compile
         self._compiled: Callable | None = None
+        self.compile_seconds: float | None = None  # host time of the compile at the first call (compile cost)
 
     def __call__(self, *args):
         if self._compiled is None:
             from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
+            started = time.perf_counter()
             try:
                 self._compiled = self._inductor_compile(self.graph_module, list(args))
             except DynamicOutputShapeException as e:
                 # The same fallback thunder's splitter takes at compile time.
                 log.warning("inductor cannot compile a split with a data-dependent output shape (%s); running it eagerly", e)
                 self._compiled = self.graph_module
+            self.compile_seconds = time.perf_counter() - started
         return self._compiled(*args)
+
+
+def lazy_inductor_compile_seconds(split_module) -> float | None:
+    """How long inductor took to compile an inductor split at its first call (`LazyInductorModule`); None where the
+    split was compiled in the backend call (dynamic shapes, newer Thunder). Thunder 0.2.6 wraps the callable of an
+    inductor split in a module whose `fn` it is (thunder/dynamo/splitter.py, `ModuleWrapper`)."""
+    inner = getattr(split_module, "fn", split_module)
+    return inner.compile_seconds if isinstance(inner, LazyInductorModule) else None
 
 
 def make_inductor_compile(dynamic_inputs: bool) -> Callable:
