@@ -3,11 +3,11 @@ the timed pieces with their share of the step, and how ranks compare. Pure funct
 
 Time per step. Dumps record how often each graph ran (`calls`) but not how many training steps there were, so the
 step count is estimated as the call count of the least-called graph (a graph runs at least once per step; the
-usual case, each graph once per step, is then exact). A piece's time per step is its median sampled time times
-its graph's calls per step. Medians, not means: the first samples of a run often include a late compile or an
-allocator warm-up, and one such outlier would otherwise decide the ranking. The step is the sum of the graphs'
-times per step, so the shares of pieces that nest (fusions in splits in graphs) come out close to, not exactly,
-their part of 100%.
+usual case, each graph once per step, is then exact). A piece's time per step is its headline median (see
+`headline`: the first sampled call and disturbed calls left out) times its graph's calls per step. Medians, not
+means: one outlier (a late compile, a preempted call) would otherwise decide the ranking. The step is the sum of the
+graphs' times per step, so the shares of pieces that nest (fusions in splits in graphs) come out close to, not
+exactly, their part of 100%.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
+from thunderfx_debug.render.headline import Headline, headline, left_out_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,7 @@ class PieceLevel(str, enum.Enum):
     SPLIT = "split"
     FUSION = "fusion"
     OUTSIDE_FUSIONS = "outside fusions"
+    OP_GROUP = "op group"  # a split's ops of one symbol and executor outside its fusion regions (`records.OpGroup`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,19 +97,33 @@ class TimedPiece:
     timing: Timing
     calls_per_step: float
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    headline: Headline | None = None  # computed from `timing` where not given (see `headline`)
+    count: int = 0  # how many ops an op group has
+
+    def __post_init__(self):
+        if self.headline is None:
+            object.__setattr__(self, "headline", headline(self.timing))
 
     @property
     def path(self) -> str:
-        return "/".join(p for p in (self.graph, self.split, self.name if self.level is PieceLevel.FUSION else None) if p)
+        named = self.level in (PieceLevel.FUSION, PieceLevel.OP_GROUP)
+        return "/".join(p for p in (self.graph, self.split, self.name if named else None) if p)
 
     @property
     def label(self) -> str:
         suffix = " (outside fusions)" if self.level is PieceLevel.OUTSIDE_FUSIONS else ""
+        if self.level is PieceLevel.OP_GROUP:
+            suffix = f" (x{self.count})" if self.count > 1 else ""
         return f"{self.path} {self.phase}{suffix}"
 
     @property
+    def median_ms(self) -> float | None:
+        """The headline median (see `headline`)."""
+        return self.headline.median_ms
+
+    @property
     def ms_per_step(self) -> float:
-        return (self.timing.median_ms or 0.0) * self.calls_per_step
+        return (self.headline.median_ms or 0.0) * self.calls_per_step
 
 
 def outside_phase(key: str) -> str:
@@ -121,11 +137,12 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
     pieces: list[TimedPiece] = []
     for graph in report.graphs:
         per_step = graph.calls / steps if graph.calls else 1.0
+        left_out = left_out_calls(graph)
 
-        def add(level, split, name, phase, executor, timing, files=None):
+        def add(level, split, name, phase, executor, timing, files=None, count=0):
             if timing is not None and timing.count:
                 pieces.append(TimedPiece(level, graph.name, split, name, phase, executor, timing, per_step,
-                                         files or {}))
+                                         files or {}, headline(timing, left_out), count))
 
         add(PieceLevel.GRAPH, None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
         add(PieceLevel.GRAPH, None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
@@ -138,6 +155,9 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
                     fusion.files)
             for key, timing in sorted(split.outside_fusions_timing.items()):
                 add(PieceLevel.OUTSIDE_FUSIONS, split.name, split.name, outside_phase(key), executor, timing)
+            for group in split.op_groups:
+                add(PieceLevel.OP_GROUP, split.name, group.label, group.phase.value, group.executor, group.timing,
+                    count=group.count)
     return pieces
 
 
@@ -149,14 +169,18 @@ def step_ms(report: RankRecord) -> float | None:
 
 def top_regions(report: RankRecord, limit: int = 10) -> list[tuple[TimedPiece, float | None]]:
     """The costliest regions with their share of the step (None without graph timing): fusion regions and the time
-    outside them where fusions were timed, plus inductor splits; thunder splits where fusions were not timed."""
+    outside them where fusions were timed (by op group where the ops were marked), plus inductor splits; thunder
+    splits where fusions were not timed."""
     pieces = timed_pieces(report)
-    in_regions = (PieceLevel.FUSION, PieceLevel.OUTSIDE_FUSIONS)
+    in_regions = (PieceLevel.FUSION, PieceLevel.OUTSIDE_FUSIONS, PieceLevel.OP_GROUP)
     fused_splits = {(p.graph, p.split) for p in pieces if p.level in in_regions}
-    regions = [
-        p for p in pieces
-        if p.level in in_regions or (p.level is PieceLevel.SPLIT and (p.graph, p.split) not in fused_splits)
-    ]
+    by_op = {(p.graph, p.split, p.phase) for p in pieces if p.level is PieceLevel.OP_GROUP}
+    regions = []
+    for p in pieces:
+        if p.level is PieceLevel.OUTSIDE_FUSIONS and (p.graph, p.split, p.phase) in by_op:
+            continue  # its op groups stand for it
+        if p.level in in_regions or (p.level is PieceLevel.SPLIT and (p.graph, p.split) not in fused_splits):
+            regions.append(p)
     step = step_ms(report)
     regions.sort(key=lambda p: -p.ms_per_step)
     return [(p, p.ms_per_step / step if step else None) for p in regions[:limit]]
@@ -166,6 +190,11 @@ def clock(report: RankRecord) -> ClockKind | None:
     """The clock of the report's samples, None when nothing was timed."""
     clocks = Counter(p.timing.clock for p in timed_pieces(report))
     return clocks.most_common(1)[0][0] if clocks else None
+
+
+def time_word(kind: ClockKind | None) -> str:
+    """What a clock measures, for the words beside its figures: "device" (CUDA events) or "host" (perf_counter)."""
+    return "device" if kind is ClockKind.CUDA else "host"
 
 
 def counts(report: RankRecord) -> dict[str, int]:

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from thunderfx_debug import layout
-from thunderfx_debug.records import ClockKind, GraphRecord, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import digest
+from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
+from thunderfx_debug.render import accounting, digest
 from thunderfx_debug.render.digest import PieceLevel
+from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
 from thunderfx_debug.render.text import ms, plural
 
@@ -34,8 +35,50 @@ details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:bl
 """
 
 
-def _median(timing: Timing | None) -> float | None:
-    return timing.median_ms if timing is not None and timing.count else None
+def _median(timing: Timing | None, left_out=()) -> float | None:
+    """The headline median (see `headline`)."""
+    return headline(timing, left_out).median_ms if timing is not None and timing.count else None
+
+
+def _first_step(report: RankRecord) -> str:
+    """The page leads with this: how long the first step took, and where the time went."""
+    step = accounting.first_step(report)
+    if step is None:
+        return ""
+    kind = digest.clock(report)
+    bars = [Bar(accounting.stage_words(stage, kind), seconds, stage.value) for stage, seconds in step.parts.items()]
+    bars.append(Bar("other (eager code between graphs, guards, autograd)", step.other_s, "other"))
+    html = (f"<h3>Time to first step: {step.seconds:.1f} s</h3><p>Host wall time from the first compile to the end of "
+            f"the first backward ({esc(', '.join(step.graphs))}), and where it went. Thunder, nvFuser and inductor "
+            "compile at a graph's first call, not in the backend call.</p>")
+    html += bar_chart(bars, unit="s", title="where the first step went", value_format="{:.2f}")
+    caches = report.meta.get("compile_caches")
+    if isinstance(caches, Mapping):
+        described = [f"{name} {c.get('hits', 0)} hits / {c.get('misses', 0)} misses" for name, c in caches.items()
+                     if isinstance(c, Mapping) and (c.get("hits") or c.get("misses"))]
+        if described:
+            html += f"<p>Inductor's caches in this process: {esc(', '.join(described))}.</p>"
+    return html
+
+
+def _step(report: RankRecord) -> str:
+    account = accounting.step_account(report)
+    if account is None or account.wall_ms is None or account.busy_ms is None:
+        return ""
+    if account.clock is not ClockKind.CUDA:
+        return (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock), {account.busy_ms:.3f} ms "
+                f"({100 * account.busy_share:.0f} %) of it in the compiled graphs. On CPU, device time is host "
+                "time; the rest of the step is eager code between graphs, the optimizer and data loading.</p>")
+    html = (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock); the compiled graphs keep the GPU busy "
+            f"{account.busy_ms:.3f} ms of it (cuda clock; an upper bound: CUDA events around each graph also count "
+            f"the device's waits for the host): <b>the GPU idles at least {100 * account.idle_share:.0f} % of the "
+            "step</b>. Not in busy: eager code between graphs, the optimizer, data loading.</p>")
+    if account.host_bound and account.host_pieces:
+        rows = [[esc(p.label), ms(p.host_ms), ms(p.device_ms), ms(p.thunder_ms)] for p in account.host_pieces[:10]]
+        html += ("<p><span class=\"flag\">host-bound</span> The host takes longer to launch these pieces than the "
+                 "GPU takes to run them (ms per step):</p>"
+                 + _table(["piece", "host wall", "device", "of which Thunder's own"], rows, {1, 2, 3}))
+    return html
 
 
 def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
@@ -73,7 +116,9 @@ def _overview(report: RankRecord) -> str:
     if step is not None:
         rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report).value)} clock, "
                                          f"{plural(digest.estimated_steps(report), 'step')})"])
-    html = _table(["", "rank " + str(report.rank)], rows)
+    html = _first_step(report) + _step(report) + _table(["", "rank " + str(report.rank)], rows)
+    for warning in report.meta.get("environment_warnings", []):
+        html += f'<p><span class="flag">environment</span> {esc(warning)}</p>'
     for warning in report.meta.get("warnings", []):
         html += f'<p><span class="flag">warning</span> {esc(warning)}</p>'
     for failure in report.meta.get("reporting_failures", []):
@@ -84,13 +129,18 @@ def _overview(report: RankRecord) -> str:
 
 
 def _compiles(report: RankRecord) -> str:
-    rows = [[esc(g.name), esc(g.compile_id or "?"), str(g.node_count), str(g.calls),
-             "-" if g.compile_time_s is None else f"{g.compile_time_s:.1f} s",
+    def seconds(value):
+        return "-" if value is None else f"{value:.1f} s"
+
+    rows = [[esc(g.name), esc(g.compile_id or "?"), str(g.node_count), str(g.calls), seconds(g.compile_time_s),
+             seconds(g.compile_cost.forward_s if g.compile_cost else None),
+             seconds(g.compile_cost.backward_s if g.compile_cost else None),
              esc((g.break_reason or "-").strip().splitlines()[0][:200] if (g.break_reason or "").strip() else "-"),
              esc((g.recompile_reason or "").strip()[:200])]
             for g in report.graphs]
     html = "<h3>Compiles</h3>" + _table(
-        ["graph", "compile id", "ops", "calls", "compile time", "graph break", "recompile reason"], rows, {2, 3, 4})
+        ["graph", "compile id", "ops", "calls", "backend call", "first forward", "first backward", "graph break",
+         "recompile reason"], rows, {2, 3, 4, 5, 6})
     for frame, graphs in digest.recompiled_frames(report).items():
         html += (f"<p>Frame {esc(frame)} was compiled {plural(len(graphs), 'time')}: "
                  f"{esc(', '.join(g.compile_id or '?' for g in graphs))}</p>")
@@ -113,7 +163,10 @@ def _timing_charts(report: RankRecord) -> str:
     if not pieces:
         return "<h3>Timing</h3><p>No timing samples in this dump (THUNDERFX_DEBUG_TIMING=off, or too few calls).</p>"
     step = digest.step_ms(report)
-    html = f"<h3>Timing</h3><p>Device time per step: median per call x calls per step ({esc(digest.clock(report).value)} clock).</p>"
+    kind = digest.clock(report)
+    html = (f"<h3>Timing</h3><p>{esc(digest.time_word(kind).capitalize())} time per step: headline median per call x "
+            f"calls per step ({esc(kind.value)} clock; each piece's first sampled call and its graph's disturbed "
+            "calls are left out of the medians, and pieces with too few samples or much spread are marked).</p>")
     levels = ((PieceLevel.GRAPH, "time per graph"), (PieceLevel.SPLIT, "time per split"),
               (PieceLevel.FUSION, "time per fusion region"))
     for level, title in levels:
@@ -126,11 +179,12 @@ def _timing_charts(report: RankRecord) -> str:
                                                           f"{digest.clock(report).value} clock)")
     top = digest.top_regions(report, 15)
     if top:
-        rows = [[str(i), esc(p.label), esc(p.executor), ms(p.timing.median_ms), ms(p.timing.p10_ms),
-                 ms(p.timing.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%"]
+        rows = [[str(i), esc(p.label), esc(p.executor), ms(p.headline.median_ms), ms(p.headline.p10_ms),
+                 ms(p.headline.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%",
+                 esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
-        html += "<h4>Top regions</h4>" + _table(
-            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step"], rows,
+        html += f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4>" + _table(
+            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step", "note"], rows,
             {0, 3, 4, 5, 6, 7})
     series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
                                                          p.timing.samples_ms)))
@@ -168,12 +222,18 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
     if graph.files:
         html += f"<p>Scripts: {_links(graph.files, prefix)}</p>"
     rows = []
+    left_out = left_out_calls(graph)
     for s in graph.splits:
         reasons = "<br>".join(esc(f"{r.type} {digest.reason_op(r)}") for r in s.reasons)
-        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)), ms(_median(s.timing)),
-                     ms(_median(s.backward_timing)), reasons, _links(s.files, prefix)])
-    html += _table(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms", "split reasons", "files"],
-                   rows, {2, 3, 4, 5})
+        cost = s.compile_cost
+        first = "-" if cost is None else esc(", ".join(
+            f"{p.when.value} {p.what.value} {p.seconds:.2f} s" for p in cost.parts if p.seconds >= 0.005))
+        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)),
+                     ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
+                     ms(_median(s.host_timing, left_out)), ms(_median(s.host_backward_timing, left_out)), first,
+                     reasons, _links(s.files, prefix)])
+    html += _table(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms", "fwd host wall",
+                    "bwd host wall", "first call", "split reasons", "files"], rows, {2, 3, 4, 5, 6, 7})
     for s in graph.splits:
         if s.kind is not SplitKind.THUNDER:
             continue
@@ -182,6 +242,7 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
                   f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
                   _links(f.files, prefix)] for f in s.fusions]
         html += _table(["region", "phase", "executor", "ops", "median ms", "fused ops", "repro"], frows, {3, 4})
+        html += _parts(graph, s)
         for label, text in (("forward trace", s.fwd_trace), ("backward trace", s.bwd_trace)):
             if text:
                 cut = "" if len(text) <= MAX_TRACE_CHARS else "\n# ... cut here; the whole trace is in the dump"
@@ -190,6 +251,24 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
         if s.error:
             html += f"<pre>{esc(s.error)}</pre>"
         html += "</details>"
+    return html
+
+
+def _parts(graph: GraphRecord, split) -> str:
+    """A thunder split's time, region by region and op group by op group, per phase (`accounting.split_parts`)."""
+    html = ""
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        total, parts = accounting.split_parts(graph, split, phase)
+        if total is None or len(parts) < 2:
+            continue
+        whole = _median(total, left_out_calls(graph)) or 0.0
+        share = accounting.accounted_share(total, parts, graph)
+        rows = [[esc(p.label), esc(p.executor), str(p.count or ""), ms(p.median_ms),
+                 f"{100 * p.median_ms / whole:.1f}%" if whole else "-", esc(p.headline.flag or "")] for p in parts]
+        html += (f"<p>{esc(split.name)} {phase.value}: {whole:.3f} ms ({esc(digest.time_word(total.clock))} time), "
+                 + (f"its parts add up to {100 * share:.0f}% of it" if share is not None else "")
+                 + " (headline medians; an op's time runs to the next op, with the views and dels after it)</p>"
+                 + _table(["part", "executor", "ops", "median ms", "share", "note"], rows, {2, 3, 4}))
     return html
 
 

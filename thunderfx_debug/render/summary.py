@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from thunderfx_debug.records import GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import digest
+from thunderfx_debug.records import ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing
+from thunderfx_debug.render import accounting, digest
+from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
 
 TOP_REGIONS = 10
+PARTS_SHOWN = 8  # parts of a split's time listed in the summary (the HTML page lists all)
 
 
 def _ms(value: float | None) -> str:
@@ -31,14 +33,20 @@ def _last_line(text: str, limit: int = 300) -> str:
     return lines[-1][:limit] if lines else ""
 
 
-def _timing_line(label: str, timing: Timing | None) -> str | None:
+def _timing_line(label: str, timing: Timing | None, left_out=(), host: Timing | None = None) -> str | None:
+    """Headline statistics of a timing (see `headline`), naming its clock, with the host wall time beside device
+    time where it was recorded, and a flag for too few samples or too much spread."""
     if timing is None or timing.count == 0:
         return None
+    head = headline(timing, left_out)
     sampled = "" if timing.complete else f"; quantiles from a uniform sample of {len(timing.uniform_samples_ms)}"
-    return (
-        f"{label}: median {_ms(timing.median_ms)}, p10 {_ms(timing.p10_ms)}, p90 {_ms(timing.p90_ms)} "
-        f"over {plural(timing.count, 'sample')} ({timing.clock.value} clock{sampled})"
-    )
+    kept = f", {head.left_out} more kept raw (first or disturbed)" if head.left_out else ""
+    line = (f"{label}: median {_ms(head.median_ms)}, p10 {_ms(head.p10_ms)}, p90 {_ms(head.p90_ms)} over "
+            f"{plural(head.count, 'sample')}{kept} ({digest.time_word(timing.clock)} time, {timing.clock.value} clock"
+            f"{sampled})")
+    if host is not None and host.count:
+        line += f"; host wall median {_ms(headline(host, left_out).median_ms)}"
+    return line + (f"  [{head.flag}]" if head.flag else "")
 
 
 #: A time series is shown from this many windows on (a short run's few samples say nothing about trends).
@@ -81,6 +89,93 @@ def _time_series_line(timing: Timing | None) -> str | None:
     )
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def first_step_lines(report: RankRecord) -> list[str]:
+    """The first line a reader needs: how long the first step took and where the time went."""
+    step = accounting.first_step(report)
+    if step is None:
+        return []
+    kind = digest.clock(report)
+    parts = [f"{accounting.stage_words(stage, kind)} {seconds:.1f} s" for stage, seconds in step.parts.items()
+             if seconds >= 0.05]
+    lines = [f"time to first step: {step.seconds:.1f} s (host wall time from the first compile to the end of the "
+             f"first backward, {plural(len(step.graphs), 'graph')}): "
+             + ", ".join(parts + [f"other {step.other_s:.1f} s (eager code between graphs, guards, autograd)"])]
+    caches = report.meta.get("compile_caches")
+    if isinstance(caches, Mapping):
+        described = [f"{name} {c.get('hits', 0)} hits / {c.get('misses', 0)} misses" for name, c in caches.items()
+                     if isinstance(c, Mapping) and (c.get("hits") or c.get("misses"))]
+        if described:
+            lines.append("  inductor's caches in this process: " + ", ".join(described)
+                         + " (a warm cache makes first steps much shorter)")
+    return lines
+
+
+def step_lines(report: RankRecord) -> list[str]:
+    """The step's wall time against the compiled graphs' time, with the idle share of the GPU and the pieces whose
+    host time dominates (see `accounting`)."""
+    account = accounting.step_account(report)
+    if account is None or account.busy_ms is None:
+        return []
+    steps = f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls"
+    if account.wall_ms is None:
+        return [f"step: {_ms(account.busy_ms)} of compiled {digest.time_word(account.clock)} time per step "
+                f"({account.clock.value} clock; {steps})"]
+    wall = f"step: {_ms(account.wall_ms)} wall time (host clock, from {account.wall_graph}'s sampled calls)"
+    if account.clock is not ClockKind.CUDA:
+        return [f"{wall}; {_ms(account.busy_ms)} ({100 * account.busy_share:.0f} %) of it in the compiled graphs "
+                f"(host clock: on CPU, device time is host time); the rest is eager code between graphs, the "
+                f"optimizer, data loading ({steps})"]
+    lines = [f"{wall}; the compiled graphs keep the GPU busy {_ms(account.busy_ms)} of it (cuda clock, an upper "
+             f"bound): the GPU idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
+    if account.host_bound:
+        lines.append("  host-bound: the host takes longer to launch these pieces than the GPU takes to run them "
+                     "(host wall / device time per step):")
+        for piece in account.host_pieces[:5]:
+            line = f"    {piece.label}: {_ms(piece.host_ms)} / {_ms(piece.device_ms)}"
+            if piece.thunder_ms:
+                line += f", of which Thunder's own (cache check, prologue, epilogue) {_ms(piece.thunder_ms)}"
+            lines.append(line)
+    return lines
+
+
+def _cost_line(cost: CompileCost | None) -> str | None:
+    """"first call: forward 2.8 s (Thunder tracing 1.2 s, ...), backward 0.4 s (...)"."""
+    if cost is None:
+        return None
+    compile_parts = [f"{p.what.value} {p.seconds:.2f} s" for p in cost.parts if p.when is CostWhen.COMPILE]
+    phases = [f"compile ({', '.join(compile_parts)})"] if compile_parts else []
+    for when, seconds in ((CostWhen.FORWARD, cost.forward_s), (CostWhen.BACKWARD, cost.backward_s)):
+        if seconds is None:
+            continue
+        parts = [f"{p.what.value} {p.seconds:.2f} s" for p in cost.parts if p.when is when and p.seconds >= 0.005]
+        phases.append(f"{when.value} {seconds:.2f} s" + (f" ({', '.join(parts)})" if parts else ""))
+    return "first call: " + ", ".join(phases) if phases else None
+
+
+def _parts_lines(graph: GraphRecord, split) -> list[str]:
+    """A thunder split's time by region and op group (fusion-level timing), for each phase."""
+    lines = []
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        total, parts = accounting.split_parts(graph, split, phase)
+        if total is None or not parts or len(parts) < 2:
+            continue
+        whole = headline(total, left_out_calls(graph)).median_ms or 0.0
+        share = accounting.accounted_share(total, parts, graph)
+        shown = [f"{p.label}{f' x{p.count}' if p.count > 1 else ''} {_ms(p.median_ms)}"
+                 + (f" {100 * p.median_ms / whole:.0f}%" if whole else "") for p in parts[:PARTS_SHOWN]]
+        rest = parts[PARTS_SHOWN:]
+        if rest:
+            shown.append(f"{len(rest)} more {_ms(sum(p.median_ms for p in rest))}")
+        lines.append(f"    {phase.value} by part ({digest.time_word(total.clock)} time, headline medians"
+                     + (f", together {100 * share:.0f}% of the split's" if share is not None else "") + "): "
+                     + ", ".join(shown))
+    return lines
+
+
 def _table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
     """Rows of cells as aligned text columns (`right`: indices of right-aligned columns)."""
     if not rows:
@@ -101,19 +196,19 @@ def render_overview(report: RankRecord) -> list[str]:
         f"{plural(c['forward fusions'] + c['backward fusions'], 'fusion region')} ({c['forward fusions']} forward, "
         f"{c['backward fusions']} backward)"
     ]
-    step = digest.step_ms(report)
-    if step is not None:
-        lines.append(
-            f"step: {_ms(step)} of compiled time per step ({digest.clock(report).value} clock; "
-            f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls)"
-        )
-    lines += ["", "compiles:"]
-    rows = [["graph", "compile id", "ops", "calls", "compile", "graph break"]]
+    for warning in report.meta.get("environment_warnings", []):
+        lines.append(f"warning: {warning}")
+    lines += first_step_lines(report)
+    lines += step_lines(report)
+    lines += ["", "compiles (host wall time; the first forward and backward is where Thunder, nvFuser and inductor "
+                  "compile):"]
+    rows = [["graph", "compile id", "ops", "calls", "backend call", "first forward", "first backward", "graph break"]]
     for graph in report.graphs:
-        compile_s = "-" if graph.compile_time_s is None else f"{graph.compile_time_s:.1f} s"
-        rows.append([graph.name, graph.compile_id or "?", str(graph.node_count), str(graph.calls), compile_s,
-                     _first_line(graph.break_reason or "", 80) or "-"])
-    lines += ["  " + line for line in _table(rows, right={2, 3, 4})]
+        cost = graph.compile_cost
+        rows.append([graph.name, graph.compile_id or "?", str(graph.node_count), str(graph.calls),
+                     _seconds(graph.compile_time_s), _seconds(cost.forward_s if cost else None),
+                     _seconds(cost.backward_s if cost else None), _first_line(graph.break_reason or "", 80) or "-"])
+    lines += ["  " + line for line in _table(rows, right={2, 3, 4, 5, 6})]
     for frame, graphs in digest.recompiled_frames(report).items():
         lines.append(f"  recompiles: frame {frame} compiled {plural(len(graphs), 'time')} ("
                      + ", ".join(g.compile_id or g.name for g in graphs) + ")")
@@ -130,9 +225,11 @@ def render_overview(report: RankRecord) -> list[str]:
                 lines += [f"      exception: {e}" for e in group.exceptions]
     top = digest.top_regions(report, TOP_REGIONS)
     if top:
-        lines += ["", "top regions by device time (median per call x calls per step, share of the step):"]
+        word = digest.time_word(digest.clock(report))
+        lines += ["", f"top regions by {word} time (headline median per call x calls per step, share of the step):"]
         rows = [[f"{i}.", piece.label, piece.executor, _ms(piece.ms_per_step),
-                 "-" if share is None else f"{100 * share:.1f}%"] for i, (piece, share) in enumerate(top, 1)]
+                 "-" if share is None else f"{100 * share:.1f}%", piece.headline.flag or ""]
+                for i, (piece, share) in enumerate(top, 1)]
         lines += ["  " + line for line in _table(rows, right={0, 3, 4})]
     for warning in report.meta.get("warnings", []):
         lines.append(f"warning: {warning}")
@@ -162,13 +259,21 @@ def render_graph(graph: GraphRecord) -> list[str]:
         lines.append(f"  graph break: {_first_line(graph.break_reason)}")
     if graph.recompile_reason:
         lines.append(f"  recompiled because: {_first_line(graph.recompile_reason)}")
-    for label, timing in (("forward", graph.timing), ("backward", graph.backward_timing)):
-        line = _timing_line(label, timing)
+    left_out = left_out_calls(graph)
+    for label, timing, host in (("forward", graph.timing, graph.host_timing),
+                                ("backward", graph.backward_timing, graph.host_backward_timing)):
+        line = _timing_line(label, timing, left_out, host)
         if line:
             lines.append(f"  {line}")
             series = _time_series_line(timing)
             if series:
                 lines.append(f"    {series}")
+    cost = _cost_line(graph.compile_cost)
+    if cost:
+        lines.append(f"  {cost}")
+    if graph.disturbed:
+        lines.append("  left out of the headline statistics: " + ", ".join(
+            f"call {d.call} ({d.why.value})" for d in graph.disturbed))
     if graph.error:
         lines.append(f"  ERROR: {_last_line(graph.error)}")
     for split in graph.splits:
@@ -177,13 +282,17 @@ def render_graph(graph: GraphRecord) -> list[str]:
             line += (f", fusions: {len(split.fusions_in(Phase.FORWARD))} forward, "
                      f"{len(split.fusions_in(Phase.BACKWARD))} backward")
         lines.append(line)
-        for label, timing in (("forward", split.timing), ("backward", split.backward_timing)):
-            line = _timing_line(label, timing)
+        for label, timing, host in (("forward", split.timing, split.host_timing),
+                                    ("backward", split.backward_timing, split.host_backward_timing)):
+            line = _timing_line(label, timing, left_out, host)
             if line:
                 lines.append(f"    {line}")
                 series = _time_series_line(timing)
                 if series:
                     lines.append(f"      {series}")
+        cost = _cost_line(split.compile_cost)
+        if cost:
+            lines.append(f"    {cost}")
         for group in digest.group_reasons([GraphRecord(graph.name, graph.index, splits=(split,))]):
             lines.append(f"    split reason: {group.type} {group.op}" + (f" (x{group.count})" if group.count > 1 else ""))
             lines += [f"      exception: {e}" for e in group.exceptions]
@@ -193,12 +302,14 @@ def render_graph(graph: GraphRecord) -> list[str]:
             for fusion in split.fusions:
                 line = f"      {fusion.name} ({fusion.phase.value}, {fusion.executor}): {plural(len(fusion.ops), 'op')}"
                 if fusion.timing is not None and fusion.timing.count:
-                    line += f", median {_ms(fusion.timing.median_ms)}"
+                    head = headline(fusion.timing, left_out)
+                    line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
                 lines.append(line)
         for key, timing in sorted(split.outside_fusions_timing.items()):
-            line = _timing_line(f"outside fusions, {digest.outside_phase(key)}", timing)
+            line = _timing_line(f"outside fusions, {digest.outside_phase(key)}", timing, left_out)
             if line:
                 lines.append(f"    {line}")
+        lines += _parts_lines(graph, split)
         if split.error:
             lines.append(f"    ERROR: {_last_line(split.error)}")
     for reason in graph.unattributed_reasons:
