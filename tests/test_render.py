@@ -18,8 +18,9 @@ from thunderfx_debug import bench
 from thunderfx_debug.dump import load_report, load_reports
 from thunderfx_debug.records import Phase, SplitKind, Timing
 from thunderfx_debug.report import Report
-from thunderfx_debug.render import digest, noise, svg
+from thunderfx_debug.render import digest, svg
 from thunderfx_debug.render.diff import diff_reports, render_diff
+from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
 from thunderfx_debug.render.triage import render_triage
@@ -114,7 +115,11 @@ def test_recompiles_are_found_by_frame(normal):
 def test_step_time_and_shares(normal):
     steps = digest.estimated_steps(normal)
     assert steps == 12
-    expected = sum((t.median_ms or 0) * g.calls / steps for g in normal.graphs for t in (g.timing, g.backward_timing) if t)
+    # Headline medians: each piece's first sampled call (and its graph's disturbed calls) left out (see `headline`).
+    expected = sum(headline(t, left_out_calls(g)).median_ms * g.calls / steps
+                   for g in normal.graphs for t in (g.timing, g.backward_timing) if t)
+    assert expected != pytest.approx(sum((t.median_ms or 0) * g.calls / steps for g in normal.graphs
+                                         for t in (g.timing, g.backward_timing) if t))  # the rule leaves samples out
     assert digest.step_ms(normal) == pytest.approx(expected)
     top = digest.top_regions(normal, limit=100)
     times = [piece.ms_per_step for piece, _ in top]
@@ -213,27 +218,6 @@ def test_diff_flags_a_slowdown_beyond_noise_only(normal):
     b = dataclasses.replace(a, graphs=(dataclasses.replace(graph, splits=(dataclasses.replace(graph.splits[0], timing=other),)),))
     assert not diff_reports(a, b).significant_timings
     assert "no timing change beyond noise" in render_diff(diff_reports(a, b))
-
-
-def test_mann_whitney_exact_values():
-    assert noise.mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
-    assert noise.mann_whitney_p([1, 2, 3], [1.5, 2.5, 3.5]) == pytest.approx(0.7)
-    assert noise.mann_whitney_p([1, 2], [3, 4]) == pytest.approx(1 / 3)
-    # Exact and normal approximation agree where the method switches (m * n around 2500).
-    a = [i + 0.3 for i in range(50)]
-    b = [i + 4.1 for i in range(50)]
-    exact = noise.mann_whitney_p(a, b)
-    approx = noise.mann_whitney_p(a, b + [200.0])
-    assert exact == pytest.approx(approx, rel=0.35)
-    assert noise.mann_whitney_p([1.0] * 60, [1.0] * 60) == 1.0  # all tied
-
-
-def test_few_samples_use_disjoint_ranges():
-    a, b = Timing((1.0, 1.1)), Timing((2.0, 2.1))
-    change = noise.compare_timings(a, b)
-    assert change.method == "disjoint ranges" and change.verdict == "slower"
-    assert noise.compare_timings(a, Timing((1.05, 2.0))).verdict == "within noise"
-    assert noise.compare_timings(a, None).verdict == "not comparable"
 
 
 # ---- HTML -------------------------------------------------------------------------------------------------------
@@ -409,7 +393,7 @@ def test_outside_in_run_sums_each_splits_time_outside_its_regions(normal):
     for graph in normal.graphs:
         for split in graph.splits:
             timings = split.outside_fusions_timing.values()
-            expected = sum(t.median_ms for t in timings) * graph.calls / steps
+            expected = sum(headline(t, left_out_calls(graph)).median_ms for t in timings) * graph.calls / steps
             assert outside.get(f"{graph.name}/{split.name}", 0.0) == pytest.approx(expected)
     assert outside and all(ms > 0 for ms in outside.values())
 

@@ -1,5 +1,6 @@
 """What changed between two runs (`thunderfx-debug diff A B`): graphs, splits and split reasons, fusion regions and
-their ops, and timing with the ratio B/A, flagging changes beyond noise (see `noise` for the test).
+their ops, and timing with the ratio B/A, flagging changes beyond noise (see `noise` for the test: every timed piece
+of the two runs is judged at once, on its headline samples, relative to the run-wide shift).
 
 Graphs are matched by name (graph0, graph1, ... in compile order), splits by name within a graph, fusion regions
 by name and phase within a split: names are what a person greps for in both dumps.
@@ -12,7 +13,8 @@ from collections import Counter
 
 from thunderfx_debug.records import RankRecord, SplitRecord, Timing
 from thunderfx_debug.render import digest
-from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, Change, compare_timings
+from thunderfx_debug.render.headline import COLD_SAMPLES, MIN_SAMPLES
+from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, NOISY_RESOLUTION, Change, Verdict, judge
 from thunderfx_debug.render.text import ms, plural
 
 
@@ -38,6 +40,8 @@ class TimingChange:
     a: Timing | None
     b: Timing | None
     change: Change
+    median_a: float | None = None  # headline medians (see `headline`)
+    median_b: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,7 @@ class RunDiff:
     fusions: list[FusionChange]
     timings: list[TimingChange]  # every piece timed in A or B
     step_ms: tuple[float | None, float | None]
+    shift: float | None = None  # the run-wide ratio B/A the pieces were judged against (see `noise`)
 
     @property
     def structure_changed(self) -> bool:
@@ -75,6 +80,7 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         splits_removed += [f"{name}/{s}" for s in splits_a if s not in splits_b]
         for split in splits_a.keys() & splits_b.keys():
             fusions += _fusion_changes(f"{name}/{split}", splits_a[split], splits_b[split])
+    timings, shift = _timing_changes(a, b)
     reasons_a = Counter({(g.type, g.op): g.count for g in digest.group_reasons(a)})
     reasons_b = Counter({(g.type, g.op): g.count for g in digest.group_reasons(b)})
     reasons = [
@@ -91,8 +97,9 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         splits_removed=splits_removed,
         reasons=reasons,
         fusions=sorted(fusions, key=lambda f: (f.split, f.phase, f.name)),
-        timings=_timing_changes(a, b),
+        timings=timings,
         step_ms=(digest.step_ms(a), digest.step_ms(b)),
+        shift=shift,
     )
 
 
@@ -112,13 +119,21 @@ def _fusion_changes(where: str, a: SplitRecord, b: SplitRecord) -> list[FusionCh
     return changes
 
 
-def _timing_changes(a: RankRecord, b: RankRecord) -> list[TimingChange]:
-    pieces_a = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(a)}
-    pieces_b = {(p.level, p.path, p.phase): p.timing for p in digest.timed_pieces(b)}
+def _timing_changes(a: RankRecord, b: RankRecord) -> tuple[list[TimingChange], float | None]:
+    pieces_a = {(p.level, p.path, p.phase): p for p in digest.timed_pieces(a)}
+    pieces_b = {(p.level, p.path, p.phase): p for p in digest.timed_pieces(b)}
     keys = list(pieces_a) + [k for k in pieces_b if k not in pieces_a]
-    return [TimingChange(level, path, phase, pieces_a.get((level, path, phase)), pieces_b.get((level, path, phase)),
-                         compare_timings(pieces_a.get((level, path, phase)), pieces_b.get((level, path, phase))))
-            for level, path, phase in keys]
+
+    def samples(piece):
+        return None if piece is None else piece.headline.samples_ms
+
+    judged = judge([(samples(pieces_a.get(k)), samples(pieces_b.get(k))) for k in keys])
+    changes = []
+    for key, change in zip(keys, judged.changes):
+        pa, pb = pieces_a.get(key), pieces_b.get(key)
+        changes.append(TimingChange(*key, pa and pa.timing, pb and pb.timing, change, pa and pa.median_ms,
+                                    pb and pb.median_ms))
+    return changes, judged.shift
 
 
 # ---- text ---------------------------------------------------------------------------------------------------------
@@ -153,27 +168,49 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     lines = [f"A = {label_a}", f"B = {label_b}", "", "structure:"]
     lines += ["  " + line for line in render_structure_changes(d)]
     step_a, step_b = d.step_ms
-    lines += ["", "timing (median ms; ratio B/A above 1 means B is slower):"]
+    clocks = {t.clock for t in (*(c.a for c in d.timings), *(c.b for c in d.timings)) if t is not None}
+    words = " and ".join(sorted(f"{digest.time_word(c)} time ({c.value} clock)" for c in clocks)) or "time"
+    lines += ["", f"timing ({words}; headline medians in ms; ratio B/A above 1 means B is slower):"]
     if step_a and step_b:
-        lines.append(f"  step: {ms(step_a)} -> {ms(step_b)} ms per step, ratio {step_b / step_a:.3f}")
+        lines.append(f"  step: {ms(step_a)} -> {ms(step_b)} ms of compiled time per step, ratio {step_b / step_a:.3f}")
+    if d.shift is not None and abs(d.shift - 1) >= 0.05:
+        lines.append(f"  B ran {abs(d.shift - 1):.0%} {'slower' if d.shift > 1 else 'faster'} than A across all "
+                     "pieces (the median of their ratios): the machine, or a change that touches everything; the "
+                     "pieces below are judged against that shift")
     shown = d.timings if show_all else d.significant_timings
     if not shown:
         lines.append("  no timing change beyond noise" if d.timings else "  neither run has timing samples")
     for t in shown:
-        ratio = "-" if t.change.ratio is None else f"{t.change.ratio:.3f}"
-        a = ms(t.a.median_ms if t.a else None)
-        b = ms(t.b.median_ms if t.b else None)
-        p = "" if t.change.p_value is None else f", p={t.change.p_value:.3g}"
-        label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level is digest.PieceLevel.OUTSIDE_FUSIONS else "")
-        lines.append(f"  {label}: {a} -> {b}  ratio {ratio}  {t.change.verdict.upper()} "
-                     f"({t.change.method}{p})")
-    hidden = len(d.timings) - len(shown)
-    if hidden:
-        lines.append(f"  ({plural(hidden, 'timed piece')} within noise or not comparable; --all shows them)")
+        lines.append("  " + _timing_line(t))
+    verdicts = Counter(t.change.verdict for t in d.timings)
+    if not show_all:
+        counted = [f"{verdicts[v]} {v.value}" for v in (Verdict.WITHIN_NOISE, Verdict.TOO_NOISY, Verdict.TOO_FEW,
+                                                        Verdict.NOT_COMPARABLE) if verdicts[v]]
+        if counted:
+            lines.append(f"  other timed pieces: {', '.join(counted)} (--all lists them)")
     lines += [
         "",
-        f"Beyond noise means: Mann-Whitney rank test on the samples (of a long run, its uniform sample), two-sided "
-        f"p < {ALPHA}, and a change of the median of at least {MIN_EFFECT:.0%}; with too few samples for the test to "
-        f"reach p < {ALPHA}, the sample ranges [min, max] of A and B must not overlap instead.",
+        f"Beyond noise means: Yuen's test of 20%-trimmed means of log time, against changes of up to {MIN_EFFECT:.0%} "
+        f"(smaller ones are not reported), Holm's correction over all {len(d.timings)} pieces (a false flag in the "
+        f"whole diff has a chance below {ALPHA:.0%}), each piece relative to the run-wide shift. Samples: each "
+        f"piece's first {COLD_SAMPLES} sampled call and its graph's disturbed calls are left out; fewer than "
+        f"{MIN_SAMPLES} left is too few to judge, and a piece that could not show a {NOISY_RESOLUTION}x change beyond "
+        "its noise is too noisy to judge.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _timing_line(t: TimingChange) -> str:
+    change = t.change
+    a, b = ms(t.median_a), ms(t.median_b)
+    ratio = "-" if change.ratio is None else f"{change.ratio:.3f}"
+    details = []
+    if change.relative_ratio is not None and abs(change.relative_ratio - change.ratio) > 5e-4:
+        details.append(f"{change.relative_ratio:.3f} against the run-wide shift")
+    if change.p_value is not None:
+        details.append(f"p={change.p_value:.2g} before correction")
+    if change.resolution is not None and change.verdict is not Verdict.WITHIN_NOISE:
+        details.append(f"could tell {change.resolution:.2f}x")
+    label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level is digest.PieceLevel.OUTSIDE_FUSIONS else "")
+    return (f"{label}: {a} -> {b}  ratio {ratio}  {change.verdict.value.upper()}"
+            + (f" ({', '.join(details)})" if details else ""))

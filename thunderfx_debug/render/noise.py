@@ -1,129 +1,319 @@
-"""Is a timing change real or noise? A rank test on the raw samples of two runs, no numpy or scipy needed.
+"""Is a timing change between two runs real, or noise? Pure Python (no numpy or scipy needed).
 
-The test is Mann-Whitney's U (two-sided): it asks whether a sample of run B tends to be larger than one of run A,
-using only the order of the samples, so a few outliers (a GC pause, another process) do not decide it, and it
-needs no assumption about the shape of the distribution. For small samples (m * n <= 2500, no ties) the p-value is
-exact, from U's distribution counted by dynamic programming; for larger ones it uses the normal approximation
-with the tie correction.
+A diff judges every timed piece of two runs at once (graphs, splits, fusion regions, op groups: tens to hundreds of
+them), from few samples each, on machines whose speed drifts within a run and differs between runs. Each of these
+misleads a plain per-piece test, and each has a part here:
 
-With very few samples no ordering is unlikely enough (2 samples against 2 give p >= 0.33 at best); there the
-verdict falls back to whether the sample ranges [min, max] of the two runs are disjoint, and says so.
+1. Timings are multiplicative and have outliers (a GC pause, a preempted call): each piece is compared on the log
+   of its times with Yuen's test, a Welch t test of 20%-trimmed means with winsorised variances (`TRIM`), which a
+   few outliers cannot move, and which keeps far more power at six samples than a rank test (Mann-Whitney with 6
+   against 6 samples cannot reach p < 0.0022).
+2. A few percent of difference between two runs is the machine, not the code: the test asks whether the change is
+   beyond +-`MIN_EFFECT` (a minimum-effect null hypothesis, |log(B/A)| <= log(1 + MIN_EFFECT)), not whether it is
+   exactly zero, which any difference passes with enough samples.
+3. Testing 30 pieces at p < 0.05 flags one by chance in most diffs: Holm's correction keeps the chance of any false
+   flag in the whole diff below `ALPHA`.
+4. Another machine, another clock boost, or a busy neighbour moves every piece of a run alike: with at least
+   `MIN_PIECES_FOR_SHIFT` pieces, the run-wide shift (the median over pieces of their shifts) is estimated and
+   reported on its own where it reaches `SHIFT_REPORTED`, so that a global change is shown as one, not blamed on
+   each piece; each piece is judged relative to it. Pieces do not follow a change of the machine alike, and that
+   spread (beyond their own noise) adds to each piece's error (`run_wide_shift`): a piece that followed the machine
+   less than the others has not changed on its own.
+
+Verdicts say when nothing can be said: "too few samples to judge" (fewer than `MIN_SAMPLES` in a run), "too noisy
+to judge" (not even a change of `NOISY_RESOLUTION`x could have been told from noise at the corrected level).
+Samples go in as the callers choose them: the diff passes each piece's headline samples (`headline`: the first
+sampled call and disturbed calls left out).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 
-from thunderfx_debug.records import Timing
+from thunderfx_debug.render.headline import MIN_SAMPLES
 
-#: Changes with p below this are beyond noise.
+#: Family-wise error rate of one diff: the chance that any piece of two runs without change is flagged.
 ALPHA = 0.05
-#: ... and so are only changes of at least this relative size: a 0.5% shift over 10,000 samples is real but not news.
-MIN_EFFECT = 0.02
+#: Changes up to this size (relative) are not changes: 10%.
+MIN_EFFECT = 0.10
+#: Share of samples trimmed from each end before comparing means.
+TRIM = 0.2
+#: A piece that could not show a change of this ratio beyond noise (with `POWER`) is "too noisy to judge".
+NOISY_RESOLUTION = 1.5
+#: ... where "could show" means: a change of that size would be flagged with this probability.
+POWER = 0.9
+#: Fewer judged pieces than this and the run-wide shift is not estimated (a median of few follows a real change).
+MIN_PIECES_FOR_SHIFT = 8
+#: A run-wide shift of at least this size is reported.
+SHIFT_REPORTED = 0.05
+
+
+class Verdict(str, enum.Enum):
+    SLOWER = "slower"
+    FASTER = "faster"
+    WITHIN_NOISE = "within noise"
+    TOO_FEW = "too few samples to judge"
+    TOO_NOISY = "too noisy to judge"
+    NOT_COMPARABLE = "not comparable"  # a run has no samples of the piece
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """The timing change of one piece between run A and run B.
+    """The judged change of one piece from run A to run B.
 
-    `ratio` is median(B) / median(A) (above 1: B is slower); `p_value` the two-sided Mann-Whitney p (None when a
-    run has no samples); `method` "mann-whitney" or "disjoint ranges" (too few samples for the rank test);
-    `significant` whether the change is beyond noise by that method and at least MIN_EFFECT in size.
-    """
+    `ratio` is B/A (the ratio of the trimmed geometric means; above 1: B is slower), `relative_ratio` the same
+    after the run-wide shift is taken out (what the verdict judges), `p_value` the minimum-effect p before the
+    correction, `resolution` the smallest relative ratio this piece would have shown beyond noise with probability
+    `POWER` (where it is above `NOISY_RESOLUTION`, an unflagged piece is "too noisy to judge")."""
 
     ratio: float | None
+    relative_ratio: float | None
     p_value: float | None
-    method: str
-    significant: bool
+    resolution: float | None
+    verdict: Verdict
 
     @property
-    def verdict(self) -> str:
-        if self.ratio is None:
-            return "not comparable"
-        if not self.significant:
-            return "within noise"
-        return "slower" if self.ratio > 1 else "faster"
+    def significant(self) -> bool:
+        return self.verdict in (Verdict.SLOWER, Verdict.FASTER)
 
 
-def compare_timings(a: Timing | None, b: Timing | None) -> Change:
-    """The change from `a` to `b` (see `Change`); timings without samples are not comparable."""
-    if a is None or b is None or not a.count or not b.count:
-        return Change(None, None, "no samples", False)
-    ratio = b.median_ms / a.median_ms if a.median_ms else None
-    big_enough = ratio is not None and abs(ratio - 1) >= MIN_EFFECT
-    # The uniform samples: of a long run, the raw samples kept also hold its first and last ones, overrepresented.
-    samples_a, samples_b = a.uniform_samples_ms, b.uniform_samples_ms
-    p = mann_whitney_p(samples_a, samples_b)
-    if smallest_possible_p(len(samples_a), len(samples_b)) < ALPHA:
-        return Change(ratio, p, "mann-whitney", big_enough and p < ALPHA)
-    disjoint = a.max_ms < b.min_ms or b.max_ms < a.min_ms
-    return Change(ratio, p, "disjoint ranges", big_enough and disjoint)
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """The changes of all pieces of a diff (in the order given), the run-wide shift B/A (None: not estimated), and how
+    much the pieces' shifts spread around it beyond their own noise (log scale; see `run_wide_shift`)."""
+
+    changes: list[Change]
+    shift: float | None
+    spread: float = 0.0
+
+    @property
+    def shift_reported(self) -> bool:
+        return self.shift is not None and abs(math.log(self.shift)) >= math.log1p(SHIFT_REPORTED)
 
 
-def smallest_possible_p(m: int, n: int) -> float:
-    """The smallest two-sided p the exact test can give for sample sizes m and n (all of one run below the other)."""
-    return min(1.0, 2.0 / math.comb(m + n, m))
+# ---- Student's t distribution ------------------------------------------------------------------------------------
+def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz's method)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 400):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-13:
+            break
+    return result
 
 
-def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of Mann-Whitney's U test for samples `a` and `b` (each non-empty)."""
-    m, n = len(a), len(b)
-    ranks = _midranks([*a, *b])
-    u = sum(ranks[:m]) - m * (m + 1) / 2
-    ties = len(set(a) | set(b)) < m + n
-    if m * n <= 2500 and not ties:
-        total = math.comb(m + n, m)
-        low = min(u, m * n - u)
-        tail = sum(_u_counts(m, n)[: int(math.floor(low)) + 1]) / total
-        return min(1.0, 2 * tail)
-    mean = m * n / 2
-    tie_term = sum(t**3 - t for t in _tie_sizes([*a, *b]))
-    variance = m * n / 12 * ((m + n + 1) - tie_term / ((m + n) * (m + n - 1)))
-    if variance <= 0:
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularised incomplete beta function."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
         return 1.0
-    z = (abs(u - mean) - 0.5) / math.sqrt(variance)  # with continuity correction
-    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
 
 
-def _midranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with `df` degrees of freedom.
+
+    Example (the 97.5% point of t with 10 degrees of freedom is 2.228):
+        >>> round(t_sf(2.228, 10), 4), t_sf(0.0, 3)
+        (0.025, 0.5)
+    """
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
 
 
-def _tie_sizes(values: Sequence[float]) -> list[int]:
-    counts: dict[float, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return [c for c in counts.values() if c > 1]
+def _t_pdf(t: float, df: float) -> float:
+    log_density = (math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+                   - (df + 1) / 2 * math.log1p(t * t / df))
+    return math.exp(log_density)
 
 
-@lru_cache(maxsize=64)
-def _u_counts(m: int, n: int) -> tuple[int, ...]:
-    """How many orderings of m A-samples and n B-samples give U = 0, 1, ..., m*n (U counts the pairs a > b)."""
-    # counts[j][u] for the current m': adding the largest remaining sample from A adds j to U (it beats all j B's).
-    previous = [[1] for _ in range(n + 1)]  # m' = 0: U is 0 for any n'
-    for mm in range(1, m + 1):
-        current = [[1]]  # n' = 0: U is 0
-        for nn in range(1, n + 1):
-            size = mm * nn + 1
-            row = [0] * size
-            # the largest sample overall is from A (adds nn to U) or from B (adds nothing)
-            for u, c in enumerate(previous[nn]):
-                row[u + nn] += c
-            for u, c in enumerate(current[nn - 1]):
-                row[u] += c
-            current.append(row)
-        previous = current
-    return tuple(previous[n])
+def t_isf(p: float, df: float) -> float:
+    """The t with P(T > t) = p (0 < p < 0.5): Newton's method, kept inside a bracket that bisection narrows.
+
+    Example:
+        >>> round(t_isf(0.025, 10), 3), round(t_isf(0.005, 3), 3)
+        (2.228, 5.841)
+    """
+    low, high = 0.0, 1.0
+    while t_sf(high, df) > p:
+        low, high = high, 2.0 * high
+    t = (low + high) / 2.0
+    for _ in range(60):
+        excess = t_sf(t, df) - p
+        if excess > 0:
+            low = t
+        else:
+            high = t
+        if abs(excess) <= 1e-10 * p or high - low < 1e-10 * max(1.0, high):
+            break
+        step = t + excess / _t_pdf(t, df)  # P(T > t) falls by the density
+        if abs(step - t) < 1e-12 * max(1.0, t):
+            break
+        t = step if low < step < high else (low + high) / 2.0
+    return t
+
+
+# ---- Yuen's trimmed-means test -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Trimmed:
+    """A sample's trimmed mean, the squared standard error of it (from the winsorised variance), and how many
+    values the trimmed mean kept."""
+
+    mean: float
+    error2: float
+    kept: int
+
+
+def trimmed(values: Sequence[float], trim: float = TRIM) -> Trimmed:
+    """Example: the outlier 100 is trimmed away (mean of 2, 3, 4) and winsorised (variance of 2, 2, 3, 4, 4):
+        >>> t = trimmed([1.0, 2.0, 3.0, 4.0, 100.0]); t.mean, t.kept, round(t.error2, 4)
+        (3.0, 3, 0.6667)
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    g = int(math.floor(trim * n))
+    kept = ordered[g:n - g]
+    h = len(kept)
+    winsorised = [ordered[g]] * g + kept + [ordered[n - g - 1]] * g
+    mean_w = math.fsum(winsorised) / n
+    variance_w = math.fsum((v - mean_w) ** 2 for v in winsorised) / (n - 1)
+    return Trimmed(math.fsum(kept) / h, (n - 1) * variance_w / (h * (h - 1)), h)
+
+
+def yuen(a: Sequence[float], b: Sequence[float], trim: float = TRIM) -> tuple[float, float, float]:
+    """(trimmed mean of b - trimmed mean of a, its standard error, Welch's degrees of freedom); each sample needs
+    enough values that at least 2 survive the trimming."""
+    ta, tb = trimmed(a, trim), trimmed(b, trim)
+    error2 = ta.error2 + tb.error2
+    if error2 <= 0:
+        return tb.mean - ta.mean, 0.0, float(ta.kept + tb.kept - 2)
+    df = error2 * error2 / (ta.error2 ** 2 / (ta.kept - 1) + tb.error2 ** 2 / (tb.kept - 1))
+    return tb.mean - ta.mean, math.sqrt(error2), df
+
+
+# ---- a whole diff ------------------------------------------------------------------------------------------------
+def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down correction: which of the p-values stay significant with a family-wise error below `alpha`.
+
+    Example (alone, 0.03 would pass; one of three at 0.05 / 2 does not):
+        >>> holm([0.001, 0.03, 0.04])
+        [True, False, False]
+    """
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    significant = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        significant[i] = True
+    return significant
+
+
+def _logs(samples: Sequence[float]) -> list[float]:
+    return [math.log(s) for s in samples if s > 0]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+#: The median of a chi-square variable with one degree of freedom: of (deviation / error)^2 of a piece that follows
+#: the run-wide shift within its error.
+_CHI2_1_MEDIAN = 0.454936
+
+
+def run_wide_shift(tests: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(the run-wide shift of log time, the squared spread of how pieces follow it) from each piece's (shift, standard
+    error), or (0, 0) with fewer than `MIN_PIECES_FOR_SHIFT` pieces.
+
+    The shift is the median of the pieces' shifts. Pieces do not all follow a change of the machine alike (a busy
+    neighbour, or a slow call that trimming keeps in one piece and drops from another), so around the shift they
+    spread by more than their own errors; that spread is the variance which, added to each piece's squared error,
+    makes the median of the pieces' squared standardised deviations that of a chi-square with one degree of freedom.
+    Both are medians: one piece that really changed moves neither, however precisely it was measured.
+    """
+    if len(tests) < MIN_PIECES_FOR_SHIFT:
+        return 0.0, 0.0
+    shift = _median([d for d, _ in tests])
+    deviations2 = [(d - shift) ** 2 for d, _ in tests]
+    variances = [max(e * e, 1e-18) for _, e in tests]
+
+    def excess(spread2: float) -> float:
+        return _median([d2 / (v + spread2) for d2, v in zip(deviations2, variances)]) - _CHI2_1_MEDIAN
+
+    if excess(0.0) <= 0:
+        return shift, 0.0
+    low, high = 0.0, max(deviations2)
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if excess(middle) > 0 else (low, middle)
+    return shift, high
+
+
+def judge(pairs: Sequence[tuple[Sequence[float] | None, Sequence[float] | None]], alpha: float = ALPHA,
+          min_effect: float = MIN_EFFECT) -> Judgement:
+    """Judges the change of every piece (its samples in run A, in run B) of one diff together (see the module
+    docstring). A piece missing from a run (None) is not comparable; with fewer than `MIN_SAMPLES` samples in a run,
+    there are too few to judge.
+
+    Example (the second piece 1.5x slower in B, the first the same; too few pieces for a run-wide shift):
+        >>> a = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0]
+        >>> [c.verdict.value for c in judge([(a, a[::-1]), (a, [1.5 * x for x in a])]).changes]
+        ['within noise', 'slower']
+    """
+    threshold = math.log1p(min_effect)
+    logs = [(_logs(a or ()), _logs(b or ())) for a, b in pairs]
+    judged = [i for i, (la, lb) in enumerate(logs) if len(la) >= MIN_SAMPLES and len(lb) >= MIN_SAMPLES]
+    tests = {i: yuen(*logs[i]) for i in judged}
+    shift, spread2 = run_wide_shift([tests[i][:2] for i in judged])
+
+    def error_of(i: int) -> float:
+        return math.sqrt(tests[i][1] ** 2 + spread2)
+
+    def p_value(i: int) -> float:
+        difference, _, df = tests[i]
+        beyond, error = abs(difference - shift) - threshold, error_of(i)
+        return (0.0 if beyond > 0 else 1.0) if error == 0 else t_sf(beyond / error, df)
+
+    p_values = {i: p_value(i) for i in judged}
+    significant = dict(zip(judged, holm([p_values[i] for i in judged], alpha)))
+    strictest = alpha / max(len(judged), 1)  # Holm's first threshold: what a lone change has to pass
+    changes = []
+    for i, (la, lb) in enumerate(logs):
+        if pairs[i][0] is None or pairs[i][1] is None:
+            changes.append(Change(None, None, None, None, Verdict.NOT_COMPARABLE))
+            continue
+        if i not in tests:
+            ratio = math.exp(sum(lb) / len(lb) - sum(la) / len(la)) if la and lb else None
+            changes.append(Change(ratio, None, None, None, Verdict.TOO_FEW))
+            continue
+        difference, _, df = tests[i]
+        error = error_of(i)
+        resolution = math.exp(threshold + (t_isf(strictest, df) + t_isf(1 - POWER, df)) * error)
+        if significant[i]:
+            verdict = Verdict.SLOWER if difference > shift else Verdict.FASTER
+        elif resolution > NOISY_RESOLUTION:
+            verdict = Verdict.TOO_NOISY
+        else:
+            verdict = Verdict.WITHIN_NOISE
+        changes.append(Change(math.exp(difference), math.exp(difference - shift), p_values[i], resolution, verdict))
+    return Judgement(changes, math.exp(shift) if len(judged) >= MIN_PIECES_FOR_SHIFT else None, math.sqrt(spread2))
