@@ -1,8 +1,12 @@
 """Fidelity of fusion-level timing: each fusion region's time as ReportingBackend measures it (CUDA events around
-the region, read lazily) against the time torch.profiler measures for the kernels of the same region.
+the region, read lazily) against the time torch.profiler measures for the kernels of the same region; and, with
+`--step` (implied by `--model llama`), a whole training step attributed part by part against the profiler's kernel
+total of the same step.
 
     source .gpu/setup.sh && python benchmarks/fidelity.py --json fidelity.json    # H200: 12-layer GPT, ~2-3 min
+    source .gpu/setup.sh && python benchmarks/fidelity.py --model llama --json fidelity_llama.json   # H200, ~3 min
     python benchmarks/fidelity.py --tiny                                          # CPU smoke test (host times)
+    python benchmarks/fidelity.py --tiny --step                                   # CPU smoke test of --step
 
 Method. One training run under `ReportingBackend(timing="fusion", timing_every=1, nvtx=True)`. With `nvtx=True`
 each fusion region runs inside a `torch.profiler.record_function` range (and an NVTX range) named after the region,
@@ -23,6 +27,18 @@ summary also gives the time-weighted agreement. It also measures the bracket's o
 a tiny kernel alone between two events, against its share of 20 back to back) and gives each ratio less that cost,
 the candidate correction for short regions. On CPU (--tiny) the profiler side is the range's CPU time instead,
 which only checks that the matching works.
+
+Step mode (`--step`; `--model llama`: a Hugging Face LlamaForCausalLM built from a config, `--layers` decoder layers,
+no weights downloaded). Each profiled step runs its forward inside a `record_function("fidelity forward")` and its
+backward inside `record_function("fidelity backward")`; the profiler's kernel total of a step is the device work
+(kernels, memcpy, memset) inside those two ranges' spans on the GPU timeline, less the device hold's sleep kernels
+(`spin_kernel`). The backend's side is every graph's forward and backward on the same calls, attributed: fusion
+regions, op groups outside them (matmul, linear, sdpa, ... by symbol and executor), inductor splits, Thunder's own
+(between ops, outside its traces) and the split graph's code between splits; these parts add up to the graphs'
+times, and the check is that their sum lies within 5% of the kernel total (`STEP_TOLERANCE`). What the step runs on
+the device outside the graphs (the loss's seed gradient, gradient accumulation by autograd) is in the kernel total
+only, so the sum reads a little low where that is not negligible; every CUDA event the marks record adds a little
+to the parts (`marks_per_step` says how many).
 """
 
 from __future__ import annotations
@@ -43,6 +59,9 @@ from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batch
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 TOLERANCE = 0.10
+STEP_TOLERANCE = 0.05
+#: torch.cuda._sleep's kernel (the device hold of fusion-level timing): not work of the step.
+SLEEP_KERNEL = "spin_kernel"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,12 +71,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="unprofiled steps first (compile included)")
     parser.add_argument("--steps", type=int, default=10, help="profiled steps, each one sampled")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; tiny 4)")
-    parser.add_argument("--layers", type=int, default=12, help="transformer blocks of the GPT (default 12; fewer to fit "
-                        "a short device lease)")
+    parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: GPT 12, Llama 2; fewer "
+                        "to fit a short device lease)")
+    parser.add_argument("--model", choices=("gpt", "llama"), default="gpt",
+                        help="the GPT of thunderfx_debug.models, or a Hugging Face Llama from a config (implies --step)")
+    parser.add_argument("--step", action="store_true",
+                        help="attribute whole steps part by part against the profiler's kernel total")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (Llama; default 2048, tiny 64)")
+    parser.add_argument("--hidden", type=int, default=2048, help="Llama hidden size (default 2048)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.batch = args.batch or (4 if args.tiny else 8)
+    args.batch = args.batch or (4 if args.tiny or args.model == "llama" else 8)
+    args.layers = args.layers or (2 if args.model == "llama" else 12)
+    args.seq = args.seq or (64 if args.tiny else 2048)
+    args.step = args.step or args.model == "llama"
     return args
 
 
@@ -220,6 +248,8 @@ def main(argv=None) -> int:
         del os.environ[name]
     if cleared:
         print(f"note: cleared {', '.join(cleared)} (they would override the settings this benchmark needs)")
+    if args.step:
+        return run_step_mode(args)
     config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
     report, kernels, spans, attributed, calls = profiled_run(args, config)
     rows = compare(report, kernels, spans, calls, attributed if args.device.startswith("cuda") else None)
@@ -260,6 +290,180 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(data, indent=1))
         print(f"wrote {args.json}")
     return 0 if summary["matched_regions"] else 1
+
+
+# ---- step mode: a whole step attributed part by part ---------------------------------------------------------------
+def build_model(args):
+    """(model, batch iterator, loss of a batch) for --model; bf16 on CUDA."""
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    torch.manual_seed(0)
+    if args.model == "gpt":
+        config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
+        model = GPT(config).to(device=args.device, dtype=dtype)
+        batches = [b for _, b in zip(range(4), synthetic_batches(config, args.batch, args.device))]
+        return model, batches, lambda m, batch: m(*batch), {"model": "gpt", "n_layer": config.n_layer}
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if args.tiny:
+        config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=args.layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=args.seq)
+    else:
+        config = LlamaConfig(vocab_size=32000, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
+                             num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
+                             num_key_value_heads=args.hidden // 256, max_position_embeddings=args.seq)
+    model = LlamaForCausalLM(config).to(device=args.device, dtype=dtype)
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator).to(args.device)
+               for _ in range(4)]
+    described = {"model": "llama", "layers": args.layers, "hidden": config.hidden_size, "seq": args.seq,
+                 "batch": args.batch, "vocab": config.vocab_size}
+    return model, batches, lambda m, tokens: m(input_ids=tokens, labels=tokens).loss, described
+
+
+def step_profiled_run(args):
+    """Trains under fusion-level timing of every call; profiles the last `--steps` steps with their forward and
+    backward in named ranges. Returns (report, [(forward, backward) kernel ms of each profiled step], profiled
+    steps)."""
+    from thunderfx_debug import ReportingBackend
+
+    cuda = args.device.startswith("cuda")
+    options = {}
+    if not cuda:
+        import thunder
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        options["executors"] = [torch_compile_ex, *thunder.get_default_executors()]
+    # Every call after the first is sampled, so that the device hold has learned the host's pace when profiling starts.
+    backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=1, **options)
+    model, batches, loss_of, described = build_model(args)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        with torch.profiler.record_function("fidelity forward"):
+            loss = loss_of(compiled, batches[i % len(batches)])
+        with torch.profiler.record_function("fidelity backward"):
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for i in range(args.warmup):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        for i in range(args.steps):
+            step(args.warmup + i)
+        if cuda:
+            torch.cuda.synchronize()
+    events = profile.events()
+    work = sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.device_type != torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+                  and SLEEP_KERNEL not in e.name and not _is_our_range(e.name))
+    phases: dict[str, list[float]] = {"fidelity forward": [], "fidelity backward": []}
+    for event in sorted(events, key=lambda e: e.time_range.start):
+        if event.name not in phases:
+            continue
+        on_device = event.device_type != torch.autograd.DeviceType.CPU
+        if cuda and on_device:
+            phases[event.name].append(_work_inside(work, event.time_range.start, event.time_range.end) / 1e3)
+        elif not cuda and not on_device:
+            phases[event.name].append(event.cpu_time_total / 1e3)  # CPU: only checks the bookkeeping
+    kernels = list(zip(phases["fidelity forward"], phases["fidelity backward"]))
+    return backend.report(), kernels, described
+
+
+def _at(timing, call: int) -> float:
+    if timing is None or call not in timing.calls:
+        return 0.0
+    return timing.samples_ms[timing.calls.index(call)]
+
+
+def step_parts(report, back: int) -> dict[str, float]:
+    """The backend's parts of the step `back` steps before the last (1: the last), in ms: what each graph's forward
+    and backward on that call is made of. They add up to `graphs`, the graphs' own time."""
+    from thunderfx_debug.records import BETWEEN_OPS, Phase, SplitKind
+
+    parts = dict.fromkeys(("fusion regions", "ops outside regions", "inductor splits", "Thunder between ops",
+                           "Thunder outside its traces", "between splits", "graphs"), 0.0)
+    groups: dict[str, float] = {}
+    marks = 0
+    for graph in report.graphs:
+        call = graph.calls - back + 1
+        for phase, graph_timing in ((Phase.FORWARD, graph.timing), (Phase.BACKWARD, graph.backward_timing)):
+            graph_ms = _at(graph_timing, call)
+            parts["graphs"] += graph_ms
+            in_splits = 0.0
+            for split in graph.splits:
+                split_ms = _at(split.timing if phase is Phase.FORWARD else split.backward_timing, call)
+                in_splits += split_ms
+                if split.kind is SplitKind.INDUCTOR:
+                    parts["inductor splits"] += split_ms
+                    continue
+                regions = sum(_at(f.timing, call) for f in split.fusions_in(phase))
+                outside = _at(split.outside_fusions_timing.get(f"outside_{phase.value}"), call)
+                parts["fusion regions"] += regions
+                parts["Thunder outside its traces"] += split_ms - regions - outside
+                ops = [g for g in split.op_groups if g.phase is phase]
+                marks += 2 + 2 * len(split.fusions_in(phase)) + sum(g.count for g in ops)
+                if not ops:  # ops not marked: the time outside regions is one part
+                    parts["ops outside regions"] += outside
+                for group in ops:
+                    ms = _at(group.timing, call)
+                    key = "Thunder between ops" if group.symbol == BETWEEN_OPS else "ops outside regions"
+                    parts[key] += ms
+                    if group.symbol != BETWEEN_OPS:
+                        groups[group.label] = groups.get(group.label, 0.0) + ms
+            parts["between splits"] += graph_ms - in_splits
+    return {**parts, "marks": marks, "groups": dict(sorted(groups.items(), key=lambda item: -item[1]))}
+
+
+def run_step_mode(args) -> int:
+    if args.model == "llama":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("--model llama builds a Hugging Face LlamaForCausalLM: pip install transformers", file=sys.stderr)
+            return 2
+    report, kernels, described = step_profiled_run(args)
+    steps = []
+    for back, (forward_ms, backward_ms) in enumerate(reversed(kernels), start=1):
+        parts = step_parts(report, back)
+        steps.append({**parts, "kernels": forward_ms + backward_ms, "kernels_forward": forward_ms,
+                      "kernels_backward": backward_ms})
+    steps.reverse()
+    if not steps:
+        print("no profiled step was matched to its ranges")
+        return 1
+    keys = [k for k in steps[0] if k not in ("groups",)]
+    median = {k: statistics.median(s[k] for s in steps) for k in keys}
+    ratio = median["graphs"] / median["kernels"] if median["kernels"] else None
+    within = ratio is not None and abs(ratio - 1) <= STEP_TOLERANCE
+    clock = "kernel" if args.device.startswith("cuda") else "range CPU"
+    print(f"{described} on {args.device}, {len(steps)} profiled steps (medians, ms per step):")
+    for key in ("fusion regions", "ops outside regions", "inductor splits", "Thunder between ops",
+                "Thunder outside its traces", "between splits"):
+        print(f"  {key:<28} {median[key]:10.3f}")
+    events = "CUDA events" if args.device.startswith("cuda") else "host clock"
+    print(f"  {'parts together':<28} {median['graphs']:10.3f}   (the graphs' forward and backward, {events})")
+    print(f"  {f'profiler {clock} total':<28} {median['kernels']:10.3f}   (forward {median['kernels_forward']:.3f}, "
+          f"backward {median['kernels_backward']:.3f})")
+    largest = list(steps[-1]["groups"].items())[:6]
+    print("  largest op groups (last step): " + (", ".join(f"{label} {ms:.3f}" for label, ms in largest) or "none"))
+    print(f"  marks per step {median['marks']:.0f}")
+    verdict = "within" if within else "NOT within"
+    print(f"the attributed parts add up to {ratio:.3f} of the profiler's {clock} total: {verdict} "
+          f"{STEP_TOLERANCE:.0%}" if ratio is not None else "no kernel time measured")
+    if args.json is not None:
+        data = {"benchmark": "fidelity-step", "device": args.device, "tolerance": STEP_TOLERANCE, "model": described,
+                "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps},
+                "summary": {**median, "ratio": ratio, "within_tolerance": within}, "steps": steps}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.json}")
+    return 0 if ratio is not None else 1
 
 
 if __name__ == "__main__":

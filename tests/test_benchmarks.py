@@ -35,6 +35,20 @@ def test_fidelity_benchmark_matches_every_region_to_its_profiler_range(tmp_path)
                              for r in data["regions"])
 
 
+def test_fidelity_step_mode_attributes_every_profiled_step_part_by_part(tmp_path):
+    """benchmarks/fidelity.py --tiny --step on CPU: the bookkeeping of the whole-step attribution (the Llama mode on
+    the H200 is the same code with --model llama), not its figures."""
+    fidelity = _load("fidelity")
+    assert fidelity.main(["--tiny", "--step", "--warmup", "2", "--steps", "2", "--json", str(tmp_path / "s.json")]) == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert len(data["steps"]) == 2
+    for step in data["steps"]:
+        parts = sum(step[k] for k in ("fusion regions", "ops outside regions", "inductor splits", "Thunder between ops",
+                                      "Thunder outside its traces", "between splits"))
+        assert parts == pytest.approx(step["graphs"]) and step["fusion regions"] > 0 and step["kernels"] > 0
+    assert data["summary"]["ratio"] is not None
+
+
 def test_overhead_refuses_an_unknown_executor_before_any_worker_starts(capsys):
     overhead = _load("overhead")
     with pytest.raises(SystemExit) as exit_info:
