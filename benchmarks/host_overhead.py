@@ -18,6 +18,14 @@ noise floor shows it), so the script also times the split runners alone on one c
 them in place.
 
     python benchmarks/host_overhead.py [--rounds 31] [--calls 1000] [--instances 3] [--json PATH]
+
+`--marks` measures instead what fusion-level timing's marks cost on calls that are not sampled: a 2-layer GPT of
+tiny tensors under Thunder's default executors (which fuse nothing on CPU, so every op runs outside fusion regions
+and gets a mark), trained with fusion timing that never samples (the marks are in the traces, unarmed) against split
+timing (no marks in the traces), in interleaved rounds of `--steps` forward and backward passes (each configuration compiled twice: the
+two copies' difference is the noise floor); the difference per step, and the cost of one unarmed mark alone.
+
+    python benchmarks/host_overhead.py --marks [--rounds 21] [--steps 50] [--json results/mark_cost_cpu.json]
 """
 
 from __future__ import annotations
@@ -139,15 +147,105 @@ def runner_cost(rounds: int, calls: int, seed: int = 1) -> dict[str, float]:
             "per_split_us": (medians["with runners"] - medians["without"]) / len(runners)}
 
 
+def _marks_in(compiled_split) -> int:
+    """The timing calls inserted into a split's last forward and backward traces."""
+    import thunder
+
+    traces = [thunder.last_traces(compiled_split)[-1]]
+    backward = thunder.last_backward_traces(compiled_split)
+    traces += [backward[-1]] if backward else []
+    return sum(1 for t in traces for b in t.bound_symbols if b.sym.name.startswith("thunderfx_debug_"))
+
+
+def unarmed_mark_ns(marks: int = 300, repeat: int = 2000) -> float:
+    """Nanoseconds per unarmed op mark in a function that calls it `marks` times, as an instrumented trace does,
+    against the same function without the calls (best of 7)."""
+    import timeit
+
+    from thunderfx_debug.recording.timing import HostClock, RegionTimer
+
+    mark = RegionTimer(HostClock(), series={}).mark_op
+    body = "\n".join("    mark('linear', 'torch')" for _ in range(marks))
+    namespace = {"mark": mark}
+    exec(f"def with_marks():\n{body}\n\ndef without():\n    pass\n", namespace)
+    with_marks = min(timeit.repeat(namespace["with_marks"], number=repeat, repeat=7))
+    without = min(timeit.repeat(namespace["without"], number=repeat, repeat=7))
+    return (with_marks - without) / repeat / marks * 1e9
+
+
+def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
+    """See the module docstring (`--marks`). Each configuration is compiled twice and the four are interleaved: the
+    difference between two copies of one configuration is the noise floor of the comparison."""
+    import copy
+
+    from thunderfx_debug import ReportingBackend
+    from thunderfx_debug.models import GPT, GPTConfig, synthetic_batches
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, graph_break=False, sinc_gate=False)
+    base = GPT(config)
+    tokens, targets = next(synthetic_batches(config, batch_size=4, device="cpu"))
+    runs = {}
+    for copy_index in (1, 2):
+        for name, timing in (("split timing, no marks", "split"), ("fusion timing, unarmed marks", "fusion")):
+            torch._dynamo.reset()
+            model = copy.deepcopy(base)
+            backend = ReportingBackend(timing=timing, timing_warmup=10**9)  # never sampled: the marks stay unarmed
+            fn = torch.compile(model, backend=backend)
+            fn(tokens, targets).backward()  # compiles
+            marks = sum(_marks_in(s.split.compiled) for g in backend.recorder.graphs for s in g.splits
+                        if s.split.kind.value == "thunder")
+            runs[(name, copy_index)] = (model, fn, marks)
+    order, rng = list(runs), random.Random(seed)
+    per_step: dict[tuple[str, int], list[float]] = {key: [] for key in order}
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for key in order:
+            model, fn, _ = runs[key]
+            start = time.perf_counter_ns()
+            for _ in range(steps):
+                fn(tokens, targets).backward()
+            per_step[key].append((time.perf_counter_ns() - start) / steps / 1e3)
+            for p in model.parameters():
+                p.grad = None
+    median = {f"{name} ({i})": statistics.median(values) for (name, i), values in per_step.items()}
+
+    def both(name):
+        return statistics.median(per_step[(name, 1)] + per_step[(name, 2)])
+
+    marks = runs[("fusion timing, unarmed marks", 1)][2]
+    extra = both("fusion timing, unarmed marks") - both("split timing, no marks")
+    floor = max(abs(statistics.median(per_step[(n, 1)]) - statistics.median(per_step[(n, 2)]))
+                for n in ("split timing, no marks", "fusion timing, unarmed marks"))
+    return {"median_us_per_step": median, "marks_per_step": marks, "us_per_step_for_marks": extra,
+            "noise_floor_us": floor, "unarmed_mark_ns": unarmed_mark_ns(), "rounds": rounds, "steps": steps}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds (default 31)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 31; --marks 21)")
     parser.add_argument("--calls", type=int, default=1000, help="calls per function and round (default 1000)")
     parser.add_argument("--instances", type=int, default=3,
                         help="compiled instances of each configuration and graph (default 3)")
+    parser.add_argument("--marks", action="store_true", help="the cost of fusion timing's unarmed marks instead")
+    parser.add_argument("--steps", type=int, default=50, help="--marks: steps per configuration and round (default 50)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.marks:
+        figures = marks_cost(args.rounds or 21, args.steps)
+        for name, us in figures["median_us_per_step"].items():
+            print(f"{name:<34} {us:10.1f} us per step (forward and backward, median of {figures['rounds']} rounds)")
+        print(f"{figures['marks_per_step']} marks per step: {figures['us_per_step_for_marks']:+.1f} us per step "
+              f"(two copies of one configuration differ by up to {figures['noise_floor_us']:.1f} us); one unarmed "
+              f"mark alone: {figures['unarmed_mark_ns']:.0f} ns, {figures['marks_per_step'] * figures['unarmed_mark_ns'] / 1e3:.1f} us "
+              "per step")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": platform.machine(), "python": platform.python_version(),
+                           "torch": torch.__version__, "clock": "host perf_counter", **figures}, f, indent=1)
+        return 0
+    args.rounds = args.rounds or 31
     torch._dynamo.config.cache_size_limit = 64  # every instance is a compile of the same frame
     functions = compiled_functions(args.instances)
     samples = time_rounds(functions, args.rounds, args.calls)
