@@ -71,6 +71,49 @@ def test_every_nvfusion_region_is_timed_with_cuda_events_on_the_sampled_calls(ru
                     assert timing.calls == SAMPLED
 
 
+def test_sampled_calls_read_host_wall_time_beside_device_time_and_ops_outside_regions_are_grouped(runs):
+    from thunderfx_debug.records import BETWEEN_OPS, CostStage, Phase
+
+    report = runs[1][0].report()
+    for graph in report.graphs:
+        assert graph.host_timing.clock == "host" and graph.host_timing.calls == SAMPLED
+        assert graph.host_backward_timing.calls == SAMPLED
+        assert graph.period_timing.calls == SAMPLED[:-1]  # the last sampled call has no next call
+        for split in graph.splits:
+            assert split.host_timing.calls == SAMPLED, split.name
+    thunder = [(g, s) for g in report.graphs for s in g.splits if s.op_groups]
+    assert thunder and any(og.symbol != BETWEEN_OPS for _, s in thunder for og in s.op_groups)
+    for _, split in thunder:
+        for phase in (Phase.FORWARD, Phase.BACKWARD):
+            outside = split.outside_fusions_timing[f"outside_{phase.value}"]
+            groups = [og.timing for og in split.op_groups if og.phase is phase]
+            for i, call in enumerate(outside.calls):
+                total = sum(t.samples_ms[t.calls.index(call)] for t in groups)
+                assert total == pytest.approx(outside.samples_ms[i], rel=1e-3, abs=1e-4), (split.name, phase, call)
+        # nvFuser compiles each fusion at its first execution: that part of the first call is nvFuser's.
+        assert split.compile_cost.seconds(CostStage.FIRST_EXECUTION) > 0
+    first_step = next(line for line in str(report).splitlines() if line.startswith("time to first step"))
+    assert "nvFuser compiles its fusions in them" in first_step
+
+
+def test_a_component_built_for_another_torch_is_warned_about(runs):
+    """The H200 bundle's nvFuser is a torch-2.10 wheel (nvfuser-cu130-torch210) run on torch 2.11."""
+    import importlib.metadata
+    import re
+
+    report = runs[1][0].report()
+    running = ".".join(torch.__version__.split(".")[:2])
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        built = re.search(r"-torch(\d)(\d+)$", name)
+        if name.startswith("nvfuser") and built and f"{built[1]}.{built[2]}" != running:
+            assert any(w.startswith(dist.metadata["Name"]) and "results may be wrong" in w
+                       for w in report.meta["environment_warnings"]), report.meta["environment_warnings"]
+            break
+    else:
+        pytest.skip("no nvFuser wheel built for another torch is installed here")
+
+
 def _train_unsampled_steps_in_sync_error_mode(**options):
     """Warms up (compile, the first sampled call), then trains steps that are not sampled with any synchronisation
     of the device an error. The batches are copied to the device before: a copy from pageable host memory
