@@ -374,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     diff = commands.add_parser(
         "diff", help="what changed between two runs: graphs, splits, reasons, fusions, timing beyond noise",
         description="Compares run B with run A: graphs, splits and split reasons, fusion regions (ops gained and lost) "
-                    "and timing, as the ratio B/A of the medians, flagged when beyond noise (Mann-Whitney rank test "
-                    "on the samples (of a long run, its uniform sample), p < 0.05, and at least 2%; disjoint sample "
-                    "ranges with too few samples).")
+                    "and timing, as the ratio B/A, flagged when beyond noise: Yuen's trimmed test on log times "
+                    "against changes of up to 10%, Holm's correction over all pieces, relative to the run-wide "
+                    "shift; pieces with too few samples or too much noise to judge are said to be so.")
     diff.add_argument("dir_a", help="run A: " + DIR_HELP)
     diff.add_argument("dir_b", nargs="?", help="run B: " + DIR_HELP + " (absent with --runs)")
     diff.add_argument("--rank", type=_rank, help="the rank to compare (default: the lowest of each dump)")

@@ -61,7 +61,9 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             sampler = overhead = first = None
             if level >= TimingLevel.SPLIT:
                 split.host_forward, split.host_backward = _host_series(state)
-                watch = HostWatch(split.host_forward, split.host_backward, None, _compiles_started)
+                watch = None  # on CPU a split's own clock is the host's: nothing more to read
+                if split.host_forward is not None:
+                    watch = HostWatch(split.host_forward, split.host_backward, None, _compiles_started)
                 sampler = PhaseSampler(label, split.forward, split.backward, failures, hold, owns_hold=False,
                                        watch=watch)
                 if split.split.kind is SplitKind.THUNDER:
