@@ -12,7 +12,7 @@ import torch
 
 from thunderfx_debug.manifest import device_sharing, version_warnings
 from thunderfx_debug.records import (
-    BETWEEN_OPS, CompileCost, CostPart, CostStage, CostWhen, Disturbance, DisturbedCall, GraphRecord, OpGroup, Phase,
+    BETWEEN_OPS, CompileCost, CostPart, CostStage, Disturbance, DisturbedCall, GraphRecord, OpGroup, Phase,
     RankRecord, SplitKind, SplitRecord, Timing,
 )
 from thunderfx_debug.recording.host import CallWaits

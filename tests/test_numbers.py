@@ -201,6 +201,7 @@ def test_a_piece_made_one_and_a_half_times_slower_is_flagged_where_the_samples_c
     first, second, _, _ = ops
     d = diff_reports(first, second)
     judged = [t for t in d.timings if t.change.resolution is not None and t.level is digest.PieceLevel.SPLIT]
+    assert judged, "no split had enough samples in both runs to be judged"
     best = min(judged, key=lambda t: t.change.resolution)
     graph_name, split_name = best.path.split("/")
     slowed = _scaled(second, graph_name, split_name, best.phase, 1.5)

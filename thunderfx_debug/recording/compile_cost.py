@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from thunderfx_debug.records import CompileCost, CostPart, CostStage, CostWhen, Phase, SplitKind
+from thunderfx_debug.records import CompileCost, CostPart, CostStage, CostWhen, SplitKind
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import HostClock, SampleSeries
 from thunderfx_debug.safety import ReportingFailures
@@ -158,6 +158,3 @@ def graph_cost(first: FirstCall | None, backend: BackendCall | None, origin_ns: 
         else _run_s(backend.ended_ns, origin_ns),
     )
 
-
-def phase_window(first: FirstCall, phase: Phase) -> tuple[int, int] | None:
-    return (first.forward if phase is Phase.FORWARD else first.backward).window()
