@@ -30,10 +30,16 @@ NOISY_SPREAD = 2.0
 
 
 def headline_samples(timing: Timing, left_out_calls: Collection[int] = ()) -> tuple[float, ...]:
-    """The samples the headline uses, in call order (see the module docstring)."""
-    calls = timing.calls if len(timing.calls) == len(timing.samples_ms) else range(1, timing.count + 1)
-    ordered = sorted(zip(calls, timing.samples_ms), key=lambda pair: pair[0])
-    return tuple(ms for call, ms in ordered[COLD_SAMPLES:] if call not in left_out_calls)
+    """The samples the headline uses, in call order (see the module docstring). Of a long run, whose timing keeps a
+    selection of its samples (`records.Timing`), the uniform sample: the selection over-represents the first and the
+    last samples of the run."""
+    calls = timing.calls if len(timing.calls) == len(timing.samples_ms) else range(1, len(timing.samples_ms) + 1)
+    pairs = list(zip(calls, timing.samples_ms))
+    cold = set(sorted(c for c, _ in pairs)[:COLD_SAMPLES])
+    if not timing.complete:
+        pairs = [pairs[i] for i in timing.uniform]
+    return tuple(ms for call, ms in sorted(pairs, key=lambda pair: pair[0])
+                 if call not in cold and call not in left_out_calls)
 
 
 #: A call is slow together when the median over a phase's pieces of (log sample - log median of the piece) exceeds
@@ -93,13 +99,16 @@ def left_out_calls(graph: GraphRecord) -> frozenset[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Headline:
-    """The headline of a timing: `samples_ms` used, `left_out` kept raw but not used; statistics in ms."""
+    """The headline of a timing: `samples_ms` used, `left_out` kept raw but not used; statistics in ms. Where the
+    rule leaves nothing (`fallback`), the statistics come from all the samples, and the headline has none."""
 
     samples_ms: tuple[float, ...]
     left_out: int
     median_ms: float | None
     p10_ms: float | None
     p90_ms: float | None
+    fallback: bool = False
+    basis: int = 0  # how many samples the statistics come from
 
     @property
     def count(self) -> int:
@@ -139,8 +148,9 @@ def _decile(sorted_values: list[float], tenths: int) -> float:
 
 def headline(timing: Timing, left_out: Collection[int] = ()) -> Headline:
     used = headline_samples(timing, left_out)
-    values = sorted(used) if used else sorted(timing.samples_ms)  # nothing left: all of them, marked as too few
+    pool = timing.uniform_samples_ms
+    values = sorted(used) if used else sorted(pool)  # nothing left: all of them, marked as too few
     if not values:
         return Headline((), 0, None, None, None)
-    return Headline(used, len(timing.samples_ms) - len(used), statistics.median(values), _decile(values, 1),
-                    _decile(values, 9))
+    return Headline(used, 0 if not used else len(pool) - len(used), statistics.median(values), _decile(values, 1),
+                    _decile(values, 9), fallback=not used, basis=len(values))
