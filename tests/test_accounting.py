@@ -173,12 +173,17 @@ def test_a_splits_parts_include_what_thunder_spends_outside_its_trace():
 def test_a_call_is_preempted_when_it_waited_for_a_cpu_far_more_than_the_others():
     waits = CallWaits()
     for call, wait in ((6, 1), (11, 2), (16, 40), (21, 1), (26, 2)):  # of 100 ms each
-        waits.add(call, 100 * 10**6, wait * 10**6, compiled=call == 21)
+        waits.add(call, Phase.FORWARD, 100 * 10**6, wait * 10**6, compiled=call == 21)
+        waits.add(call, Phase.BACKWARD, 100 * 10**6, 10**6, compiled=False)
     assert waits.disturbed() == (DisturbedCall(16, Disturbance.PREEMPTED), DisturbedCall(21, Disturbance.COMPILE))
     loaded = CallWaits()
     for call in (6, 11, 16):  # a machine loaded evenly: every call waits alike, none is singled out
-        loaded.add(call, 100 * 10**6, 50 * 10**6, compiled=False)
+        loaded.add(call, Phase.FORWARD, 100 * 10**6, 50 * 10**6, compiled=False)
     assert loaded.disturbed() == ()
+    many = CallWaits()
+    for call in range(1, 3 * CallWaits.MAX_KEPT):  # bounded: a long run keeps the most recent
+        many.add(call, Phase.FORWARD, 10**6, 0, compiled=True)
+    assert len(many.disturbed()) == CallWaits.MAX_KEPT and many.disturbed()[-1].call == 3 * CallWaits.MAX_KEPT - 1
 
 
 def test_dynamos_compiles_are_seen_and_counted():

@@ -8,7 +8,7 @@ about 5-15 µs on Linux, nothing elsewhere). Only sampled calls pay.
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import os
 import statistics
 import sys
@@ -16,13 +16,23 @@ import time
 from collections.abc import Callable
 
 from thunderfx_debug.records import Disturbance, DisturbedCall, Phase
-from thunderfx_debug.recording.timing import SampleSeries
+from thunderfx_debug.recording.samples import SampleStream
+from thunderfx_debug.recording.timing import HostClock, SampleSeries
 
 #: A call whose thread waited for a CPU for more than this share of its wall time, and more than PREEMPTED_FACTOR times
 #: the share its graph's sampled calls typically waited, was preempted: the machine's other work slowed it more than
 #: the others (on a machine loaded evenly, every call waits alike and none is singled out).
 PREEMPTED_SHARE = 0.10
 PREEMPTED_FACTOR = 2.0
+
+
+
+def host_series() -> SampleSeries:
+    """A host-clock series for the host's side of sampled calls (wall time, call periods, Thunder's own time): they
+    stand beside the pieces' own timings, so they keep fewer samples raw than those (the first 2, a uniform sample
+    of 48, the last 8) and a short time series (8 to 16 windows)."""
+    return SampleSeries(HostClock(), SampleStream(first=2, reservoir=48, recent=8, max_windows=16, window_values=8))
+
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _schedstat_readable = sys.platform.startswith("linux") and os.path.exists(_SCHEDSTAT)
@@ -44,31 +54,43 @@ def run_queue_wait_ns() -> int | None:
         return None
 
 
-@dataclasses.dataclass
 class CallWaits:
-    """Per sampled call of a graph: host wall ns and run-queue wait ns (forward and backward added), and whether the
-    process compiled during it. `disturbed()` applies the rules of `records.Disturbance`."""
+    """The disturbed sampled calls of a graph (the rules of `records.Disturbance`), decided as each phase of a call
+    ends and kept in bounded memory: a run of any length keeps the `MAX_KEPT` most recent.
 
-    wall_ns: dict[int, int] = dataclasses.field(default_factory=dict)
-    wait_ns: dict[int, int] = dataclasses.field(default_factory=dict)
-    compiled: set[int] = dataclasses.field(default_factory=set)
+    A phase is preempted when its run-queue wait is more than PREEMPTED_SHARE of its wall time and more than
+    PREEMPTED_FACTOR times the median share of the phase's last RECENT sampled calls (this one included).
+    """
 
-    def add(self, call: int, wall_ns: int, wait_ns: int | None, compiled: bool) -> None:
-        self.wall_ns[call] = self.wall_ns.get(call, 0) + wall_ns
-        if wait_ns is not None:
-            self.wait_ns[call] = self.wait_ns.get(call, 0) + wait_ns
+    RECENT = 64
+    MAX_KEPT = 256
+
+    def __init__(self):
+        self._recent: dict[Phase, collections.deque[float]] = {
+            phase: collections.deque(maxlen=self.RECENT) for phase in Phase}
+        self._disturbed: dict[int, Disturbance] = {}
+
+    def add(self, call: int, phase: Phase, wall_ns: int, wait_ns: int | None, compiled: bool) -> None:
         if compiled:
-            self.compiled.add(call)
+            self._mark(call, Disturbance.COMPILE)
+        if wait_ns is None or wall_ns <= 0:
+            return
+        share = wait_ns / wall_ns
+        recent = self._recent[phase]
+        recent.append(share)
+        if share > PREEMPTED_SHARE and share > PREEMPTED_FACTOR * statistics.median(recent):
+            self._mark(call, Disturbance.PREEMPTED)
+
+    def _mark(self, call: int, why: Disturbance) -> None:
+        if self._disturbed.get(call) is Disturbance.COMPILE:
+            return  # the stronger reason stays
+        self._disturbed.pop(call, None)
+        self._disturbed[call] = why
+        if len(self._disturbed) > self.MAX_KEPT:
+            del self._disturbed[next(iter(self._disturbed))]
 
     def disturbed(self) -> tuple[DisturbedCall, ...]:
-        shares = {call: self.wait_ns[call] / wall for call, wall in self.wall_ns.items()
-                  if call in self.wait_ns and wall > 0}
-        typical = statistics.median(shares.values()) if shares else 0.0
-        preempted = {call for call, share in shares.items()
-                     if share > PREEMPTED_SHARE and share > PREEMPTED_FACTOR * typical}
-        result = [DisturbedCall(call, Disturbance.COMPILE) for call in sorted(self.compiled)]
-        result += [DisturbedCall(call, Disturbance.PREEMPTED) for call in sorted(preempted - self.compiled)]
-        return tuple(sorted(result, key=lambda d: d.call))
+        return tuple(DisturbedCall(call, why) for call, why in sorted(self._disturbed.items()))
 
 
 class HostWatch:
@@ -87,8 +109,8 @@ class HostWatch:
         >>> clock = HostClock(counter=lambda: next(ticks))
         >>> watch = HostWatch(SampleSeries(clock), None, CallWaits(), compiles_started=lambda: 0, counter=clock.mark)
         >>> token = watch.begin(); watch.end(token, 6, Phase.FORWARD); watch.forward.resolve()
-        >>> watch.forward.samples_ms, watch.waits.wall_ns
-        ([1.0], {6: 1000000})
+        >>> watch.forward.samples_ms, watch.waits.disturbed()
+        ([1.0], ())
     """
 
     def __init__(self, forward: SampleSeries | None, backward: SampleSeries | None, waits: CallWaits | None,
@@ -112,4 +134,4 @@ class HostWatch:
             if wait is not None:
                 later = run_queue_wait_ns()
                 waited = None if later is None else later - wait
-            self.waits.add(call, now - start, waited, self._compiles_started() != compiles)
+            self.waits.add(call, phase, now - start, waited, self._compiles_started() != compiles)

@@ -19,8 +19,8 @@ from thunderfx_debug.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
-from thunderfx_debug.recording.host import CallWaits
-from thunderfx_debug.recording.timing import Clock, HostClock, SampleSeries, clock_for
+from thunderfx_debug.recording.host import CallWaits, host_series
+from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
 from thunderfx_debug.thunder.compile_events import SPANS
@@ -84,7 +84,7 @@ class GraphState:
     first: FirstCall | None = None
     host_forward: SampleSeries | None = None
     host_backward: SampleSeries | None = None
-    period: SampleSeries = dataclasses.field(default_factory=lambda: SampleSeries(HostClock()))
+    period: SampleSeries = dataclasses.field(default_factory=host_series)
     waits: CallWaits = dataclasses.field(default_factory=CallWaits)
 
     @property

@@ -46,7 +46,7 @@ class ThunderOverhead:
         with self.failures.guard(f"reading Thunder's host time in {self.label}"):
             ns = compile_events.overhead_ns(self.module)
             if ns is not None:
-                self.series.add(call, 0, ns)  # host-clock marks are nanoseconds
+                self.series.add_measured(call, ns / 1e6)
 
 
 class SplitRunner(torch.nn.Module):
@@ -137,7 +137,7 @@ class GraphRunner:
         state.calls += 1
         if self._period_start is not None:
             call, started = self._period_start
-            state.period.add(call, started, time.perf_counter_ns())
+            state.period.add_measured(call, (time.perf_counter_ns() - started) / 1e6)
             self._period_start = None
         if self._fallback is not None:
             out = self._fallback(*args)

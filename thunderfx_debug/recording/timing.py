@@ -156,6 +156,10 @@ class SampleSeries:
         """One sample of call `call` (1-based call number of the piece's graph): from mark `start` to mark `end`."""
         self._pending.append((call, ((start, end),)))
 
+    def add_measured(self, call: int, ms: float) -> None:
+        """One sample of call `call` already measured (host time read on the spot: nothing pending)."""
+        self.stream.add(call, ms)
+
     def add_spans(self, call: int, spans: Sequence[tuple[Any, Any]]) -> None:
         """One sample of call `call`: the sum of the (start, end) spans (no span: a sample of 0 ms)."""
         self._pending.append((call, tuple(spans)))

@@ -11,7 +11,7 @@ from thunderfx_debug.config import Config, TimingLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
-from thunderfx_debug.recording.host import HostWatch
+from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.regions import RegionObservers
@@ -33,7 +33,7 @@ def _host_series(state: GraphState) -> tuple[SampleSeries | None, SampleSeries |
     """Host-clock series for the wall time beside device time; none where the piece's clock is the host's."""
     if isinstance(state.clock, HostClock):
         return None, None
-    return SampleSeries(HostClock()), SampleSeries(HostClock())
+    return host_series(), host_series()
 
 
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
@@ -67,7 +67,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                 sampler = PhaseSampler(label, split.forward, split.backward, failures, hold, owns_hold=False,
                                        watch=watch)
                 if split.split.kind is SplitKind.THUNDER:
-                    split.overhead = SampleSeries(HostClock())
+                    split.overhead = host_series()
                     overhead = ThunderOverhead(split.split.compiled, split.overhead, failures, label)
             if timed:
                 first = FirstCallTimer(label, failures, split.split.kind, split.split.compiled)

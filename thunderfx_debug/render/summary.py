@@ -40,12 +40,15 @@ def _timing_line(label: str, timing: Timing | None, left_out=(), host: Timing | 
         return None
     head = headline(timing, left_out)
     sampled = "" if timing.complete else f"; quantiles from a uniform sample of {len(timing.uniform_samples_ms)}"
-    kept = f", {head.left_out} more kept raw (first or disturbed)" if head.left_out else ""
-    if head.fallback:
-        kept = " (all of them: too few to leave the first or disturbed ones out)"
-    line = (f"{label}: median {_ms(head.median_ms)}, p10 {_ms(head.p10_ms)}, p90 {_ms(head.p90_ms)} over "
-            f"{plural(head.basis, 'sample')}{kept} ({digest.time_word(timing.clock)} time, {timing.clock.value} clock"
-            f"{sampled})")
+    if not timing.complete:  # a long run: the quantiles come from its uniform sample (see `sampled`)
+        over = f"over {plural(timing.count, 'sample')}"
+    elif head.fallback:
+        over = f"over {plural(head.basis, 'sample')} (all of them: too few to leave the first or disturbed ones out)"
+    else:
+        kept = f", {head.left_out} more kept raw (first or disturbed)" if head.left_out else ""
+        over = f"over {plural(head.basis, 'sample')}{kept}"
+    line = (f"{label}: median {_ms(head.median_ms)}, p10 {_ms(head.p10_ms)}, p90 {_ms(head.p90_ms)} {over} "
+            f"({digest.time_word(timing.clock)} time, {timing.clock.value} clock{sampled})")
     if host is not None and host.count:
         line += f"; host wall median {_ms(headline(host, left_out).median_ms)}"
     return line + (f"  [{head.flag}]" if head.flag else "")
