@@ -155,9 +155,9 @@ def test_without_warmup_the_first_call_is_sampled_and_its_real_inputs_and_output
     train(torch.compile(model, backend=backend), model, config, steps=3)
     states = backend.recorder.graphs
     for state in states:
-        assert state.real_inputs.inputs is not None and state.real_inputs.outputs is not None, state.name
+        assert state.captured.inputs is not None and state.captured.outputs is not None, state.name
         for split in state.splits:
-            assert split.real_inputs.inputs is not None and split.real_inputs.outputs is not None, split.name
+            assert split.captured.inputs is not None and split.captured.outputs is not None, split.name
     report = backend.report()
     for graph in report.graphs:
         assert graph.timing.calls == (1, 3) and graph.backward_timing.calls == (1, 3), graph.name

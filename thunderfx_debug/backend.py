@@ -77,9 +77,10 @@ class ReportingBackend(ThunderCompiler):
         _current_rank()  # a malformed RANK / LOCAL_RANK fails here, before training, not at the first compile
         super().__init__(**options)
         self.recorder = Recorder(self.config)
-        self._capture = None
-        if self.config.inputs is Inputs.REAL:
-            self._capture = InputCapture(self.config.inputs_max_mb, self.recorder.failures)
+        # Every graph's and split's first call is captured: its inputs' metadata always (for repro scripts, also of
+        # pieces that fail), the tensors themselves with THUNDERFX_DEBUG_INPUTS=real.
+        self._capture = InputCapture(self.config.inputs is Inputs.REAL, self.config.inputs_max_mb,
+                                     self.recorder.failures)
         flush = self.flush if self.config.dump_dir is not None else None
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None

@@ -6,6 +6,7 @@ the graph, split and region it came from):
     rank0/graph0/graph0_thunder_0/fwd_trace.py  bwd_trace.py  graph0_thunder_0_repro_thunder.py ...
     rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py
     rank0/graph0/inputs/graph0_inputs.pt  rank0/graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt
+    rank0/graph0/graph0_thunder_0/fusions/inputs/graph0_thunder_0_nvFusion0_forward_inputs.pt
     runs/<run id>/rank0/...   earlier runs into the same directory (the latest run is always at rank<R>/)
 """
 
@@ -73,10 +74,13 @@ def trace_file(graph: str, split: str, phase: str) -> str:
     return f"{split_dir(graph, split)}/{'fwd' if phase == 'forward' else 'bwd'}_trace.py"
 
 
-def inputs_file(graph: str, split: str | None = None) -> str:
-    """Where the saved real inputs of a graph (or of one of its splits) go."""
+def inputs_file(graph: str, split: str | None = None, region: str | None = None) -> str:
+    """Where the saved real inputs of a graph (or of one of its splits, or of a fusion region of a split: `region`
+    is its key, "nvFusion0_forward") go."""
     if split is None:
         return f"{graph_dir(graph)}/{INPUTS_DIR}/{graph}_inputs.pt"
+    if region is not None:
+        return f"{fusions_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_{region}_inputs.pt"
     return f"{split_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_inputs.pt"
 
 

@@ -47,7 +47,10 @@ class InputKind(str, enum.Enum):
     FLOAT = "float"
     BOOL = "bool"
     SYMINT = "symint"  # a symbolic size; `value` is its hint
+    COMPLEX = "complex"  # `value` is [real, imaginary]
     NONE = "none"
+    DTYPE = "dtype"  # `value` is its name ("torch.float32")
+    DEVICE = "device"  # `value` is its name ("cuda:0")
     OTHER = "other"  # `value` is its repr
 
 
@@ -493,9 +496,15 @@ def storage_span(shape: tuple[int, ...] | list[int], stride: tuple[int, ...] | l
 
 @dataclasses.dataclass(frozen=True)
 class InputMeta:
-    """One input of a graph, split or fusion as the run saw it: a tensor's metadata, or a Python scalar.
+    """One input of a graph, split or fusion region as the run saw it: a tensor's metadata, or a Python value.
 
-    For tensors, `min_value`/`max_value` are the value range (None where it was not read, e.g. on meta tensors).
+    For tensors: the layout (`stride` 0 in a dimension the run's tensor was expanded along; `storage_size` the
+    elements of its storage, None where unknown), and what the values were, where read (None otherwise): the range
+    `min_value`/`max_value`; for integers the smallest value >= 0 (`nonnegative_min`) and the one negative value they
+    held, if only one (`sentinel`, such as the ignore_index -100 of labels), with the fraction of elements holding
+    it; for bools and 0/1 integer masks the fraction that is True (`true_fraction`); for a scalar tensor its `value`.
+    `index_bound` is the size of the dimension an integer input indexes, from the op that consumes it.
+    For other inputs, `value` is the value (a number; a dtype or device by name; the repr of anything else).
     """
 
     kind: InputKind
@@ -508,6 +517,12 @@ class InputMeta:
     min_value: float | int | bool | None = None
     max_value: float | int | bool | None = None
     value: Any = None
+    storage_size: int | None = None
+    nonnegative_min: int | None = None
+    sentinel: int | None = None
+    sentinel_fraction: float | None = None
+    true_fraction: float | None = None
+    index_bound: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "kind", InputKind(self.kind))  # "tensor" given as text is the same kind
@@ -517,6 +532,11 @@ class InputMeta:
             return f"{self.dtype.replace('torch.', '')}{list(self.shape)}@{self.device}"
         return f"{self.kind.value}={self.value!r}"
 
+    @property
+    def expanded_dims(self) -> tuple[int, ...]:
+        """The dimensions of size > 1 with stride 0 (the run's tensor was a broadcast view along them)."""
+        return tuple(i for i, (n, s) in enumerate(zip(self.shape, self.stride)) if s == 0 and n > 1)
+
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["kind"], data["shape"], data["stride"] = self.kind.value, list(self.shape), list(self.stride)
@@ -524,6 +544,7 @@ class InputMeta:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> InputMeta:
+        """Reads one input's record; fields that older dumps lack take their defaults."""
         kind = _enum(InputKind, _get(data, "kind", str, where), f"{where}.kind")
         shape = _get(data, "shape", list, where, default=[])
         stride = _get(data, "stride", list, where, default=[])
@@ -541,6 +562,12 @@ class InputMeta:
             min_value=_get(data, "min_value", number, where, default=None),
             max_value=_get(data, "max_value", number, where, default=None),
             value=data.get("value"),
+            storage_size=_get(data, "storage_size", int, where, default=None),
+            nonnegative_min=_get(data, "nonnegative_min", int, where, default=None),
+            sentinel=_get(data, "sentinel", int, where, default=None),
+            sentinel_fraction=_get(data, "sentinel_fraction", (int, float), where, default=None),
+            true_fraction=_get(data, "true_fraction", (int, float), where, default=None),
+            index_bound=_get(data, "index_bound", int, where, default=None),
         )
 
 

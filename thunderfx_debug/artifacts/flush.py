@@ -95,18 +95,22 @@ class ArtifactCache:
 def _sources(snapshot: GraphSnapshot) -> tuple[tuple, tuple]:
     """The objects a graph's artifacts are made from, and the key (ids and texts) that changes when one does."""
     state = snapshot.state
-    objects = [state.real_inputs]
-    key: list[Any] = [state.error, state.failed_split, state.fallback, _captured_key(state.real_inputs)]
+    objects = [state.captured]
+    key: list[Any] = [state.error, state.failed_split, state.fallback, _captured_key(state.captured)]
     for split in snapshot.splits:
-        objects += [split.fwd_trace, split.bwd_trace, split.state.real_inputs]
+        objects += [split.fwd_trace, split.bwd_trace, split.state.captured, *split.region_captures.values()]
         key.append((split.state.name, split.state.error, id(split.fwd_trace), id(split.bwd_trace),
                     split.fwd_text is None, split.bwd_text is None, len(split.regions),
-                    _captured_key(split.state.real_inputs)))
+                    _captured_key(split.state.captured),
+                    tuple((region, _captured_key(c)) for region, c in sorted(split.region_captures.items()))))
     return tuple(objects), tuple(key)
 
 
 def _captured_key(captured) -> tuple | None:
-    return None if captured is None else (id(captured), captured.inputs is not None, captured.outputs is not None)
+    """What of a captured call the scripts depend on: the object, whether its values and statistics are in."""
+    if captured is None:
+        return None
+    return (id(captured), captured.inputs is not None, captured.outputs is not None, captured.resolved)
 
 
 def _graph_artifacts(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,

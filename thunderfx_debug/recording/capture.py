@@ -1,40 +1,204 @@
-"""The real inputs and outputs of a first call, kept for repro scripts (THUNDERFX_DEBUG_INPUTS=real).
+"""What a piece received and returned on its first call, kept for its repro scripts: the metadata of every input (and,
+with THUNDERFX_DEBUG_INPUTS=real, host copies of the inputs and outputs themselves).
 
-Capture happens once per graph and per split, on its first call. It copies each tensor's storage span to the host
-without waiting for the device (`non_blocking` into pinned memory on CUDA; copies on the same stream are ordered
-before any later in-place update, e.g. the optimizer's); the copies are read at flush, after the recorder waited for
-the device. Beyond THUNDERFX_DEBUG_INPUTS_MAX_MB (counted per graph and per split, inputs and outputs together)
-nothing is kept and the scripts fall back to metadata, saying so.
+For graphs and splits the runners capture on the first call; for fusion regions a region observer does
+(`RegionCapture`, called by the split's instrumented traces, see `recording.regions`), on the first call of each
+region. Nothing here waits for the device:
+- metadata is read from the tensors' Python objects (shape, strides, storage offset and size, dtype, device,
+  requires_grad) and Python values are kept as they were (numbers, such as the philox seed and offset that Thunder's
+  traces carry as IntegerProxy(None), dtypes, devices, None);
+- what the values were (range; for integers the smallest non-negative value and a single negative sentinel with its
+  frequency; for bools and 0/1 masks the fraction that is True) is reduced on the device into a few numbers, read at
+  flush (`Captured.metas(wait=True)`);
+- real copies go to pinned host memory with `non_blocking` (copies on the same stream are ordered before any later
+  in-place update, e.g. the optimizer's) and are read at flush, after the recorder waited for the device.
+Beyond THUNDERFX_DEBUG_INPUTS_MAX_MB (per piece: a graph, a split, a fusion region; inputs and outputs together) no
+copy is kept and the scripts make inputs from the metadata, saying so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug.records import storage_span
+from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.safety import ReportingFailures
+
+#: Version of the saved inputs file (format 2 keeps storage offsets and sizes, dtypes and devices).
+INPUTS_FORMAT = 2
+
+
+# ---- metadata and value statistics ----------------------------------------------------------------------------------
+
+
+def _storage_size(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    except Exception:  # tensors without a storage (some subclasses, functional wrappers)
+        return None
+
+
+def value_meta(value: Any) -> InputMeta:
+    """The metadata of one value a piece received (no statistics; no device access)."""
+    if isinstance(value, torch.Tensor):
+        t = value.data if isinstance(value, torch.nn.Parameter) else value
+        return InputMeta(
+            kind=InputKind.TENSOR,
+            shape=tuple(int(s) for s in t.shape),
+            stride=tuple(int(s) for s in t.stride()),
+            storage_offset=int(t.storage_offset()),
+            storage_size=_storage_size(t),
+            dtype=str(t.dtype),
+            device=str(t.device),
+            requires_grad=bool(value.requires_grad),
+        )
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return InputMeta(kind=InputKind.SYMINT, value=value.node.hint)
+    if isinstance(value, bool | int | float):
+        return InputMeta(kind=InputKind(type(value).__name__), value=value)
+    if isinstance(value, complex):
+        return InputMeta(kind=InputKind.COMPLEX, value=[value.real, value.imag])
+    if value is None:
+        return InputMeta(kind=InputKind.NONE)
+    if isinstance(value, torch.dtype):
+        return InputMeta(kind=InputKind.DTYPE, value=str(value))
+    if isinstance(value, torch.device):
+        return InputMeta(kind=InputKind.DEVICE, value=str(value))
+    return InputMeta(kind=InputKind.OTHER, value=repr(value)[:200])
+
+
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
+def _statistics(t: torch.Tensor) -> torch.Tensor | None:
+    """A few numbers about the values of `t`, reduced on its device (queued, not waited for); see `_apply`."""
+    if t.numel() == 0 or t.is_complex() or t.layout is not torch.strided or t.device.type == "meta":
+        return None
+    t = t.detach()
+    if t.dtype is torch.bool:
+        return t.sum(dtype=torch.float64).div(t.numel()).reshape(1)
+    if t.dtype.is_floating_point:
+        wide = t if t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else t.float()
+        low, high = torch.aminmax(wide)
+        return torch.stack([low.double(), high.double()])
+    wide = t.long()
+    negative = wide < 0
+    return torch.stack([
+        wide.min(), wide.max(),
+        torch.where(negative, _INT64_MAX, wide).min(),  # smallest value >= 0 (INT64_MAX: none)
+        torch.where(negative, wide, 0).min(), torch.where(negative, wide, -_INT64_MAX).max(),  # negative range
+        negative.sum(), (wide != 0).sum(),
+    ])
+
+
+def _apply(meta: InputMeta, numbers: list[float | int]) -> InputMeta:
+    """`meta` with the statistics `_statistics` reduced, read back as Python numbers."""
+    numel = 1
+    for size in meta.shape:
+        numel *= size
+    if meta.dtype == "torch.bool":
+        fraction = float(numbers[0])
+        value = bool(fraction >= 1.0) if not meta.shape else None
+        return dataclasses.replace(meta, true_fraction=fraction, min_value=fraction >= 1.0, max_value=fraction > 0.0,
+                                   value=value)
+    if len(numbers) == 2:
+        low, high = float(numbers[0]), float(numbers[1])
+        value = low if not meta.shape else None
+        if not (math.isfinite(low) and math.isfinite(high)):  # NaN or infinities: no range to draw from
+            return dataclasses.replace(meta, value=value)
+        return dataclasses.replace(meta, min_value=low, max_value=high, value=value)
+    low, high, nonnegative, negative_low, negative_high, negatives, nonzero = (int(n) for n in numbers)
+    changes: dict[str, Any] = {"min_value": low, "max_value": high}
+    if not meta.shape:
+        changes["value"] = low
+    if nonnegative != _INT64_MAX:
+        changes["nonnegative_min"] = nonnegative
+    if negatives and negative_low == negative_high:
+        changes["sentinel"], changes["sentinel_fraction"] = negative_low, negatives / numel
+    if 0 <= low and high <= 1:
+        changes["true_fraction"] = nonzero / numel
+    return dataclasses.replace(meta, **changes)
 
 
 @dataclasses.dataclass
 class Captured:
-    """The values of a piece's first call: host copies (see `_host_copy`) or Python scalars. `skipped` says why
-    nothing was kept (over the cap, an input of a kind that cannot be saved), and then `inputs` is None."""
+    """What a piece received and returned on its first call (see the module docstring).
 
+    `observed`: metadata per input, with `pending` statistics (device tensors) to read at flush. `inputs`/`outputs`:
+    host copies (see `_host_copy`) or Python values, with real inputs only; `skipped` says why none were kept
+    (over the cap, a value that cannot be saved), and then `inputs` is None."""
+
+    observed: list[InputMeta] = dataclasses.field(default_factory=list)
+    pending: list[torch.Tensor | None] = dataclasses.field(default_factory=list)
+    ready: Any = None  # a CUDA event recorded after the statistics, or None
     inputs: list[Any] | None = None
     outputs: list[Any] | None = None
     nbytes: int = 0
     max_mb: float = 0.0
     skipped: str | None = None
+    _resolved: tuple[InputMeta, ...] | None = None
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the statistics have been read back (`metas`)."""
+        return self._resolved is not None
+
+    def metas(self, wait: bool) -> tuple[InputMeta, ...] | None:
+        """The inputs' metadata with their statistics; None while they are not computed and `wait` is False."""
+        if self._resolved is not None:
+            return self._resolved
+        if self.ready is not None and not wait and not self.ready.query():
+            return None
+        metas = []
+        for meta, numbers in zip(self.observed, self.pending):
+            metas.append(meta if numbers is None else _apply(meta, numbers.tolist()))
+        self._resolved = tuple(metas)
+        self.pending = []
+        return self._resolved
+
+
+def observe(values: Sequence[Any]) -> Captured:
+    """The metadata of `values` and their statistics, queued on the device (see the module docstring)."""
+    captured = Captured()
+    on_cuda = False
+    for value in values:
+        captured.observed.append(value_meta(value))
+        numbers = _statistics(value) if isinstance(value, torch.Tensor) else None
+        captured.pending.append(numbers)
+        on_cuda |= numbers is not None and numbers.device.type == "cuda"
+    if on_cuda:
+        captured.ready = torch.cuda.Event()
+        captured.ready.record()
+    return captured
+
+
+def agrees(recorded: Sequence[InputMeta], observed: Sequence[InputMeta]) -> bool:
+    """Whether a captured call fits a piece's recorded inputs (from its trace or its splitter): as many, tensors where
+    tensors are, with the same shapes and dtypes. A piece that Thunder compiled again for other inputs may have been
+    captured on a call of another version of it."""
+    if len(recorded) != len(observed):
+        return False
+    for expected, seen in zip(recorded, observed):
+        if (expected.kind is InputKind.TENSOR) != (seen.kind is InputKind.TENSOR):
+            return False
+        if expected.kind is InputKind.TENSOR and (expected.shape != seen.shape or expected.dtype != seen.dtype):
+            return False
+    return True
+
+
+# ---- real copies ----------------------------------------------------------------------------------------------------
 
 
 def _host_copy(t: torch.Tensor) -> dict[str, Any]:
-    """The storage span of `t` copied to the host, with what rebuilds the tensor (any strides, expanded ones too)."""
-    flat = t.detach().as_strided((storage_span(t.shape, t.stride()),), (1,), t.storage_offset())
+    """The storage span of `t` copied to the host, with what rebuilds the tensor exactly (strides, expanded ones too,
+    storage offset and size)."""
+    offset = t.storage_offset()
+    flat = t.detach().as_strided((storage_span(t.shape, t.stride()),), (1,), offset)
     if flat.device.type == "cuda":
         host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
         host.copy_(flat, non_blocking=True)  # no synchronisation here; the recorder waits for the device at flush
@@ -44,13 +208,16 @@ def _host_copy(t: torch.Tensor) -> dict[str, Any]:
         "flat": host,
         "shape": list(t.shape),
         "stride": list(t.stride()),
+        "storage_offset": offset,
+        "storage_size": _storage_size(t),
         "device": str(t.device),
         "requires_grad": bool(t.requires_grad),
     }
 
 
 def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, int, str | None]:
-    """Host copies of tensors and scalars; (None, bytes, reason) when they are over `budget` bytes or unsupported."""
+    """Host copies of tensors, Python values as they are; (None, bytes, reason) when they are over `budget` bytes or
+    of a kind that cannot be saved."""
     flat = list(values)
     total = 0
     for value in flat:
@@ -58,9 +225,8 @@ def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, 
             if value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter):
                 return None, total, f"an input of type {type(value).__name__} ({value.layout}) cannot be saved"
             total += storage_span(value.shape, value.stride()) * value.element_size()
-        elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            continue
-        elif not isinstance(value, bool | int | float | type(None)):
+        elif not isinstance(value, bool | int | float | complex | type(None) | torch.dtype | torch.device
+                            | torch.SymInt | torch.SymFloat | torch.SymBool):
             return None, total, f"an input of type {type(value).__name__} cannot be saved"
     if total > budget:
         return None, total, f"{total / 2**20:.1f} MB is over THUNDERFX_DEBUG_INPUTS_MAX_MB"
@@ -70,14 +236,18 @@ def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, 
             copies.append(_host_copy(value))
         elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             copies.append(value.node.hint)
+        elif isinstance(value, torch.dtype):
+            copies.append({"dtype": str(value).removeprefix("torch.")})
+        elif isinstance(value, torch.device):
+            copies.append({"device": str(value)})
         else:
             copies.append(value)
     return copies, total, None
 
 
-def _capture(args: Iterable[Any], max_mb: float) -> Captured:
+def _add_inputs(captured: Captured, args: Sequence[Any], max_mb: float) -> None:
     copies, nbytes, skipped = _copy_values(args, int(max_mb * 2**20))
-    return Captured(inputs=copies, nbytes=nbytes, max_mb=max_mb, skipped=skipped)
+    captured.inputs, captured.nbytes, captured.max_mb, captured.skipped = copies, nbytes, max_mb, skipped
 
 
 def _add_outputs(captured: Captured | None, outputs: Any) -> None:
@@ -91,17 +261,59 @@ def _add_outputs(captured: Captured | None, outputs: Any) -> None:
 
 
 class InputCapture:
-    """Keeps host copies of the first call's inputs and outputs of a graph or split in its state's `real_inputs`,
-    within `max_mb` each. A failure is logged (`failures`) and loses the copies of that piece only."""
+    """Captures the first call of graphs and splits into their state's `captured`: always the metadata, and with
+    `real` host copies of the inputs and outputs within `max_mb` each. A failure is logged (`failures`) and loses
+    what was being captured of that piece only."""
 
-    def __init__(self, max_mb: float, failures: ReportingFailures):
-        self.max_mb, self.failures = max_mb, failures
+    def __init__(self, real: bool, max_mb: float, failures: ReportingFailures):
+        self.real, self.max_mb, self.failures = real, max_mb, failures
 
     def inputs(self, state, args) -> None:
-        """`state`: a `GraphState` or `SplitState` (anything with `name` and `real_inputs`)."""
-        with self.failures.guard(f"capturing the real inputs of {state.name}"):
-            state.real_inputs = _capture(args, self.max_mb)
+        """`state`: a `GraphState` or `SplitState` (anything with `name` and `captured`)."""
+        with self.failures.guard(f"capturing the inputs of {state.name}"):
+            captured = observe(args)
+            if self.real:
+                _add_inputs(captured, args, self.max_mb)
+            state.captured = captured
 
     def outputs(self, state, outputs) -> None:
+        if not self.real:
+            return
         with self.failures.guard(f"capturing the first outputs of {state.name}"):
-            _add_outputs(state.real_inputs, outputs)
+            _add_outputs(state.captured, outputs)
+
+
+class RegionCapture:
+    """A region observer (see `recording.regions`) of one thunder split: on the first call of each fusion region, the
+    metadata of its inputs as the run passed them, and with `real` host copies of its inputs and outputs within
+    `max_mb` per region. Later calls cost a dictionary lookup per region.
+
+    `captures` maps region keys ("nvFusion0_forward") to what was captured."""
+
+    def __init__(self, label: str, real: bool, max_mb: float, failures: ReportingFailures):
+        self.label, self.real, self.max_mb, self.failures = label, real, max_mb, failures
+        self.captures: dict[str, Captured] = {}
+        self._awaiting_outputs: str | None = None
+
+    def begin_trace(self, phase: str) -> None:
+        pass
+
+    def begin_region(self, key: str, *inputs) -> None:
+        if key in self.captures:
+            return
+        with self.failures.guard(f"capturing the inputs of {self.label}/{key}"):
+            captured = observe(inputs)
+            if self.real:
+                _add_inputs(captured, inputs, self.max_mb)
+            self.captures[key] = captured
+            self._awaiting_outputs = key
+
+    def end_region(self, key: str, *outputs) -> None:
+        if key != self._awaiting_outputs:
+            return
+        self._awaiting_outputs = None
+        with self.failures.guard(f"capturing the outputs of {self.label}/{key}"):
+            _add_outputs(self.captures[key], outputs)
+
+    def end_trace(self, phase: str) -> None:
+        pass

@@ -28,7 +28,7 @@ class GraphFailureHandler:
 
     def __call__(self, state: GraphState, error: BaseException, args) -> Callable:
         self.recorder.graph_failed(state, error)
-        if state.real_inputs is None and self.capture is not None:
+        if state.captured is None and self.capture is not None:
             # Failed to compile: the inputs Dynamo handed the backend are the real ones.
             self.capture.inputs(state, args)
         state.fallback = self.on_error is OnError.FALLBACK  # before the flush, so that the dump says so

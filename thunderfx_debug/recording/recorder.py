@@ -17,7 +17,7 @@ import torch
 
 from thunderfx_debug.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
-from thunderfx_debug.recording.capture import Captured
+from thunderfx_debug.recording.capture import Captured, agrees
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
@@ -42,7 +42,9 @@ class SplitState:
     error: str | None = None
     # Filled by the fusion-level timing of the split, keyed by region ("nvFusion0_forward") and "outside_forward".
     region_series: dict[str, SampleSeries] = dataclasses.field(default_factory=dict)
-    real_inputs: Captured | None = None
+    captured: Captured | None = None  # its first call (see `capture`)
+    # Filled by the split's region observer (`capture.RegionCapture`), keyed by region ("nvFusion0_forward").
+    region_captures: dict[str, Captured] = dataclasses.field(default_factory=dict)
     # What the last snapshot read of the split's traces: (forward trace, backward trace, regions, texts). Reused
     # while Thunder's final traces stay the same objects, so a flush of a long run neither walks nor prints them.
     traces_read: tuple | None = dataclasses.field(default=None, repr=False)
@@ -76,7 +78,7 @@ class GraphState:
     fallback: bool = False
     compile_time_s: float | None = None
     split_gm: torch.fx.GraphModule | None = None
-    real_inputs: Captured | None = None
+    captured: Captured | None = None  # its first call (see `capture`)
     origin_ns: int = 0  # the start of the run's host clock (`Recorder.origin_ns`)
     backend_started_ns: int = 0
     dynamo_started_ns: int | None = None  # the Dynamo compile the backend call was part of
@@ -111,12 +113,23 @@ class GraphState:
 
 @dataclasses.dataclass
 class SplitSnapshot:
-    """A split as read at snapshot time: its state plus the Thunder objects (traces, fusion regions) behind it."""
+    """A split as read at snapshot time: its state plus the Thunder objects (traces, fusion regions) behind it.
+
+    `input_meta` is what the split received on its first call where that was captured (with value statistics),
+    else what Thunder's splitter recorded. `region_input_meta` and `region_captures` hold, by region key, the same
+    for the fusion regions whose captured call agrees with the final trace (the others have only their trace's
+    proxies: `FusionRegion.input_meta`)."""
 
     state: SplitState
     fwd_trace: Any = None
     bwd_trace: Any = None
     regions: list[FusionRegion] = dataclasses.field(default_factory=list)
+    input_meta: tuple[InputMeta, ...] = ()
+    region_input_meta: dict[str, tuple[InputMeta, ...]] = dataclasses.field(default_factory=dict)
+    region_captures: dict[str, Captured] = dataclasses.field(default_factory=dict)
+
+    def region_metas(self, region: FusionRegion) -> tuple[InputMeta, ...]:
+        return self.region_input_meta.get(region.key, region.input_meta)
 
     @functools.cached_property
     def fwd_text(self) -> str | None:
@@ -129,8 +142,11 @@ class SplitSnapshot:
 
 @dataclasses.dataclass
 class GraphSnapshot:
+    """A graph as read at snapshot time; `input_meta` as `SplitSnapshot.input_meta`."""
+
     state: GraphState
     splits: list[SplitSnapshot]
+    input_meta: tuple[InputMeta, ...] = ()
 
 
 class Recorder:
@@ -210,13 +226,36 @@ class Recorder:
         for series in state.series():
             with self.failures.guard(f"reading timing samples of {state.name}"):
                 series.resolve(wait=wait)
-        return GraphSnapshot(state, [self._split_snapshot(state, split) for split in state.splits])
+        splits = [self._split_snapshot(state, split, wait) for split in state.splits]
+        metas = self._observed(state.name, state.captured, state.input_meta, wait)
+        return GraphSnapshot(state, splits, state.input_meta if metas is None else metas)
 
-    def _split_snapshot(self, state: GraphState, split: SplitState) -> SplitSnapshot:
-        snap = SplitSnapshot(split)
+    def _observed(self, where: str, captured: Captured | None, recorded: tuple[InputMeta, ...],
+                  wait: bool) -> tuple[InputMeta, ...] | None:
+        """The captured metadata of a piece's first call where it agrees with `recorded`, else None."""
+        with self.failures.guard(f"reading the captured inputs of {where}"):
+            metas = captured.metas(wait) if captured is not None else None
+            if metas is not None and agrees(recorded, metas):
+                return metas
+        return None
+
+    def _with_region_captures(self, snap: SplitSnapshot, where: str, wait: bool) -> SplitSnapshot:
+        """`snap` with the captured calls of its regions that agree with their final traces."""
+        for region in snap.regions:
+            captured = snap.state.region_captures.get(region.key)
+            metas = None if captured is None else self._observed(f"{where}/{region.key}", captured,
+                                                                 region.input_meta, wait)
+            if metas is not None:
+                snap.region_input_meta[region.key] = metas
+                snap.region_captures[region.key] = captured
+        return snap
+
+    def _split_snapshot(self, state: GraphState, split: SplitState, wait: bool) -> SplitSnapshot:
+        where = f"{state.name}/{split.name}"
+        metas = self._observed(where, split.captured, split.split.input_meta, wait)
+        snap = SplitSnapshot(split, input_meta=split.split.input_meta if metas is None else metas)
         if split.split.kind is not SplitKind.THUNDER:
             return snap
-        where = f"{state.name}/{split.name}"
         failures_before = self.failures.total
         with self.failures.guard(f"reading the traces of {where}"):
             snap.fwd_trace, snap.bwd_trace = thunder_traces.final_traces(split.split.compiled)
@@ -224,7 +263,7 @@ class Recorder:
         if read is not None and read[0] is snap.fwd_trace and read[1] is snap.bwd_trace:
             snap.regions = list(read[2])
             snap.__dict__["fwd_text"], snap.__dict__["bwd_text"] = read[3], read[4]
-            return snap
+            return self._with_region_captures(snap, where, wait)
         split.traces_read = None  # read again below; kept only if everything could be read
         with self.failures.guard(f"reading the fusion regions of {where}"):
             snap.regions = thunder_traces.fusion_regions(snap.fwd_trace, Phase.FORWARD)
@@ -237,4 +276,4 @@ class Recorder:
             snap.__dict__.setdefault(text, None)  # cached_property's slot: None after a failure
         if self.failures.total == failures_before and snap.fwd_trace is not None:
             split.traces_read = (snap.fwd_trace, snap.bwd_trace, tuple(snap.regions), snap.fwd_text, snap.bwd_text)
-        return snap
+        return self._with_region_captures(snap, where, wait)

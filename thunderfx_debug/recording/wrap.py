@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from thunderfx_debug.config import Config, TimingLevel
+from thunderfx_debug.config import Config, Inputs, ReproKind, TimingLevel
 from thunderfx_debug.records import SplitKind
-from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.capture import InputCapture, RegionCapture
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.periodic import PeriodicFlush
@@ -77,6 +77,11 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             if split.split.kind is not SplitKind.THUNDER:
                 continue
             observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
+            if ReproKind.FUSION in config.repro:
+                capture_regions = RegionCapture(f"{state.name}/{split.name}", config.inputs is Inputs.REAL,
+                                                config.inputs_max_mb, failures)
+                split.region_captures = capture_regions.captures
+                observers.append(capture_regions)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts)

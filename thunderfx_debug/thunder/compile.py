@@ -1,34 +1,22 @@
 """Splitting and compiling a Dynamo graph exactly as `thunder.dynamo.ThunderCompiler.__call__` of Thunder 0.2.6 does,
-with an inductor-compile function of the caller's (see `workarounds.make_inductor_compile`)."""
+with an inductor-compile function of the caller's (see `script_support.make_inductor_compile`). The steps are in
+`script_support.split_graph`, which the ThunderFX repro scripts run too."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
 
-from thunderfx_debug.thunder.workarounds import eager_graph_module_code
+from thunderfx_debug.thunder.script_support import eager_graph_module_code, split_graph
 
 
 def compile_graph(gm: torch.fx.GraphModule, sample_args: Sequence[Any], thunder_options: dict[str, Any],
                   inductor_compile: Callable):
     """Returns (split graph module, Thunder's SubgraphInfo). The caller appends the SubgraphInfo to its
     `subgraph_infos`, as ThunderCompiler does."""
-    from thunder import jit
-    from thunder.dynamo.compiler import _with_prologue_pruning_transform, is_dynamic_inputs, is_in_torch_compile
-    from thunder.dynamo.splitter import _splitter
-    from thunder.dynamo.utils import recompile_graph, remove_empty_autocast
-
-    remove_empty_autocast(gm)
-    recompile_graph(gm)
-    options = _with_prologue_pruning_transform(
-        current_thunder_options=thunder_options,
-        is_torch_compile_without_dynamic=is_in_torch_compile() and not is_dynamic_inputs(sample_args),
-    )
-    with eager_graph_module_code():
-        return _splitter(gm, partial(jit, **options), inductor_compile, sample_args, options)
+    return split_graph(gm, sample_args, thunder_options, inductor_compile)
 
 
 def has_dynamic_inputs(sample_args: Sequence[Any]) -> bool:

@@ -1,6 +1,6 @@
 """What repro scripts need from Thunder: the code of an FX module and of a fusion region, nvFuser's own repro of a
-region's fusion definition, the helpers of Thunder's torch executor, and code that makes a tensor like a recorded
-one (all read at flush, never on the training path)."""
+region's fusion definition, the helpers of Thunder's torch executor as standalone code, and what a region's ops say
+about its inputs (random ops, integer inputs that index). All read at flush, never on the training path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.thunder.workarounds import eager_graph_module_code
+from thunderfx_debug.thunder.script_support import eager_graph_module_code, torch_executor_fn
 
 
 def module_source(gm: torch.fx.GraphModule, class_name: str) -> str:
@@ -67,16 +67,11 @@ def torch_executor_op_names() -> frozenset[str]:
     return frozenset(torch_ex.opmap)
 
 
-def torch_executor_fn(name: str) -> Any:
-    """The Python callable behind an operator of Thunder's torch executor (e.g. `shallow_copy`,
-    `torch_pad_prim_impl`): some have no importable name (lambdas), so scripts get them from Thunder by name."""
-    from thunder.core.symbol import BoundSymbol
-    from thunder.executors.torchex import ex as torch_ex
-
-    symbol = torch_ex.opmap[name]
-    bound = BoundSymbol(symbol, args=(), kwargs={}, output=None)
-    symbol._bind_postprocess(bound)  # the executor puts its implementation in the call context here
-    return bound._call_ctx[name]
+def region_helpers(ctx: dict[str, Any]) -> dict[str, str | None]:
+    """The torch-executor helpers among the names a region's torch code uses -> their standalone code (None where
+    the script looks them up from Thunder; see `helper_code`)."""
+    names = torch_executor_op_names()
+    return {name: helper_code(name, torch_executor_fn(name)) for name in ctx if name in names}
 
 
 def nvfuser_repro_source(bsym) -> str:
@@ -92,23 +87,130 @@ def nvfuser_repro_source(bsym) -> str:
     return writer(None)
 
 
-def tensor_like_code(*, shape, stride, storage_offset, storage_size, dtype: torch.dtype, device: str,
-                     requires_grad: bool, contiguous: bool, low, high) -> str:
-    """Code (an expression and a trailing comma) for a random tensor with this metadata, written by Thunder's
-    `arg_like`, the helper of its own repro writer."""
-    from thunder.dynamo.utils import ExampleInputMetaData, arg_like
+_RANDOM_SYMBOLS = frozenset({
+    "uniform", "uniform_philox", "randn", "rand", "randint", "bernoulli", "multinomial", "normal", "dropout",
+    "get_and_update_rng_state", "randn_like", "rand_like", "randint_like", "philox_rand",
+})
 
-    example = ExampleInputMetaData(
-        requires_grad=requires_grad,
-        layout=torch.strided,
-        device=device,
-        dtype=dtype,
-        shape=list(shape),
-        storage_shape=[storage_size],
-        strides=list(stride),
-        is_contiguous=contiguous,
-        _storage_offset=storage_offset,
-        min_val=low,
-        max_val=high,
-    )
-    return arg_like(example)
+
+def _symbols(bsym):
+    for sub in bsym.subsymbols:
+        yield sub
+        yield from _symbols(sub)
+
+
+def region_random_ops(bsym) -> tuple[str, ...]:
+    """The names of the ops of a fusion region that draw random numbers (or take the RNG state), in order."""
+    from thunder.core.prims import OpTags
+
+    found = [sub.sym.name for sub in _symbols(bsym)
+             if sub.sym.name in _RANDOM_SYMBOLS or OpTags.RANDOM_OP in (getattr(sub.sym, "tags", None) or ())]
+    return tuple(dict.fromkeys(found))
+
+
+def region_index_bounds(bsym) -> dict[int, int]:
+    """Input position -> the size of the dimension that integer input of a fusion region indexes, where one of the
+    region's ops consumes it as an index (embedding, take/index_select, gather/take_along_axis, a loss's target)."""
+    from thunder.core.proxies import TensorProxy
+
+    positions = {getattr(a, "name", None): i for i, a in enumerate(bsym.flat_args) if isinstance(a, TensorProxy)}
+    bounds: dict[int, int] = {}
+
+    def note(index, source, dim):
+        name = getattr(index, "name", None)
+        if name in positions and isinstance(source, TensorProxy) and isinstance(dim, int) \
+                and -source.ndim <= dim < source.ndim:
+            bounds.setdefault(positions[name], int(source.shape[dim]))
+
+    for sub in _symbols(bsym):
+        name, args = sub.sym.name, list(sub.args)
+        if name == "embedding" and len(args) >= 2:
+            note(args[0], args[1], 0)
+        elif name in ("take", "index_select") and len(args) >= 3:
+            note(args[1], args[0], args[2])
+        elif name in ("gather", "take_along_axis") and len(args) >= 3:
+            note(args[1], args[0], args[2])
+        elif name in ("nll_loss", "cross_entropy", "nll_loss_backward", "cross_entropy_backward") and len(args) >= 2:
+            source = args[1] if name.endswith("backward") else args[0]
+            target = args[2] if name.endswith("backward") and len(args) > 2 else args[1]
+            if isinstance(source, TensorProxy):
+                note(target, source, 1 if source.ndim > 1 else 0)
+    return bounds
+
+
+def helper_code(name: str, fn: Any) -> str | None:
+    """Standalone code that binds `name` to `fn`, a helper of Thunder's torch executor that a region's torch code
+    calls (`torch_pad_prim_impl`, `shallow_copy`), so that the script needs no Thunder import for it: a torch
+    function by its name, or the helper's own source where that source stands alone (a function or a lambda whose
+    free names are modules or literal constants). None where it does not: the script looks it up from Thunder.
+
+    Example:
+        >>> helper_code("shallow_copy", torch_executor_fn("shallow_copy"))
+        'shallow_copy = lambda x: x'
+    """
+    import ast
+    import builtins
+    import inspect
+    import textwrap
+    import types
+
+    for namespace, prefix in ((torch, "torch"), (torch.nn.functional, "torch.nn.functional")):
+        if getattr(namespace, getattr(fn, "__name__", ""), None) is fn:
+            return f"{name} = {prefix}.{fn.__name__}"
+    if not isinstance(fn, types.FunctionType):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if fn.__name__ == "<lambda>":
+        lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+        if len(lambdas) != 1:
+            return None
+        node: ast.AST = lambdas[0]
+    else:
+        node = tree.body[0]
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list or node.name != fn.__name__:
+            return None
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg,
+                    node.args.kwarg]:
+            if arg is not None:
+                arg.annotation = None
+        node.returns = None
+        for sub in ast.walk(node):  # `x: int = ...` inside: the annotation may name what the script lacks
+            if isinstance(sub, ast.AnnAssign):
+                sub.annotation = ast.Name("object", ast.Load())
+    assigned = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    assigned |= {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+    assigned |= {n.name for n in ast.walk(node) if isinstance(n, ast.FunctionDef | ast.Lambda) and hasattr(n, "name")}
+    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - assigned
+    lines = []
+    for free_name in sorted(free):
+        if hasattr(builtins, free_name) and free_name not in fn.__globals__:
+            continue
+        if free_name == "object":
+            continue
+        value = fn.__globals__.get(free_name, getattr(builtins, free_name, None))
+        if isinstance(value, types.ModuleType):
+            module = value.__name__
+            lines.append(f"import {module}" if module == free_name else f"import {module} as {free_name}")
+        elif isinstance(value, bool | int | float | str | type(None) | dict | tuple | list | frozenset):
+            try:
+                if ast.literal_eval(repr(value)) != value:
+                    return None
+            except (ValueError, SyntaxError):
+                return None
+            lines.append(f"{free_name} = {value!r}")
+        elif getattr(builtins, free_name, None) is value:
+            continue
+        else:
+            return None
+    code = ast.unparse(node)
+    lines.append(f"{name} = {code}" if fn.__name__ == "<lambda>" else f"{code}\n{name} = {fn.__name__}")
+    text = "\n".join(lines)
+    try:
+        namespace: dict[str, Any] = {}
+        exec(compile(text, f"<helper {name}>", "exec"), namespace)  # noqa: S102  (our own generated code)
+    except Exception:
+        return None
+    return text if callable(namespace.get(name)) else None

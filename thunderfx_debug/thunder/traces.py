@@ -61,10 +61,17 @@ def _proxy_meta(proxy: Any) -> InputMeta:
             device=str(proxy.device.device_str()) if hasattr(proxy.device, "device_str") else str(proxy.device),
             requires_grad=bool(getattr(proxy, "requires_grad", False)),
         )
-    value = getattr(proxy, "value", proxy)
-    if isinstance(value, bool | int | float):
-        return InputMeta(kind=InputKind(type(value).__name__), value=value)
-    return InputMeta(kind=InputKind.OTHER, value=repr(value)[:200])
+    from thunder.core.proxies import NumberProxy
+
+    if isinstance(proxy, NumberProxy):
+        # Thunder knows some numbers only at run time (the philox seed and offset of nvFuser's dropout are
+        # IntegerProxy(value=None)): the kind is kept, the value is what the region's captured call saw.
+        python_type = getattr(proxy, "python_type", type(proxy.value))
+        kind = {bool: InputKind.BOOL, int: InputKind.INT, float: InputKind.FLOAT}.get(python_type, InputKind.OTHER)
+        return InputMeta(kind=kind, value=proxy.value if kind is not InputKind.OTHER else repr(proxy)[:200])
+    if isinstance(proxy, bool | int | float):
+        return InputMeta(kind=InputKind(type(proxy).__name__), value=proxy)
+    return InputMeta(kind=InputKind.OTHER, value=repr(proxy)[:200])
 
 
 def _proxy_name(value: Any) -> str:

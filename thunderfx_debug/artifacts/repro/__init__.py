@@ -1,3 +1,5 @@
-"""Repro and benchmark scripts: `pieces` decides which scripts a graph gets and gathers what each reproduces,
-`writers` has a strategy per way of running a piece, `templates` the scripts' text, `inputs` the code that makes a
-script's inputs, and `runtime` what the scripts run (checking and timing)."""
+"""Repro and benchmark scripts: `builder` decides which scripts a graph gets and gathers what each reproduces,
+`writers` has a strategy per way of running a piece and renders the script, `inputs` writes the code that makes a
+script's inputs (and the file of real ones), `fx_facts` reads what an FX graph says about its inputs and random ops,
+`script_template` is the part every script carries (inputs, the check, timing, verdicts), and `standalone` runs
+scripts where thunderfx_debug cannot be imported."""

@@ -7,7 +7,8 @@ THUNDERFX_DEBUG_REPRO asks (names in `layout`):
     graph0/graph0_thunder_0/graph0_thunder_0_repro_{eager,thunder,inductor}.py     (inductor splits: eager, inductor)
     graph0/graph0_thunder_0/fusions/graph0_thunder_0_TorchCompile0_forward_repro_inductor.py
     graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_{nvfuser,inductor}.py
-    graph0/inputs/graph0_inputs.pt, graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt   (INPUTS=real)
+    graph0/inputs/graph0_inputs.pt, graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt,
+    graph0/graph0_thunder_0/fusions/inputs/graph0_thunder_0_nvFusion0_forward_inputs.pt       (INPUTS=real)
 
 A graph that failed under Thunder always gets the scripts of the piece that failed (the split, or the whole graph
 when it failed to compile), whatever THUNDERFX_DEBUG_REPRO says. Each script is written independently: one that
@@ -23,13 +24,14 @@ import torch
 
 from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
+from thunderfx_debug.artifacts.repro import fx_facts
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
 from thunderfx_debug.config import ReproKind
 from thunderfx_debug.manifest import package_versions
 from thunderfx_debug.records import InputKind, InputMeta, SplitKind
-from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import scripts as thunder_scripts
@@ -95,6 +97,15 @@ def _needs_backward(metas) -> bool:
     return any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas)
 
 
+def _with_fx_bounds(gm: torch.fx.GraphModule, metas: tuple[InputMeta, ...]) -> tuple[InputMeta, ...]:
+    shapes = {i: m.shape for i, m in enumerate(metas) if m.kind is InputKind.TENSOR}
+    return repro_inputs.with_index_bounds(metas, fx_facts.index_bounds(gm, shapes))
+
+
+def _placeholder_names(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    return tuple(node.name for node in gm.graph.find_nodes(op="placeholder"))
+
+
 class ScriptBuilder:
     """Collects the artifacts of one graph's scripts (see the module docstring)."""
 
@@ -129,6 +140,7 @@ class ScriptBuilder:
             description = f"The Dynamo graph {state.name} (compile id {state.facts.compile_id}) as handed to the backend."
             if state.error:
                 description += " It FAILED under Thunder in the run; the thunder script reproduces the failure."
+            metas = _with_fx_bounds(state.gm, self.snapshot.input_meta)
             piece = ReproSubject(
                 key=state.name,
                 title="Dynamo graph",
@@ -136,11 +148,13 @@ class ScriptBuilder:
                 definitions=_module_definitions(state.gm),
                 callable_name=MODULE_CLASS,
                 is_module=True,
-                metas=state.input_meta,
-                backward=_needs_backward(state.input_meta),
-                captured=state.real_inputs if self.real else None,
+                metas=metas,
+                names=_placeholder_names(state.gm),
+                backward=_needs_backward(metas),
+                captured=state.captured if self.real else None,
                 inputs_path=layout.inputs_file(state.name),
                 imports=self.fx_imports,
+                random_ops=fx_facts.random_ops(state.gm),
             )
             for strategy in (
                 writers.Eager(),
@@ -150,13 +164,14 @@ class ScriptBuilder:
                 self._write(state.name, piece, strategy, layout.graph_script(state.name, strategy.file_kind))
 
     # ---- splits ---------------------------------------------------------------------------------------------------
-    def split_metas(self, split_state: SplitState) -> tuple[InputMeta, ...]:
-        """A split's input metadata, with value ranges borrowed from the graph inputs it receives directly."""
-        name = split_state.name
+    def split_metas(self, split: SplitSnapshot) -> tuple[InputMeta, ...]:
+        """A split's input metadata: as captured on its first call, else as the splitter recorded it with what
+        the values were borrowed from the graph inputs it receives directly; with index bounds from its ops."""
+        name = split.state.name
         if name in self._split_metas:
             return self._split_metas[name]
-        split = split_state.split
-        names = split.input_names
+        compiled = split.state.split
+        names = compiled.input_names
         sources: dict[str, InputMeta] = {}
         split_gm = self.state.split_gm
         if split_gm is not None:
@@ -164,9 +179,10 @@ class ScriptBuilder:
             for node in split_gm.graph.find_nodes(op="call_module", target=name):
                 for placeholder, arg in zip(names, node.args):
                     index = graph_inputs.get(getattr(arg, "name", None))
-                    if index is not None and index < len(self.state.input_meta):
-                        sources[placeholder] = self.state.input_meta[index]
+                    if index is not None and index < len(self.snapshot.input_meta):
+                        sources[placeholder] = self.snapshot.input_meta[index]
         metas = repro_inputs.borrow_value_ranges(split.input_meta, sources, names)
+        metas = _with_fx_bounds(compiled.original_module, metas)
         self._split_metas[name] = metas
         return metas
 
@@ -174,7 +190,7 @@ class ScriptBuilder:
         graph, state = self.state.name, split.state
         key = f"{graph}/{state.name}"
         with self.failures.guard(f"preparing the repro scripts of {key}"):
-            metas = self.split_metas(state)
+            metas = self.split_metas(split)
             kind = state.split.kind
             description = f"The {kind.value} split {state.name} of {graph}, as ThunderFX cut it out of the Dynamo graph."
             if state.split.reasons:
@@ -182,18 +198,21 @@ class ScriptBuilder:
                 description += f"\nWhy ThunderFX gave it to inductor: {reasons}"
             if state.error:
                 description += "\nIt FAILED in the run; the thunder script reproduces the failure."
+            module = state.split.original_module
             piece = ReproSubject(
                 key=key,
                 title=f"{kind.value} split",
                 description=description,
-                definitions=_module_definitions(state.split.original_module),
+                definitions=_module_definitions(module),
                 callable_name=MODULE_CLASS,
                 is_module=True,
                 metas=metas,
+                names=_placeholder_names(module),
                 backward=_needs_backward(metas),
-                captured=state.real_inputs if self.real else None,
+                captured=state.captured if self.real else None,
                 inputs_path=layout.inputs_file(graph, state.name),
                 imports=self.fx_imports,
+                random_ops=fx_facts.random_ops(module),
             )
             strategies: list[writers.Strategy] = [writers.Eager()]
             if kind is SplitKind.THUNDER:
@@ -209,9 +228,16 @@ class ScriptBuilder:
         key = f"{graph}/{split_name}/{region.key}"
         with self.failures.guard(f"preparing the repro scripts of {key}"):
             source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name)
-            assignments = writers.context_assignments(source, ctx, thunder_scripts.torch_executor_op_names())
-            split_metas = dict(zip(split.state.split.input_names, self.split_metas(split.state)))
-            metas = repro_inputs.borrow_value_ranges(region.input_meta, split_metas, region.inputs)
+            assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
+            captured = split.region_captures.get(region.key)
+            metas = split.region_metas(region)
+            note = ""
+            if captured is None:
+                split_metas = dict(zip(split.state.split.input_names, self.split_metas(split)))
+                metas = repro_inputs.borrow_value_ranges(metas, split_metas, region.inputs)
+                note = ("This region's call was not captured in the run: its layouts are those of its final trace "
+                        "(and of nvFuser's definition).")
+            metas = repro_inputs.with_index_bounds(metas, thunder_scripts.region_index_bounds(region.bsym))
             # Fusion regions run inside Thunder's traces, outside autograd: their inputs need no gradient.
             metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
             piece = ReproSubject(
@@ -219,25 +245,24 @@ class ScriptBuilder:
                 title=f"{phase} fusion region {region.name} ({region.executor})",
                 description=(
                     f"The {phase} fusion region {region.name} of the Thunder split {split_name} of {graph}: its ops, "
-                    "lowered to torch calls by Thunder's torch executor, as the function below."
+                    "lowered to torch calls by Thunder's torch executor, as the function below (the eager reference)."
                 ),
                 definitions="\n".join(assignments) + "\n\n\n" + _strip_header(source),
                 callable_name=region.name,
                 is_module=False,
                 metas=metas,
+                names=region.inputs,
                 backward=False,
-                inputs_note=(
-                    "Fusion regions are always reproduced from metadata: their inputs are intermediate values of the "
-                    "split's trace."
-                ),
+                captured=captured if self.real else None,
+                inputs_path=layout.inputs_file(graph, split_name, region.key),
+                inputs_note=note,
+                random_ops=thunder_scripts.region_random_ops(region.bsym),
+                needs_thunder=needs_thunder,
             )
             strategies: list[writers.Strategy] = [writers.InductorRegion()]
             if region.executor == "nvfuser":
                 with self.failures.guard(f"reading nvFuser's fusion definition of {key}"):
-                    definition = thunder_scripts.nvfuser_repro_source(region.bsym)
-                    strategies.insert(0, writers.NvFuserRegion(definition))
-                    # Both scripts get the layouts the run's tensors had: nvFuser's definition requires them.
-                    piece.metas = repro_inputs.in_nvfuser_layouts(piece.metas, definition)
+                    strategies.insert(0, writers.NvFuserRegion(thunder_scripts.nvfuser_repro_source(region.bsym)))
             for strategy in strategies:
                 path = layout.fusion_script(graph, split_name, region.name, phase, strategy.file_kind)
                 self._write(key, piece, strategy, path)

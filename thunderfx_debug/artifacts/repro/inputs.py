@@ -1,33 +1,33 @@
-"""The inputs of repro scripts: the file of real tensors a script loads (THUNDERFX_DEBUG_INPUTS=real, captured by
-`recording.capture`), and the code that makes inputs in a script from the recorded metadata.
+"""The inputs of repro scripts: the file of real values a script loads (THUNDERFX_DEBUG_INPUTS=real, captured by
+`recording.capture`), and the code of `make_inputs()` that rebuilds inputs from the recorded metadata with the
+`tensor(...)` helper of `script_template`.
 
-Example (what a script with real inputs does; not a doctest):
+Example (one input as a script makes it; not a doctest):
 
-    saved = torch.load("inputs/graph0_inputs.pt", weights_only=True)
+    tensor([2, 16], "int64", low=1, high=127, sentinel=(-100, 0.0625)),  # l_labels_
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
 import math
 import re
-import textwrap
 
 import torch
 
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
-from thunderfx_debug.recording.capture import Captured
-from thunderfx_debug.thunder.scripts import tensor_like_code
+from thunderfx_debug.recording.capture import INPUTS_FORMAT, Captured
 
-#: Version of the saved inputs file; `runtime.load_inputs` refuses others.
-INPUTS_FORMAT = 1
+#: Above this many elements beyond what a view reaches, a script builds a storage just large enough for the view.
+_STORAGE_SLACK = 64 * 2**20
 
 
 def saved_file(captured: Captured) -> bytes:
     """The bytes of the inputs file a real-input script loads with `torch.load(..., weights_only=True)`."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the non-blocking host copies of `_host_copy` are complete from here on
+        torch.cuda.synchronize()  # the non-blocking host copies of `capture._host_copy` are complete from here on
     buffer = io.BytesIO()
     torch.save({"format": INPUTS_FORMAT, "inputs": captured.inputs, "outputs": captured.outputs}, buffer)
     return buffer.getvalue()
@@ -46,110 +46,205 @@ def _contiguous(shape, stride) -> bool:
 
 
 def _finite(value):
-    # Thunder's arg_like writes the bound as Python text: `-inf` or `nan` would not parse, and make_tensor refuses them.
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
 
-def _tensor_code(meta: InputMeta) -> str:
-    """Code for a random tensor like the recorded one (see `thunder.scripts.tensor_like_code`). Without a recorded
-    range, floating-point tensors get [-1, 1] and integer ones [0, 10): negative values are almost never valid where
-    integers feed a fusion (indices, counts)."""
-    dtype = getattr(torch, meta.dtype.replace("torch.", ""))
-    low, high = _finite(meta.min_value), _finite(meta.max_value)
+def _short(value):
+    """A float bound with 6 significant digits (the script stays readable; the draw stays within the run's range)."""
+    return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+def _value_arguments(meta: InputMeta, dtype: torch.dtype) -> dict:
+    """The keyword arguments of `tensor(...)` that say how to draw the values (see `script_template.tensor`)."""
+    if meta.value is not None and not meta.shape:
+        return {"value": meta.value}
+    low, high = _short(_finite(meta.min_value)), _short(_finite(meta.max_value))
+    if dtype is torch.bool:
+        if meta.true_fraction is not None:
+            return {"fraction_true": round(meta.true_fraction, 6)}
+        return {}
+    if dtype.is_floating_point or dtype.is_complex:
+        if low is None or high is None:
+            return {}
+        return {"value": low} if low == high else {"low": low, "high": high}
+    # Integers: the run's range; a single negative value (a sentinel such as ignore_index) at its frequency; else
+    # the size of the dimension the input indexes; else [0, 9].
     if low is None or high is None:
-        low = high = None
-        if dtype.is_floating_point:
-            low, high = -1.0, 1.0  # make_tensor's default [-9, 9] makes activations and saved statistics explode
-        elif not dtype.is_complex and dtype is not torch.bool:
-            low, high = 0, 10
-    elif not dtype.is_floating_point and dtype is not torch.bool and low != high:
-        high = high + 1  # make_tensor's `high` is exclusive for integers; the recorded maximum is a value the run saw
-    return tensor_like_code(
-        shape=meta.shape,
-        stride=meta.stride,
-        storage_offset=meta.storage_offset,
-        storage_size=meta.storage_offset + storage_span(meta.shape, meta.stride),
-        dtype=dtype,
-        device=meta.device,
-        requires_grad=meta.requires_grad,
-        contiguous=_contiguous(meta.shape, meta.stride),
-        low=low,
-        high=high,
-    )
+        return {"low": 0, "high": meta.index_bound - 1} if meta.index_bound else {}
+    if low == high:
+        return {"value": int(low)}
+    arguments: dict = {}
+    if meta.sentinel is not None and meta.sentinel_fraction:
+        arguments["low"] = meta.nonnegative_min if meta.nonnegative_min is not None else int(high)
+        arguments["high"] = int(high)
+        arguments["sentinel"] = (meta.sentinel, round(meta.sentinel_fraction, 6))
+    else:
+        arguments["low"], arguments["high"] = int(low), int(high)
+    if meta.true_fraction is not None and low == 0 and high == 1:
+        arguments["fraction_true"] = round(meta.true_fraction, 6)
+    return arguments
 
 
-def meta_inputs_code(metas) -> str:
-    """The body of `make_inputs()` for inputs made from metadata."""
+def tensor_call(meta: InputMeta) -> str:
+    """The `tensor(...)` call that makes an input like the recorded one: its layout exactly, its values drawn like
+    the run's (see `_value_arguments`)."""
+    dtype = getattr(torch, meta.dtype.replace("torch.", ""))
+    shape, stride = list(meta.shape), list(meta.stride)
+    parts = [repr(shape), repr(meta.dtype.replace("torch.", ""))]
+    if stride and not _contiguous(shape, stride):
+        parts.append(f"stride={stride!r}")
+    if meta.storage_offset:
+        parts.append(f"offset={meta.storage_offset}")
+    reach = meta.storage_offset + storage_span(shape, stride or shape)
+    if meta.storage_size is not None and reach < meta.storage_size <= reach + _STORAGE_SLACK:
+        parts.append(f"storage={meta.storage_size}")
+    if meta.device and meta.device != "cpu":
+        parts.append(f"device={meta.device!r}")
+    if meta.requires_grad and (dtype.is_floating_point or dtype.is_complex):
+        parts.append("requires_grad=True")
+    parts += [f"{key}={value!r}" for key, value in _value_arguments(meta, dtype).items()]
+    return f"tensor({', '.join(parts)})"
+
+
+def value_code(meta: InputMeta) -> str:
+    """An expression for a non-tensor input, as the value it was."""
+    if meta.kind in (InputKind.INT, InputKind.FLOAT, InputKind.BOOL, InputKind.SYMINT):
+        if meta.value is None:
+            default = {InputKind.FLOAT: "0.0", InputKind.BOOL: "False"}.get(meta.kind, "0")
+            return f"{default}  # the run's value was not recorded (its trace holds no value for it)"
+        return repr(meta.value)
+    if meta.kind is InputKind.COMPLEX:
+        real, imaginary = meta.value
+        return f"complex({real!r}, {imaginary!r})"
+    if meta.kind is InputKind.NONE:
+        return "None"
+    if meta.kind is InputKind.DTYPE:
+        return str(meta.value)
+    if meta.kind is InputKind.DEVICE:
+        return f"torch.device({meta.value!r})"
+    return f"None  # the run passed {meta.value}: not reproducible from metadata, give it by hand"
+
+
+def make_inputs_code(metas, names=()) -> str:
+    """The body of `make_inputs()`: a list of one expression per input, with its name as a comment."""
     lines = []
     for i, meta in enumerate(metas):
-        if meta.kind is InputKind.TENSOR:
-            lines.append(_tensor_code(meta))
-        elif meta.kind in (InputKind.INT, InputKind.FLOAT, InputKind.BOOL, InputKind.SYMINT):
-            lines.append(f"{meta.value!r},")
-        elif meta.kind is InputKind.NONE:
-            lines.append("None,")
+        code = tensor_call(meta) if meta.kind is InputKind.TENSOR else value_code(meta)
+        name = names[i] if i < len(names) else f"input {i}"
+        if "  #" in code:
+            expression, comment = code.split("  #", 1)
+            lines.append(f"{expression},  # {name}:{comment}")
         else:
-            lines.append(f"None,  # input {i} was {meta.value}: not reproducible from metadata, give it by hand")
-    return "return [\n" + textwrap.indent("\n".join(lines), "    ") + "\n]"
+            lines.append(f"{code},  # {name}")
+    return "return [\n" + "".join(f"    {line}\n" for line in lines) + "]"
 
 
 def borrow_value_ranges(metas, sources: dict[str, InputMeta], names) -> tuple[InputMeta, ...]:
-    """`metas` with value ranges taken from `sources` by input name, where a meta has none of its own (split and
-    fusion inputs often come straight from graph inputs, whose values the backend saw)."""
+    """`metas` with what the values were taken from `sources` by input name, where a meta has none of its own (the
+    inputs of a piece that was not captured often come straight from inputs of its graph, which were)."""
+    value_fields = ("min_value", "max_value", "nonnegative_min", "sentinel", "sentinel_fraction", "true_fraction")
     result = []
     for meta, name in zip(metas, names):
         source = sources.get(name)
-        if (
-            meta.kind is InputKind.TENSOR
-            and meta.min_value is None
-            and source is not None
-            and source.kind is InputKind.TENSOR
-            and source.dtype == meta.dtype
-            and source.min_value is not None
-        ):
-            meta = dataclasses.replace(meta, min_value=source.min_value, max_value=source.max_value)
+        if (meta.kind is InputKind.TENSOR and meta.min_value is None and meta.true_fraction is None
+                and source is not None and source.kind is InputKind.TENSOR and source.dtype == meta.dtype
+                and (source.min_value is not None or source.true_fraction is not None)):
+            meta = dataclasses.replace(meta, **{f: getattr(source, f) for f in value_fields})
         result.append(meta)
     result += metas[len(result):]
     return tuple(result)
 
 
-def in_nvfuser_layouts(metas: tuple[InputMeta, ...], fusion_definition_code: str) -> tuple[InputMeta, ...]:
-    """`metas` with each tensor's strides set to the memory layout nvFuser's fusion definition declares for it.
+def with_index_bounds(metas, bounds: dict[int, int]) -> tuple[InputMeta, ...]:
+    """`metas` with `index_bound` set for the inputs (by position) whose consumer indexes a dimension of that size."""
+    return tuple(dataclasses.replace(m, index_bound=bounds[i]) if i in bounds and m.kind is InputKind.TENSOR else m
+                 for i, m in enumerate(metas))
 
-    Thunder builds an nvFuser definition for the layouts of the tensors it first ran with (`stride_order`), and
-    nvFuser refuses tensors in another layout ("stride mismatch with contiguity info"); the region's recorded metas
-    are contiguous (Thunder's proxies carry no strides). The k-th `fd.define_tensor(...)` of nvFuser's repro is the
-    k-th tensor input. Metas are returned unchanged when the definition does not match them (count or rank).
+
+# ---- nvFuser's definition ---------------------------------------------------------------------------------------------
+
+_DEFINE = re.compile(r"define_(tensor|scalar|vector)\(")
+
+
+def nvfuser_declared_inputs(fusion_definition_code: str) -> list[dict] | None:
+    """The inputs an nvFuser fusion definition declares, in order, as its repro text writes them (legacy `nvfuser`
+    and `nvfuser_direct` both): `{"kind": "tensor", "shape", "contiguity", "stride_order", "dtype", "is_cpu"}` per
+    `fd.define_tensor(...)`, `{"kind": "scalar", "dtype"}` per symbolic `fd.define_scalar(None, ...)`. None where
+    the text cannot be read that way (it does not parse, or declares a vector of scalars).
 
     Example:
-        >>> meta = InputMeta(kind="tensor", shape=(4, 2, 64, 32), stride=(4096, 2048, 32, 1))
-        >>> code = "T0 = fd.define_tensor(shape=[4, 2, 64, 32], contiguity=[True, True, True, True], stride_order=[3, 1, 2, 0])"
-        >>> in_nvfuser_layouts((meta,), code)[0].stride
-        (4096, 32, 64, 1)
+        >>> nvfuser_declared_inputs("T0 = fd.define_tensor(shape=[1, 4], contiguity=[None, True], dtype=DataType.Float, "
+        ...                         "is_cpu=False, stride_order=[1, 0])\\nS1 = fd.define_scalar(None, dtype=DataType.Int)")
+        [{'kind': 'tensor', 'shape': [1, 4], 'contiguity': [None, True], 'stride_order': [1, 0], 'dtype': 'Float', 'is_cpu': False}, {'kind': 'scalar', 'dtype': 'Int'}]
     """
-    orders = [
-        [int(x) for x in found.group(1).split(",") if x.strip()] if (found := _STRIDE_ORDER.search(call)) else None
-        for call in _DEFINE_TENSOR.findall(fusion_definition_code)
-    ]
-    tensors = [i for i, m in enumerate(metas) if m.kind is InputKind.TENSOR]
-    if len(orders) != len(tensors):
-        return metas
-    from torch._prims_common import make_contiguous_strides_for
-
-    result = list(metas)
-    for index, order in zip(tensors, orders):
-        meta = metas[index]
-        if order is None or sorted(order) != list(range(len(meta.shape))):
+    try:
+        tree = ast.parse(fusion_definition_code)
+    except SyntaxError:
+        return None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr in ("define_tensor", "define_scalar", "define_vector")]
+    declared = []
+    for call in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
+        keywords = {k.arg: k.value for k in call.keywords}
+        dtype = keywords.get("dtype")
+        dtype_name = dtype.attr if isinstance(dtype, ast.Attribute) else None
+        if call.func.attr == "define_vector":
+            return None
+        if call.func.attr == "define_scalar":
+            if call.args and not (isinstance(call.args[0], ast.Constant) and call.args[0].value is None):
+                continue  # a constant, not an input
+            declared.append({"kind": "scalar", "dtype": dtype_name})
             continue
-        outermost_first = sorted(range(len(order)), key=order.__getitem__, reverse=True)  # stride_order 0: innermost
-        stride = [0] * len(meta.shape)
-        for dim, step in zip(outermost_first, make_contiguous_strides_for([meta.shape[d] for d in outermost_first])):
-            stride[dim] = step
+        try:
+            entry = {"kind": "tensor", "shape": ast.literal_eval(keywords["shape"]),
+                     "contiguity": ast.literal_eval(keywords["contiguity"]),
+                     "stride_order": ast.literal_eval(keywords["stride_order"]) if "stride_order" in keywords else [],
+                     "dtype": dtype_name,
+                     "is_cpu": ast.literal_eval(keywords["is_cpu"]) if "is_cpu" in keywords else False}
+        except (KeyError, ValueError):
+            return None
+        declared.append(entry)
+    return declared
+
+
+def strides_for_definition(shape, contiguity, stride_order) -> list[int]:
+    """Strides nvFuser binds to a `define_tensor` of this shape: stride 0 for the dims it declares expanded (see
+    `script_template.nvfuser_expanded_dims`), the others laid out innermost first in stride order (stride_order 0 is
+    innermost; empty means the dims' own order), with a gap where contiguity is False.
+
+    Example (rotary cos expanded over the batch, and a transposed view):
+        >>> strides_for_definition([4, 16, 8], [None, True, True], [2, 1, 0]), strides_for_definition([2, 3], [True, True], [0, 1])
+        ([0, 8, 1], [1, 2])
+    """
+    rank = len(shape)
+    order = list(stride_order) or list(range(rank - 1, -1, -1))
+    contiguity_of = {i: contiguity[rank - 1 - order[i]] for i in range(rank)}
+    strides, running = [0] * rank, 1
+    for i in sorted(range(rank), key=order.__getitem__):
+        if contiguity_of[i] is None and shape[i] != 1:
+            continue  # expanded: stride 0
+        if contiguity_of[i] is False:
+            running *= 2  # not contiguous with the next inner dim: any larger stride is accepted
+        strides[i] = running
+        running *= max(shape[i], 1)
+    return strides
+
+
+def in_nvfuser_layouts(metas: tuple[InputMeta, ...], declared: list[dict]) -> tuple[InputMeta, ...]:
+    """`metas` with the strides nvFuser's definition declares, for tensors whose recorded layout is not one the run
+    passed (Thunder's proxies carry no strides: a region whose inputs were not captured). Captured layouts are the
+    run's own and stay. Metas are returned unchanged where the definition does not match them (count or rank).
+    """
+    if len(declared) != len(metas):
+        return metas
+    result = list(metas)
+    for index, (meta, entry) in enumerate(zip(metas, declared)):
+        if meta.kind is not InputKind.TENSOR or entry["kind"] != "tensor" or len(entry["shape"]) != len(meta.shape):
+            continue
+        if meta.storage_size is not None:  # captured from the run: its layout is what nvFuser took
+            continue
+        stride = strides_for_definition(list(meta.shape), entry["contiguity"], entry["stride_order"])
         result[index] = dataclasses.replace(meta, stride=tuple(stride))
     return tuple(result)
-
-
-_DEFINE_TENSOR = re.compile(r"define_tensor\((.*?)\)", re.S)
-_STRIDE_ORDER = re.compile(r"stride_order\s*=\s*\[([^\]]*)\]")

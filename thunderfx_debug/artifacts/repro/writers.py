@@ -1,14 +1,19 @@
-"""Script writers: a `ReproSubject` (what is reproduced: a Dynamo graph, a split, a fusion region) and a `Strategy`
-per way of running it (eager, Thunder, torch.compile, inductor, nvFuser); `render` puts them into `templates.SCRIPT`.
+"""Script writers: a `ReproSubject` (what is reproduced: a Dynamo graph, a split or a fusion region) and a `Strategy`
+per way of running it (eager, Thunder, torch.compile, inductor, nvFuser); `render` writes them into a script.
 
-Each strategy writes the code that builds its callable in the script (`build()`); checking and timing are the same
-for all of them and live in `runtime`.
+A script is made of: a docstring that says what it reproduces, how to run it and what its exit status means; the
+source of `script_template` (the check, the inputs, the timing, `main`: the same in every script) and, where the
+strategy runs Thunder, of `thunder.script_support` (the workarounds the installed versions need); then the piece:
+its code, `make_inputs()`, `eager()`, `build()` and the call of `main`. Nothing of thunderfx_debug is imported, so a
+script runs where the package is not installed and can be attached to an upstream bug report as it is.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import inspect
 import posixpath
 import textwrap
 import types
@@ -17,11 +22,24 @@ from typing import Any
 import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
-from thunderfx_debug.artifacts.repro import templates
+from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.records import InputMeta
 from thunderfx_debug.recording.capture import Captured
+from thunderfx_debug.thunder import script_support
 
 MODULE_CLASS = "DynamoModule"
+
+EXIT_STATUS = (
+    "Exit status, with one line saying which:\n"
+    "    0 OK              the piece matches within the tolerance\n"
+    "    1 MISMATCH        its result differs beyond the tolerance, or values it returned changed afterwards: a\n"
+    "                      finding about {backend}, worth reporting upstream with this script\n"
+    "    3 REFUSED         the backend or eager refused the inputs this script built: a bug of thunderfx_debug's\n"
+    "                      input rebuild, not of {backend}\n"
+    "    4 CRASH           {backend} raised on inputs that eager accepts (or building the piece failed)\n"
+    "    5 NOT COMPARABLE  the piece draws random numbers that {backend} and eager draw differently: no claim\n"
+    "    (killed by a signal: a native abort, e.g. an inductor kernel's bounds assertion: a crash)"
+)
 
 
 @dataclasses.dataclass
@@ -30,8 +48,10 @@ class ReproSubject:
 
     key: "graph0", "graph0/thunder_0" or "graph0/thunder_0/TorchCompile0_forward" (also the JSON `piece`).
     definitions: code that defines `callable_name` (an nn.Module class or a function) and what it needs.
-    metas: the recorded inputs; captured: their real values where THUNDERFX_DEBUG_INPUTS=real kept them.
-    inputs_path: where `captured` is saved in the dump (relative to the rank directory).
+    metas: the inputs as the run passed them; names: their names (comments in `make_inputs`).
+    captured: the real values where THUNDERFX_DEBUG_INPUTS=real kept them; inputs_path: where they are saved in the
+    dump (relative to the rank directory). random_ops: the names of the random ops in the piece.
+    needs_thunder: the definitions call `import_thunder()` or other Thunder support.
     """
 
     key: str
@@ -42,10 +62,13 @@ class ReproSubject:
     is_module: bool
     metas: tuple[InputMeta, ...]
     backward: bool
+    names: tuple[str, ...] = ()
     captured: Captured | None = None
     inputs_path: str | None = None
     imports: tuple[str, ...] = ()
     inputs_note: str = ""
+    random_ops: tuple[str, ...] = ()
+    needs_thunder: bool = False
 
     @property
     def real(self) -> bool:
@@ -56,20 +79,26 @@ class ReproSubject:
 
 
 class Strategy:
-    """A way of running a piece. `executor` names it in the JSON figures; `file_kind` in the file name."""
+    """A way of running a piece. `executor` names it in the JSON figures, `file_kind` in the file name, `backend`
+    in the verdict line; `needs_thunder` scripts carry `thunder.script_support`."""
 
     executor = "eager"
     file_kind = "eager"
+    backend = "eager PyTorch"
     description = "eager PyTorch"
+    needs_thunder = False
 
     def build_body(self, piece: ReproSubject) -> str:
         return f"return {piece.instance()}"
 
-    def imports(self, piece: ReproSubject) -> list[str]:
-        return []
-
     def definitions(self, piece: ReproSubject) -> str:
         return ""
+
+    def refusal(self, piece: ReproSubject) -> str:
+        return "None"
+
+    def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
+        return piece.metas
 
 
 class Eager(Strategy):
@@ -92,7 +121,7 @@ def _options_code(thunder_options: dict[str, Any], executor_names: list[str] | N
         skipped.append(f"{key}={value!r}"[:300])
     lines = [f"options = {literal!r}"]
     if executor_names is not None:
-        lines.append(f"options['executors'] = runtime.executors({executor_names!r})")
+        lines.append(f"options['executors'] = executors({executor_names!r})")
     for text in skipped:
         lines.insert(0, f"# The run also had {text}: not writable as code; add it by hand to reproduce it exactly.")
     return "\n".join(lines)
@@ -103,21 +132,21 @@ class _WithThunderOptions(Strategy):
 
     executor = "thunder"
     file_kind = "thunder"
+    backend = "Thunder"
+    needs_thunder = True
 
     def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None):
         self.options_code = _options_code(thunder_options, executor_names)
 
 
 class ThunderFX(_WithThunderOptions):
-    """A Dynamo graph through torch.compile with Thunder's own backend, as the run compiled it (same options)."""
+    """A Dynamo graph through torch.compile with Thunder's own backend, compiling as the run did (same options,
+    same workarounds: `script_support.thunder_compiler`)."""
 
     description = "ThunderFX: torch.compile(backend=thunder.dynamo.ThunderCompiler(<the run's options>))"
 
     def build_body(self, piece: ReproSubject) -> str:
-        return (
-            f"{self.options_code}\n"
-            f"return torch.compile({piece.instance()}, backend=runtime.thunder_compiler(**options))"
-        )
+        return f"{self.options_code}\nreturn torch.compile({piece.instance()}, backend=thunder_compiler(**options))"
 
 
 class ThunderJit(_WithThunderOptions):
@@ -126,12 +155,13 @@ class ThunderJit(_WithThunderOptions):
     description = "thunder.jit with the run's options and executors"
 
     def build_body(self, piece: ReproSubject) -> str:
-        return f"import thunder\n\n{self.options_code}\nreturn thunder.jit({piece.instance()}, **options)"
+        return f"thunder = import_thunder()\n{self.options_code}\nreturn thunder.jit({piece.instance()}, **options)"
 
 
 class TorchCompile(Strategy):
     executor = "torchcompile"
     file_kind = "torchcompile"
+    backend = "torch.compile (inductor)"
     description = "torch.compile (inductor)"
 
     def build_body(self, piece: ReproSubject) -> str:
@@ -145,13 +175,12 @@ class InductorSplit(Strategy):
 
     executor = "inductor"
     file_kind = "inductor"
+    backend = "inductor"
     description = "torch._inductor.compile of the FX module (as ThunderFX compiles inductor splits)"
 
     def build_body(self, piece: ReproSubject) -> str:
-        return (
-            f"graph_module = torch.fx.symbolic_trace({piece.instance()})\n"
-            "return torch._inductor.compile(graph_module, runtime.fresh(make_inputs()))"
-        )
+        return (f"graph_module = torch.fx.symbolic_trace({piece.instance()})\n"
+                "return torch._inductor.compile(graph_module, fresh(make_inputs()))")
 
 
 class InductorRegion(Strategy):
@@ -160,6 +189,7 @@ class InductorRegion(Strategy):
 
     executor = "inductor"
     file_kind = "inductor"
+    backend = "inductor"
     description = "torch.compile(fullgraph=True) of the region's ops as a torch function"
 
     def build_body(self, piece: ReproSubject) -> str:
@@ -167,38 +197,68 @@ class InductorRegion(Strategy):
 
 
 class NvFuserRegion(Strategy):
-    """nvFuser's own repro of the fusion definition the run used (`FusionDefinition.repro_script_for`)."""
+    """nvFuser's own repro of the fusion definition the run used (`FusionDefinition.repro_script_for`), executed
+    with the inputs; before that, the inputs are checked against what the definition declares (`nvfuser_refusal`)."""
 
     executor = "nvfuser"
     file_kind = "nvfuser"
+    backend = "nvFuser"
     description = "nvFuser, with the fusion definition the run used (nvFuser's own repro of it)"
 
     def __init__(self, fusion_definition_code: str):
         self.code = fusion_definition_code
+        self.declared = repro_inputs.nvfuser_declared_inputs(fusion_definition_code)
 
     def definitions(self, piece: ReproSubject) -> str:
-        return "# nvFuser's repro of the fusion definition (FusionDefinition.repro_script_for):\n" + self.code.strip()
+        body = textwrap.indent(self.code.strip(), "    ")
+        declared = "None" if self.declared is None else _literal_list(self.declared)
+        return (
+            "def define_fusion():\n"
+            "    # nvFuser's repro of the fusion definition the run used (FusionDefinition.repro_script_for):\n"
+            f"{body}\n"
+            "    return fd\n\n\n"
+            "# The definition's inputs as it declares them, to check the inputs against before nvFuser binds them.\n"
+            f"NVFUSER_INPUTS = {declared}"
+        )
 
     def build_body(self, piece: ReproSubject) -> str:
-        return "return lambda *inputs: fd.execute(list(inputs))"
+        return "fd = define_fusion()\nreturn lambda *inputs: fd.execute(list(inputs))"
+
+    def refusal(self, piece: ReproSubject) -> str:
+        return "None" if self.declared is None else "lambda inputs: nvfuser_refusal(inputs, NVFUSER_INPUTS)"
+
+    def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
+        if self.declared is None:
+            return piece.metas
+        return repro_inputs.in_nvfuser_layouts(piece.metas, self.declared)
+
+
+def _literal_list(items: list[Any]) -> str:
+    return "[\n" + "".join(f"    {item!r},\n" for item in items) + "]"
 
 
 # ---- writing Python for objects that Thunder's generated code refers to ------------------------------------------
 
 
-def context_assignments(source: str, ctx: dict[str, Any], torch_executor_ops: frozenset[str]) -> list[str]:
-    """Lines that bind the names a Thunder-generated function uses (its `python_ctx`) in a standalone script.
+def context_assignments(source: str, ctx: dict[str, Any], helpers: dict[str, str | None]) -> tuple[list[str], bool]:
+    """Lines that bind the names a Thunder-generated function uses (its `python_ctx`) in a standalone script, and
+    whether they need Thunder at run time. `helpers` maps the names of Thunder's torch-executor helpers among them
+    to their standalone code (None: looked up from Thunder by name in the script).
 
     Raises:
         ValueError: a name is bound to an object that has no written form.
     """
-    lines = []
+    lines, needs_thunder = [], False
     for name, value in ctx.items():
         if isinstance(value, types.ModuleType):
             if f"import {value.__name__}" not in source:
                 lines.append(f"import {value.__name__}")
-        elif name in torch_executor_ops:
-            lines.append(f"{name} = runtime.torch_executor_fn({name!r})")
+        elif name in helpers:
+            if helpers[name] is None:
+                lines.append(f"{name} = torch_executor_fn({name!r})")
+                needs_thunder = True
+            else:
+                lines.append(helpers[name])
         elif isinstance(value, torch.dtype | torch.memory_format | torch.layout):
             lines.append(f"{name} = {value}")
         elif isinstance(value, torch.device):
@@ -206,11 +266,15 @@ def context_assignments(source: str, ctx: dict[str, Any], torch_executor_ops: fr
         elif isinstance(value, bool | int | float | str | type(None)):
             lines.append(f"{name} = {value!r}")
         elif _importable(value):
-            lines.append(f"import {value.__module__}")
+            if value.__module__.split(".")[0] == "thunder":
+                needs_thunder = True
+                lines.append(f"import_thunder()\nimport {value.__module__}")
+            else:
+                lines.append(f"import {value.__module__}")
             lines.append(f"{name} = {value.__module__}.{value.__qualname__}")
         else:
             raise ValueError(f"the generated code uses {name}={value!r}, which has no written form")
-    return lines
+    return lines, needs_thunder
 
 
 def _importable(value: Any) -> bool:
@@ -231,6 +295,18 @@ def _importable(value: Any) -> bool:
 # ---- rendering ----------------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _module_body(module: types.ModuleType) -> str:
+    """A module's source without its docstring (the script's own docstring says what the template does)."""
+    source = inspect.getsource(module)
+    tree = ast.parse(source)
+    first = tree.body[0]
+    lines = source.splitlines()
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+        lines = lines[first.end_lineno:]
+    return "\n".join(lines).strip() + "\n"
+
+
 def _indent(code: str) -> str:
     return textwrap.indent(code, "    ")
 
@@ -238,47 +314,92 @@ def _indent(code: str) -> str:
 def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str) -> str:
     """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`."""
     file_name = posixpath.basename(script_path)
+    metas = strategy.metas(piece)
     if piece.real:
         relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
-        inputs_code = templates.REAL_INPUTS.format(path=relative)
-        expected = "SAVED_OUTPUTS"
-        note = "the tensors the run saw (first call), loaded with torch.load(weights_only=True)."
+        inputs_code = (
+            "# The values of the run's first call of this piece, and what that call returned (saved at the end of\n"
+            "# the run; torch.load with weights_only=True).\n"
+            f"INPUTS_FILE = {relative!r}\n\n\n"
+            "def make_inputs():\n    return load_inputs(INPUTS_FILE, __file__)[0]\n\n\n"
+            "def saved_outputs():\n    return load_inputs(INPUTS_FILE, __file__)[1]"
+        )
+        note = "the values the run passed on its first call of this piece, loaded from the file next to this script."
     else:
-        body = repro_inputs.meta_inputs_code(piece.metas)
-        inputs_code = templates.META_INPUTS.format(body=_indent(body))
-        expected = "None"
-        note = "random, made from the recorded metadata (shape, strides, dtype, device, value range)."
+        inputs_code = ("def make_inputs():\n"
+                       "    # Random values laid out as the run's inputs were (shapes, strides, storage offsets and\n"
+                       "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
+                       + _indent(repro_inputs.make_inputs_code(metas, piece.names)))
+        note = "random, made from the metadata of the run's first call (layout, dtype, device, value range)."
         if piece.captured is not None and piece.captured.skipped:
-            note += f" The real tensors were not saved: {piece.captured.skipped}."
+            note += f" The real values were not saved: {piece.captured.skipped}."
     if piece.inputs_note:
         note += " " + piece.inputs_note
     saved_outputs = piece.real and piece.captured.outputs is not None
-    if not saved_outputs and piece.real:
+    if piece.real and not saved_outputs:
         note += " The run's outputs were not saved (the piece failed, or they were over the cap)."
-    if isinstance(strategy, Eager):
-        check = templates.CHECK_EAGER_REAL if saved_outputs else templates.CHECK_EAGER_META
+    is_eager = isinstance(strategy, Eager)
+    if is_eager:
+        check = ("runs it eagerly and checks its outputs against the run's" if saved_outputs
+                 else "runs it eagerly (forward and backward)")
     else:
-        check = templates.CHECK_AGAINST_RUN if saved_outputs else templates.CHECK_AGAINST_EAGER
+        check = ("checks its forward outputs against the run's and gradients against eager's" if saved_outputs
+                 else "checks it against eager PyTorch (forward outputs and gradients)")
+    random_note = ""
+    if piece.random_ops:
+        random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): every run starts from the same seed (and inductor "
+                       "calls eager's random ops);\nwhere the values still differ, the script says NOT COMPARABLE "
+                       "(exit 5), never OK.")
+    needs_thunder = strategy.needs_thunder or piece.needs_thunder
+    requirements = "torch" + (", lightning-thunder" if needs_thunder else "")
+    requirements += ", nvFuser" if isinstance(strategy, NvFuserRegion) else ""
     definitions = piece.definitions.strip()
     extra = strategy.definitions(piece)
     if extra:
         definitions += "\n\n\n" + extra
-    imports = list(dict.fromkeys([*piece.imports, *strategy.imports(piece)]))
-    return templates.SCRIPT.format(
-        title=f"{piece.key}: {piece.title}, run with {strategy.description}.",
-        description=piece.description,
-        file_name=file_name,
-        check=check,
-        backward_note=", backward" if piece.backward else "",
-        inputs_note=textwrap.fill(note, 110, subsequent_indent="    "),
-        versions=versions,
-        imports="\n".join(imports),
-        definitions=definitions,
-        inputs_code=inputs_code,
-        eager_body=_indent(f"return {piece.instance()}"),
-        build_body=_indent(strategy.build_body(piece)),
-        piece=piece.key,
-        executor=strategy.executor,
-        expected=expected,
-        backward=piece.backward,
+    support = ""
+    if needs_thunder:
+        support = ("\n# ==== Thunder support: the workarounds the installed versions need "
+                   "(thunderfx_debug/thunder/script_support.py) ====\n" + _module_body(script_support))
+    expected = "saved_outputs" if saved_outputs else "None"
+    header = (
+        f'"""{piece.key}: {piece.title}, run with {strategy.description}.\n\n'
+        f"{piece.description}\n\n"
+        f"Written by thunderfx_debug at the end of a training run; needs {requirements} (not thunderfx_debug):\n"
+        f"    python {file_name}                            # {check}\n"
+        f"    python {file_name} --benchmark [--json PATH]  # and times it (forward{', backward' if piece.backward else ''})\n"
+        f"{EXIT_STATUS.format(backend=strategy.backend)}\n"
+        f"Inputs: {textwrap.fill(note, 110, subsequent_indent='    ')}{random_note}\n"
+        '"""\n'
+        f"# versions: {versions}\n"
+    )
+    main_call = (
+        'if __name__ == "__main__":\n'
+        "    sys.exit(main(\n"
+        f"        piece={piece.key!r},\n"
+        f"        executor={strategy.executor!r},\n"
+        f"        backend={strategy.backend!r},\n"
+        "        build=build,\n"
+        "        eager=eager,\n"
+        "        make_inputs=make_inputs,\n"
+        f"        expected_outputs={expected},\n"
+        f"        backward={piece.backward},\n"
+        f"        random_ops={tuple(piece.random_ops)!r},\n"
+        f"        refusal={strategy.refusal(piece)},\n"
+        "    ))\n"
+    )
+    imports = "\n".join(dict.fromkeys(piece.imports))
+    return (
+        header
+        + "\n# ==== What every thunderfx_debug repro script runs: inputs, the check, timing "
+          "(thunderfx_debug/artifacts/repro/script_template.py) ====\n"
+        + _module_body(script_template)
+        + support
+        + "\n\n# ==== The piece ====\n"
+        + (imports + "\n\n\n" if imports else "")
+        + definitions + "\n\n\n"
+        + inputs_code + "\n\n\n"
+        + "def eager():\n" + _indent(f"return {piece.instance()}") + "\n\n\n"
+        + "def build():\n" + _indent(strategy.build_body(piece)) + "\n\n\n"
+        + main_call
     )

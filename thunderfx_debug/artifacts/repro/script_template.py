@@ -1,0 +1,628 @@
+"""The part of every repro script that is the same in each: building or loading the piece's inputs, checking the
+piece against eager PyTorch (or against what the run produced), timing it, and saying in one line what a failure is.
+
+thunderfx_debug copies this module's source into every script it writes, as it is: it imports torch and the standard
+library only (Thunder and nvFuser are the piece's business), so that a script runs where thunderfx_debug is not
+installed and can be attached as it is to a bug report for Thunder or nvFuser. The tests import it as a module.
+
+Exit status of a script (`main`), each with one line that says which it is:
+    0  OK              the piece matches eager (or the run's outputs) within the tolerance
+    1  MISMATCH        the piece's result differs beyond the tolerance, or values it returned changed afterwards:
+                       a finding about the backend (Thunder, nvFuser, inductor), worth reporting upstream
+    3  REFUSED         the backend or eager refused the inputs the script built (they do not match what the piece
+                       received in the run): a bug of thunderfx_debug's input rebuild, not of the backend
+    4  CRASH           the piece raised on inputs that eager accepts (or the script could not be built)
+    5  NOT COMPARABLE  the piece draws random numbers that the backend and eager draw differently (reseeded
+                       identically before each run): its values cannot be compared, and nothing is claimed
+A native abort (e.g. an inductor kernel's bounds assertion) ends the process with a signal and no line: a crash.
+"""
+
+import argparse
+import dataclasses
+import enum
+import functools
+import json
+import math
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+#: Every run of the piece (compiled, eager, float64) starts from this seed, and so do the inputs.
+SEED = 0
+
+
+class Outcome(enum.IntEnum):
+    """What a script found; the value is its exit status."""
+
+    OK = 0
+    MISMATCH = 1
+    REFUSED = 3
+    CRASH = 4
+    NOT_COMPARABLE = 5
+
+
+_MEANING = {
+    Outcome.OK: "the piece matches within the tolerance",
+    Outcome.MISMATCH: "a finding about {backend}, worth reporting upstream with this script",
+    Outcome.REFUSED: "the inputs this script built are not what the piece received in the run: a bug of "
+                     "thunderfx_debug's input rebuild, not of {backend}",
+    Outcome.CRASH: "{backend} raised on inputs that eager accepts",
+    Outcome.NOT_COMPARABLE: "the piece draws random numbers ({random_ops}), which {backend} and eager draw "
+                            "differently even from the same seed: values not comparable, nothing is claimed",
+}
+
+
+@dataclasses.dataclass
+class Verdict:
+    outcome: Outcome
+    detail: str = ""
+
+    def line(self, backend: str, random_ops=()) -> str:
+        meaning = _MEANING[self.outcome].format(backend=backend, random_ops=", ".join(random_ops) or "random ops")
+        detail = f": {self.detail}" if self.detail else ""
+        return f"RESULT {self.outcome.name.replace('_', ' ')} (exit {self.outcome.value}){detail}; {meaning}"
+
+
+class Refused(Exception):
+    """The inputs were refused before the piece ran (they cannot be valid inputs of the piece)."""
+
+
+#: (rtol, atol) by dtype: a compiled piece reorders floating-point work, so results differ by rounding, more with
+#: fewer mantissa bits. Integer and bool outputs must match exactly.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-4),
+    torch.complex64: (1e-4, 1e-4),
+    torch.complex128: (1e-7, 1e-7),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+_FLOAT8_TOLERANCE = (0.25, 0.25)
+
+
+def tolerance(dtype):
+    """(rtol, atol) for comparing outputs of `dtype`; (0, 0) for exact types."""
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return _FLOAT8_TOLERANCE
+    return (0.0, 0.0)
+
+
+# ---- inputs ---------------------------------------------------------------------------------------------------------
+
+
+def storage_span(shape, stride) -> int:
+    """Elements of storage a strided tensor reaches from its storage offset (0 for an empty one)."""
+    if any(size == 0 for size in shape):
+        return 0
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+
+
+def contiguous_strides(shape):
+    strides, running = [], 1
+    for size in reversed(list(shape)):
+        strides.append(running)
+        running *= max(size, 1)
+    return list(reversed(strides))
+
+
+def _random_values(count, dtype, device, low, high, sentinel, fraction_true, value):
+    """`count` values of `dtype` on `device` from the current torch RNG (see `tensor`)."""
+    if value is not None:
+        return torch.full((count,), value, dtype=dtype, device=device)
+    if dtype is torch.bool:
+        p = 0.5 if fraction_true is None else fraction_true
+        if p <= 0 or p >= 1:
+            return torch.full((count,), p >= 1, dtype=dtype, device=device)
+        return torch.rand(count, device=device) < p
+    if dtype.is_complex:
+        return torch.randn(count, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        low = -1.0 if low is None or not math.isfinite(low) else low
+        high = 1.0 if high is None or not math.isfinite(high) else high
+        if low == high:
+            return torch.full((count,), low, dtype=dtype, device=device)
+        wide = torch.float64 if dtype is torch.float64 else torch.float32
+        return (torch.rand(count, dtype=wide, device=device) * (high - low) + low).to(dtype)
+    info = torch.iinfo(dtype)
+    if fraction_true is not None and low in (None, 0) and high in (None, 1):  # a 0/1 mask: keep its density
+        return (torch.rand(count, device=device) < fraction_true).to(dtype)
+    low = 0 if low is None else max(int(low), info.min)
+    high = 9 if high is None else min(int(high), info.max - 1)
+    if low >= high:
+        values = torch.full((count,), low, dtype=dtype, device=device)
+    else:
+        values = torch.randint(low, high + 1, (count,), dtype=dtype, device=device)
+    if sentinel is not None:  # e.g. ignore_index=-100 in labels, at the frequency the run had
+        sentinel_value, fraction = sentinel
+        values = torch.where(torch.rand(count, device=device) < fraction, torch.full_like(values, sentinel_value),
+                             values)
+    return values
+
+
+def tensor(shape, dtype, *, stride=None, offset=0, storage=None, device="cpu", requires_grad=False, low=None,
+           high=None, sentinel=None, fraction_true=None, value=None):
+    """A tensor laid out as the run's input was, with random values like the run's.
+
+    The view has the run's shape, strides (stride 0 where the input was expanded) and storage offset, over a storage
+    of the run's size. Values: `value` everywhere (scalar tensors and inputs that held one value); floats uniform in
+    [low, high] (default [-1, 1]); integers uniform in [low, high] (default [0, 9]), with `sentinel` = (value,
+    fraction) mixed in at that fraction; bools (and 0/1 integer masks) True with probability `fraction_true`.
+    """
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    shape = list(shape)
+    stride = contiguous_strides(shape) if stride is None else list(stride)
+    span = storage_span(shape, stride)
+    size = max(storage or 0, offset + span)
+    flat = torch.zeros(size, dtype=dtype, device=device)
+    if span:
+        flat[offset:offset + span] = _random_values(span, dtype, device, low, high, sentinel, fraction_true, value)
+    view = flat.as_strided(shape, stride, offset)
+    return view.requires_grad_() if requires_grad else view
+
+
+def _rebuild(saved):
+    """A value of an inputs file (see `load_inputs`) as the run had it."""
+    if isinstance(saved, dict) and "flat" in saved:
+        flat, offset = saved["flat"], saved.get("storage_offset", 0)
+        storage = max(saved.get("storage_size") or 0, offset + flat.numel())
+        base = torch.empty(storage, dtype=flat.dtype, device=saved["device"])
+        base[offset:offset + flat.numel()].copy_(flat)
+        tensor_ = base.as_strided(saved["shape"], saved["stride"], offset)
+        return tensor_.requires_grad_(saved["requires_grad"]) if tensor_.is_floating_point() else tensor_
+    if isinstance(saved, dict) and set(saved) == {"dtype"}:
+        return getattr(torch, saved["dtype"])
+    if isinstance(saved, dict) and set(saved) == {"device"}:
+        return torch.device(saved["device"])
+    return saved
+
+
+@functools.lru_cache(maxsize=None)  # one load per script; each run of the piece works on `fresh` copies
+def load_inputs(path, script):
+    """The inputs of the piece's first call in the run and what that call returned (None where not saved), from the
+    file next to the script: tensors on the run's devices with its strides and storage offsets. `torch.load` with
+    weights_only=True never executes code from the file."""
+    full = Path(script).resolve().parent / path
+    saved = torch.load(full, weights_only=True)
+    if not isinstance(saved, dict) or saved.get("format") not in (1, 2):
+        raise ValueError(f"{full} is not an inputs file this script can read")
+    outputs = saved.get("outputs")
+    return [_rebuild(x) for x in saved["inputs"]], (None if outputs is None else [_rebuild(x) for x in outputs])
+
+
+def fresh(inputs):
+    """Copies of `inputs` as new leaf tensors with the same layout (strides, storage offset and size), so each run
+    starts from the same values and a piece that mutates its inputs cannot disturb the next run."""
+    copies = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            span, offset = storage_span(x.shape, x.stride()), x.storage_offset()
+            size = max(x.untyped_storage().nbytes() // max(x.element_size(), 1), offset + span)
+            base = torch.empty(size, dtype=x.dtype, device=x.device)
+            if span:
+                base[offset:offset + span].copy_(x.detach().as_strided((span,), (1,), offset))
+            copy = base.as_strided(x.shape, x.stride(), offset)
+            copies.append(copy.requires_grad_(x.requires_grad))
+        else:
+            copies.append(x)
+    return copies
+
+
+# ---- nvFuser's input binding ------------------------------------------------------------------------------------------
+
+_NVFUSER_DTYPES = {
+    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
+    "Int": torch.int64, "Int32": torch.int32, "Bool": torch.bool, "ComplexFloat": torch.complex64,
+    "ComplexDouble": torch.complex128,
+}
+_NVFUSER_SCALARS = {"Int": int, "Int32": int, "Double": float, "Float": float, "Bool": bool, "ComplexDouble": complex,
+                    "ComplexFloat": complex}
+
+
+def nvfuser_expanded_dims(shape, contiguity, stride_order):
+    """The dims nvFuser's definition declares expanded (broadcast with an extent above 1): contiguity None for the
+    dim (contiguity is listed in allocation order, outermost first; stride_order 0 is innermost) and a size other
+    than 1. A tensor bound to it must have stride 0 (or size 1) there."""
+    rank = len(shape)
+    return [i for i in range(rank)
+            if contiguity[i if not stride_order else rank - 1 - stride_order[i]] is None and shape[i] != 1]
+
+
+def nvfuser_refusal(inputs, definition):
+    """Why nvFuser's definition cannot take `inputs` (None where it can, as far as this reads it): the number of
+    inputs, tensors against scalars, rank, dtype, device, and the expanded dims nvFuser checks when binding.
+    `definition` lists the definition's inputs as `fd.define_tensor`/`fd.define_scalar` declare them."""
+    if len(inputs) != len(definition):
+        return f"{len(inputs)} inputs, nvFuser's definition has {len(definition)}"
+    for i, (value, declared) in enumerate(zip(inputs, definition)):
+        dtype = declared.get("dtype")
+        if declared["kind"] == "scalar":
+            expected = _NVFUSER_SCALARS.get(dtype)
+            if isinstance(value, torch.Tensor) or value is None or (expected and not isinstance(value, (bool, int, float, complex))):
+                return f"input {i} is {type(value).__name__}, nvFuser's definition has a {dtype} scalar"
+            continue
+        if not isinstance(value, torch.Tensor):
+            return f"input {i} is {type(value).__name__}, nvFuser's definition has a tensor"
+        shape = declared["shape"]
+        if value.dim() != len(shape):
+            return f"input {i} has {value.dim()} dims, nvFuser's definition {len(shape)}"
+        if dtype in _NVFUSER_DTYPES and value.dtype != _NVFUSER_DTYPES[dtype]:
+            return f"input {i} is {value.dtype}, nvFuser's definition {dtype}"
+        if declared.get("is_cpu", False) != (value.device.type == "cpu"):
+            return f"input {i} is on {value.device}, nvFuser's definition has is_cpu={declared.get('is_cpu', False)}"
+        for dim in nvfuser_expanded_dims(shape, declared["contiguity"], declared.get("stride_order")):
+            if value.shape[dim] != 1 and value.stride(dim) != 0:
+                return (f"input {i} dim {dim} is expanded in nvFuser's definition (stride 0), the tensor has size "
+                        f"{value.shape[dim]} and stride {value.stride(dim)} there")
+    return None
+
+
+#: Messages with which backends refuse inputs when binding them (rather than failing to compute).
+_BINDING_ERRORS = ("has expanded extent", "stride mismatch with contiguity", "Cannot convert provided py::handle",
+                   "PolymorphicValue", "Expected input", "expected size")
+
+
+# ---- running and comparing ------------------------------------------------------------------------------------------
+
+
+def _differentiable(outputs):
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None and o.dtype.is_floating_point]
+
+
+def _grad_outputs(outputs):
+    generator = torch.Generator().manual_seed(SEED)  # the same cotangents for every run of the piece
+    return [torch.randn(o.shape, generator=generator, dtype=torch.float32).to(o.device, o.dtype) for o in outputs]
+
+
+def run(fn, inputs, backward):
+    """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one. Every run
+    starts from the same seed, so random ops draw the same numbers where the backend draws them as eager does."""
+    args = fresh(inputs)
+    torch.manual_seed(SEED)
+    outputs = tree_leaves(fn(*args))
+    if not backward:
+        return outputs, None
+    wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+    differentiable = _differentiable(outputs)
+    if not wanted or not differentiable:
+        return outputs, None
+    grads = torch.autograd.grad(differentiable, wanted, _grad_outputs(differentiable), allow_unused=True)
+    return outputs, list(grads)
+
+
+def _wide(actual, expected):
+    wide = torch.complex128 if actual.is_complex() or expected.is_complex() else torch.float64
+    return actual.detach().to("cpu", wide), expected.detach().to("cpu", wide)
+
+
+def _difference(actual, expected):
+    """(largest absolute difference, largest magnitude of `expected`); NaN matches NaN and an infinity itself."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        same = actual == expected or (actual is None and expected is None)
+        return (0.0 if same else math.inf), 0.0
+    if actual.shape != expected.shape:
+        return math.inf, 0.0
+    a, b = _wide(actual, expected)
+    if a.numel() == 0:
+        return 0.0, 0.0
+    matching = (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
+    difference = torch.where(matching, torch.zeros_like(a.real), (a - b).abs()).nan_to_num(nan=math.inf)
+    return float(difference.max()), float(b.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
+
+
+def _rms_difference(actual, expected):
+    """The root mean square of the difference (elements that match as in `_difference` count as 0)."""
+    a, b = _wide(actual, expected)
+    if a.numel() == 0:
+        return 0.0
+    matching = (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
+    difference = torch.where(matching, torch.zeros_like(a.real), (a - b).abs()).nan_to_num(nan=math.inf)
+    return float(difference.square().mean().sqrt())
+
+
+def judge(actual, expected, eager_value=None, fp64_value=None):
+    """(largest error between `actual` and `expected`, that error as a fraction of what is allowed: above 1 fails).
+
+    Allowed: the largest error within the dtype's tolerance relative to the largest magnitude of the value (a
+    compiled piece reorders sums, so an element that cancels large terms legitimately differs by more than its own
+    size), plus the rounding noise of eager itself, where a float64 run of eager measures it: as torch._dynamo's
+    accuracy checks do, an op like sinc's backward near 0 is inaccurate in float32 eager, and a compiled version
+    rounds differently. The noise is allowed two ways, either sufficing: the largest error within three times eager's
+    largest error against float64, or the root-mean-square error within three times eager's (plus atol/10, as
+    `torch._dynamo.utils.same` with fp64_ref). Against eager, a compiled result is measured by its own distance to
+    float64; against the run's outputs (both sides compiled and rounded), by its distance to them, with 4x.
+    """
+    error, scale = _difference(actual, expected)
+    rtol, atol = tolerance(getattr(expected, "dtype", None))
+    if rtol == 0 and atol == 0:
+        return error, (math.inf if error > 0 else 0.0)
+    allowed = atol + rtol * scale
+    ratio = error / allowed
+    usable = isinstance(fp64_value, torch.Tensor) and isinstance(eager_value, torch.Tensor) \
+        and isinstance(actual, torch.Tensor) and actual.shape == expected.shape == fp64_value.shape
+    if ratio <= 1 or not usable:
+        return error, ratio
+    noise, _ = _difference(eager_value, fp64_value)
+    rms_noise = _rms_difference(eager_value, fp64_value)
+    if expected is eager_value:  # judged by its own distance to float64
+        own, _ = _difference(actual, fp64_value)
+        return error, min(own / (allowed + 3 * noise),
+                          _rms_difference(actual, fp64_value) / (3 * rms_noise + atol / 10))
+    return error, min(error / (allowed + 4 * noise), _rms_difference(actual, expected) / (4 * rms_noise + atol / 10))
+
+
+def compare(what, actual, expected, eager=None, fp64=None):
+    """Prints the largest error between two lists of values; True when every one is within what is allowed (see
+    `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64."""
+    if len(actual) != len(expected):
+        print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
+        return False
+    worst_error, worst_ratio, index = 0.0, 0.0, None
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        eager_value = eager[i] if eager is not None and i < len(eager) else None
+        fp64_value = fp64[i] if fp64 is not None and i < len(fp64) else None
+        error, ratio = judge(a, e, eager_value, fp64_value)
+        worst_error = max(worst_error, error)
+        if index is None or ratio > worst_ratio:
+            worst_ratio, index = ratio, i
+    if index is None:
+        print(f"  {what}: nothing to compare")
+        return True
+    dtype = getattr(expected[index], "dtype", type(expected[index]).__name__)
+    rtol, atol = tolerance(dtype)
+    slack = ", + a few times eager's own error against float64" if fp64 is not None else ""
+    verdict = "OK" if worst_ratio <= 1.0 else "MISMATCH"
+    print(f"  {what}: largest error {worst_error:.3g}; worst value {index} ({str(dtype).replace('torch.', '')}) at "
+          f"{worst_ratio:.2g} of what is allowed (atol={atol:g} + rtol={rtol:g} * its largest magnitude{slack}): "
+          f"{verdict}")
+    return worst_ratio <= 1.0
+
+
+def _in_float64(inputs):
+    return [x.detach().double().requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x for x in inputs]
+
+
+def _run_float64(eager, inputs, backward):
+    """Eager in float64, the yardstick for rounding; (None, None) where the piece cannot run in float64."""
+    try:
+        return run(eager, _in_float64(inputs), backward)
+    except Exception as e:  # e.g. an op without a float64 kernel: judge with the dtype's tolerance alone
+        print(f"  (no float64 reference: {type(e).__name__}: {str(e)[:200]})")
+        return None, None
+
+
+def _host_copies(values):
+    if values is None:
+        return None
+    return [v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _unchanged(a, b):
+    """Exactly the same values, a NaN equal to itself, same shape and dtype."""
+    try:
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
+
+
+def unchanged_since_returned(what, now, returned):
+    """False, with a line saying which, when values the piece returned hold other values after eager has run: some
+    later work wrote into their memory (a buffer the piece freed or reused too early, or an out-of-bounds write),
+    which no comparison of the returned values can show."""
+    changed = [i for i, (a, b) in enumerate(zip(now, returned))
+               if isinstance(a, torch.Tensor) and not _unchanged(a.detach().cpu(), b)]
+    if changed:
+        print(f"  {what}: values {changed} changed after the piece returned them, while eager ran: later work wrote "
+              "into their memory (freed or reused too early, or written out of bounds): MISMATCH")
+    return not changed
+
+
+def _is_binding_error(error):
+    return any(text in str(error) for text in _BINDING_ERRORS)
+
+
+def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()):
+    """Runs the piece once and compares it: forward outputs with the run's (where saved) or with eager's, gradients
+    with eager's; then checks that what it returned is unchanged after eager ran. Eager and a float64 eager run once
+    each. Returns the verdict; exceptions of the piece itself become CRASH or REFUSED."""
+    try:
+        outputs, grads = run(fn, inputs, backward)
+    except Exception as error:
+        if is_eager:
+            traceback.print_exc()
+            return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__}: {str(error)[:300]}")
+        return _classify_failure(error, eager, inputs, backward)
+    if is_eager and expected_outputs is None:
+        print(f"  ran eagerly: {len(outputs)} outputs" + (f", {len(grads)} gradients" if grads else ""))
+        return Verdict(Outcome.OK, "ran eagerly (an eager script has nothing to compare with)")
+    # What the piece returned, copied to the host at once: the comparisons judge these, and the values left on the
+    # device are checked against them after eager has run, which catches memory written after the piece returned.
+    returned_outputs, returned_grads = _host_copies(outputs), _host_copies(grads)
+    reference = eager()
+    if is_eager:
+        eager_outputs, eager_grads = outputs, grads
+    else:
+        try:
+            eager_outputs, eager_grads = run(reference, inputs, backward)
+        except Exception as error:
+            traceback.print_exc()
+            return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__} on these inputs: {str(error)[:300]}")
+    # Random numbers drawn in float64 are other numbers: with random ops, the float64 run measures nothing.
+    fp64_outputs, fp64_grads = (None, None) if random_ops else _run_float64(reference, inputs, backward)
+    ok = True
+    if expected_outputs is not None:
+        ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs)
+    else:
+        ok &= compare("forward outputs vs eager", returned_outputs, eager_outputs, eager_outputs, fp64_outputs)
+    if not is_eager and (grads is not None or eager_grads is not None):
+        ok &= compare("gradients vs eager", returned_grads or [], eager_grads or [], eager_grads, fp64_grads)
+    unchanged = unchanged_since_returned("forward outputs", outputs, returned_outputs)
+    unchanged &= unchanged_since_returned("gradients", grads or [], returned_grads or [])
+    if not unchanged:
+        return Verdict(Outcome.MISMATCH, "values the piece returned changed after it returned them")
+    if ok:
+        return Verdict(Outcome.OK, "same random numbers as eager (reseeded), values compared" if random_ops else "")
+    if random_ops:
+        return Verdict(Outcome.NOT_COMPARABLE, "values differ")
+    return Verdict(Outcome.MISMATCH, "results differ beyond the tolerance")
+
+
+def _classify_failure(error, eager, inputs, backward):
+    """The piece raised: REFUSED where eager refuses the same inputs too or the backend refused to bind them, CRASH
+    where eager computes them."""
+    traceback.print_exc()
+    summary = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}"
+    if _is_binding_error(error):
+        return Verdict(Outcome.REFUSED, f"the backend refused to bind the inputs ({summary})")
+    try:
+        run(eager(), inputs, backward)
+    except Exception as eager_error:
+        return Verdict(Outcome.REFUSED, f"eager refuses these inputs too ({type(eager_error).__name__}: "
+                                        f"{str(eager_error)[:200]})")
+    return Verdict(Outcome.CRASH, summary)
+
+
+# ---- timing ---------------------------------------------------------------------------------------------------------
+
+DEVICE_CALLS = 20  # calls per device-time measurement: queued behind one hold, well inside CUDA's launch queue
+DEVICE_ROUNDS = 5  # measurements; the median is reported
+
+
+def device_ms(call, host_ms):
+    """Median device milliseconds per `call()` on CUDA: the GPU's own time for the call's kernels.
+
+    A standalone call of a small region is mostly host overhead, which the region does not pay inside a compiled
+    graph. So the calls are queued behind a sleep kernel as long as 1.5x their host time (`torch.cuda._sleep`, a
+    spin kernel; cycles from the SM clock rate), and CUDA events around them time the kernels back to back, as the
+    backend's fusion-level timing does."""
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    cycles_per_ms = float(getattr(properties, "clock_rate", 0) or 1_500_000)  # kHz; 1.5 GHz where not reported
+    per_call = []
+    for _ in range(DEVICE_ROUNDS):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(min(max(1.5 * host_ms * DEVICE_CALLS, 1.0), 1000.0) * cycles_per_ms))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(DEVICE_CALLS):
+            call()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / DEVICE_CALLS)
+    return statistics.median(per_call)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkFigures:
+    """Median milliseconds per call: wall clock (host and device, as torch.utils.benchmark measures) and, on CUDA,
+    device time (`device_ms`). Backward is None where the piece has none."""
+
+    forward_ms: float
+    backward_ms: float = None
+    forward_device_ms: float = None
+    backward_device_ms: float = None
+
+
+def benchmark(fn, inputs, backward, min_run_time):
+    """Times the forward, and the backward where the piece has one, as (forward + backward) - forward: compiled
+    backward functions may free what they saved after one use, so a backward alone cannot be run repeatedly."""
+    from torch.utils.benchmark import Timer
+
+    args = fresh(inputs)
+    wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+    on_cuda = torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in tree_leaves(args))
+
+    def forward():
+        return fn(*args)
+
+    def forward_backward():
+        outputs = _differentiable(tree_leaves(fn(*args)))
+        torch.autograd.grad(outputs, wanted, _grad_outputs(outputs), allow_unused=True)
+
+    forward_ms = Timer("forward()", globals={"forward": forward}).blocked_autorange(min_run_time=min_run_time).median
+    forward_ms *= 1e3
+    forward_device = device_ms(forward, forward_ms) if on_cuda else None
+    if not backward or not wanted or not _differentiable(tree_leaves(fn(*args))):
+        return BenchmarkFigures(forward_ms, None, forward_device)
+    both = Timer("step()", globals={"step": forward_backward}).blocked_autorange(min_run_time=min_run_time).median
+    both *= 1e3
+    both_device = device_ms(forward_backward, both) if on_cuda else None
+    return BenchmarkFigures(forward_ms, max(both - forward_ms, 0.0), forward_device,
+                            None if both_device is None else max(both_device - forward_device, 0.0))
+
+
+def _describe(timings):
+    def pair(wall, device):
+        if wall is None:
+            return "n/a"
+        return f"{wall:.3f} ms" + (f" (device {device:.3f} ms)" if device is not None else "")
+
+    clocks = "wall clock, device time in parentheses" if timings.forward_device_ms is not None else "wall clock"
+    return (f"forward {pair(timings.forward_ms, timings.forward_device_ms)}, "
+            f"backward {pair(timings.backward_ms, timings.backward_device_ms)} (medians, {clocks})")
+
+
+# ---- entry point ----------------------------------------------------------------------------------------------------
+
+
+def main(*, piece, executor, backend, build, eager, make_inputs, expected_outputs=None, backward=True,
+         random_ops=(), refusal=None, argv=None, script=None):
+    """Checks the piece, with `--benchmark` also times it, and returns the exit status (see `Outcome`).
+
+    build: makes the piece's callable (compiling is done by its first call); eager: makes the eager reference;
+    make_inputs: the inputs; expected_outputs: what the run's call returned (or a function that loads it), where
+    saved; random_ops: the names of
+    the random ops in the piece (reseeded runs; a difference is NOT COMPARABLE); refusal: inputs -> why the backend
+    cannot take them, or None."""
+    script = script or sys.argv[0]
+    parser = argparse.ArgumentParser(description=f"Repro of {piece} run with {executor} (written by thunderfx_debug)")
+    parser.add_argument("--benchmark", action="store_true", help="also time forward (and backward) after the check")
+    parser.add_argument("--json", metavar="PATH", help="write the verdict (and with --benchmark the figures) as JSON")
+    parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timing per figure (default 0.5)")
+    options = parser.parse_args(argv)
+    print(f"{piece} [{executor}]  ({Path(script).name})")
+    if random_ops:
+        # Inductor draws random numbers with its own generator unless told to call eager's random ops.
+        import torch._inductor.config
+
+        torch._inductor.config.fallback_random = True
+    verdict, fn, inputs = _checked(build, eager, make_inputs, expected_outputs, executor == "eager", backward,
+                                   random_ops, refusal)
+    figures = {"script": Path(script).name, "piece": piece, "executor": executor, "outcome": verdict.outcome.name}
+    if options.benchmark and fn is not None and verdict.outcome in (Outcome.OK, Outcome.MISMATCH,
+                                                                     Outcome.NOT_COMPARABLE):
+        torch.manual_seed(SEED)
+        timings = benchmark(fn, inputs, backward, options.min_run_time)
+        print(f"  benchmark: {_describe(timings)}")
+        figures.update(dataclasses.asdict(timings))
+    print(verdict.line(backend, random_ops))
+    if options.json:
+        Path(options.json).write_text(json.dumps(figures, indent=1) + "\n")
+    sys.stdout.flush()
+    return int(verdict.outcome)
+
+
+def _checked(build, eager, make_inputs, expected_outputs, is_eager, backward, random_ops, refusal):
+    torch.manual_seed(SEED)
+    try:
+        inputs = make_inputs()
+        if callable(expected_outputs):  # saved with the inputs: loaded here, where a failure is a REFUSED
+            expected_outputs = expected_outputs()
+        reason = refusal(inputs) if refusal is not None else None
+        if reason:
+            raise Refused(reason)
+    except Exception as error:
+        traceback.print_exc()
+        return Verdict(Outcome.REFUSED, f"{type(error).__name__}: {str(error)[:300]}"), None, None
+    try:
+        fn = build()
+    except Exception as error:
+        traceback.print_exc()
+        return Verdict(Outcome.CRASH, f"building the piece raised {type(error).__name__}: {str(error)[:300]}"), None, None
+    return check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops), fn, inputs

@@ -1,0 +1,86 @@
+"""Running repro scripts as their users will: each in a fresh interpreter in which thunderfx_debug cannot be imported
+(a finder first on `sys.meta_path` refuses it, whatever else the environment installs), in the script's folder.
+Tests and benchmarks use this to prove that the scripts stand on their own.
+
+    run = run_script(Path("dump/rank0/graph0/graph0_repro_thunder.py"))
+    run.outcome        # "OK", "MISMATCH", "REFUSED", "CRASH", "NOT_COMPARABLE", or "KILLED" / "TIMEOUT" / "NO_RESULT"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Runs argv[1] as __main__ with the rest as its arguments, thunderfx_debug unimportable.
+LAUNCHER = r"""
+import runpy, sys
+class RefuseThunderfxDebug:
+    def find_spec(self, name, path=None, target=None):
+        if name == "thunderfx_debug" or name.startswith("thunderfx_debug."):
+            raise ModuleNotFoundError(f"No module named {name!r} (repro scripts must run without thunderfx_debug)")
+        return None
+sys.meta_path.insert(0, RefuseThunderfxDebug())
+assert "thunderfx_debug" not in sys.modules
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRun:
+    """One run of a script: `outcome` from its RESULT line (KILLED: ended by a signal, e.g. a native abort;
+    TIMEOUT; NO_RESULT: it exited without a RESULT line), exit status, wall seconds, and what it printed."""
+
+    script: str
+    outcome: str
+    returncode: int | None
+    wall_s: float
+    stdout: str
+    stderr: str
+
+    @property
+    def result_line(self) -> str:
+        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
+        return lines[-1] if lines else ""
+
+
+def command(script: Path, args: Sequence[str] = (), python: str = sys.executable) -> list[str]:
+    """The command line that runs `script` where thunderfx_debug cannot be imported."""
+    return [python, "-c", LAUNCHER, str(script), *args]
+
+
+def outcome_of(returncode: int | None, stdout: str) -> str:
+    if returncode is None:
+        return "TIMEOUT"
+    if returncode < 0:
+        return "KILLED"
+    found = _RESULT.findall(stdout)
+    if not found:
+        return "NO_RESULT"
+    name, status = found[-1]
+    return name.replace(" ", "_") if int(status) == returncode else "NO_RESULT"
+
+
+def run_script(script: Path, args: Sequence[str] = (), timeout_s: float = 600, env: dict[str, str] | None = None,
+               python: str = sys.executable) -> ScriptRun:
+    """Runs `script` (in its own folder) where thunderfx_debug cannot be imported; never raises for the script's
+    own failures."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command(script.resolve(), args, python), cwd=script.parent, capture_output=True,
+                              text=True, timeout=timeout_s, env=env if env is not None else dict(os.environ))
+        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        returncode = None
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    return ScriptRun(str(script), outcome_of(returncode, stdout), returncode, time.perf_counter() - started,
+                     stdout, stderr)
