@@ -329,3 +329,14 @@ def test_sigkill_in_the_middle_of_a_flush_leaves_the_previous_dump_readable(tmp_
     leftovers = [p.name for p in (dump / "rank0").iterdir() if p.name.endswith(".tmp")]
     assert leftovers and all(p.startswith(".manifest.json.") for p in leftovers)  # the killed flush's manifest
     assert load_reports(dump).keys() == {0}
+
+
+def test_a_dump_of_the_previous_format_still_loads():
+    """tests/fixtures/previous_format: a dump written before the inputs' records knew storage sizes, sentinels and
+    mask densities (the fields default)."""
+    from conftest import dump_fixtures
+
+    report = load_report(dump_fixtures() / "previous_format" / "rank0")
+    metas = [m for g in report.graphs for m in g.input_meta]
+    assert metas and all(m.storage_size is None and m.sentinel is None for m in metas)
+    assert any(m.min_value is not None for m in metas)

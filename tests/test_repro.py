@@ -1,15 +1,19 @@
 """Repro scripts from a real ThunderFX run on CPU (Thunder's torch.compile executor gives TorchCompileN regions):
-every script a dump lists exists and runs to exit 0, with metadata inputs and with the run's real tensors; a split
-that Thunder fails on gets its repro written before the exception propagates, and fallback keeps training.
+every script a dump lists exists, imports nothing of thunderfx_debug, and runs to "RESULT OK" with metadata inputs
+and with the run's real values (fusion regions included); a split that Thunder fails on gets its repro written
+before the exception propagates, and its script says CRASH; the template's pieces (inputs, verdicts, nvFuser's
+input binding) on their own.
 
-Running ~30 scripts as fresh interpreters costs ~15 s each here, mostly importing torch and Thunder, so the scripts
-run in children forked from one interpreter that imported them once (each child runs one script as __main__ in its
-own directory, as `python script.py` would). Two scripts also run as plain `python script.py` subprocesses: the
-benchmark one and the failing piece's repro.
+Running ~30 scripts as fresh interpreters costs ~10 s each here, mostly importing torch and Thunder, so the scripts
+run in children forked from one interpreter that imported torch and Thunder once and then made thunderfx_debug
+unimportable (each child runs one script as __main__ in its own directory, as `python script.py` would). Fresh
+interpreters run the benchmark script and the failing piece's repro here, and every script of the model zoo in
+tests/test_zoo.py.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -23,15 +27,26 @@ import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.artifacts.repro import script_template as template
+from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts, nvfuser_declared_inputs
+from thunderfx_debug.artifacts.repro.standalone import run_script
 from thunderfx_debug.config import Inputs
 from thunderfx_debug.records import InputMeta
-from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts
 
 SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of inductor compile workers per script
 
 FORK_RUNNER = r"""
 import json, os, runpy, sys, traceback
-import torch, thunderfx_debug, thunder, torch._dynamo, torch._inductor.compile_fx  # once, for every child
+import torch, torch._dynamo, torch._inductor.compile_fx
+from thunderfx_debug.thunder.script_support import import_thunder
+import_thunder()  # once for every child, with the workaround the scripts themselves carry
+for name in [m for m in sys.modules if m == "thunderfx_debug" or m.startswith("thunderfx_debug.")]:
+    del sys.modules[name]
+class RefuseThunderfxDebug:
+    def find_spec(self, name, path=None, target=None):
+        if name == "thunderfx_debug" or name.startswith("thunderfx_debug."):
+            raise ModuleNotFoundError(f"No module named {name!r} (repro scripts must run without thunderfx_debug)")
+sys.meta_path.insert(0, RefuseThunderfxDebug())
 results, running = {}, {}
 def run(path):
     os.chdir(os.path.dirname(path)); sys.argv = [path]
@@ -106,19 +121,43 @@ def test_every_piece_has_its_scripts_and_real_inputs(dumps):
         assert not missing, (mode, missing)
         report = load_report(rank_dir)
         assert any(f.executor == "torchcompile" for s in report.graphs[0].splits for f in s.fusions)
-    # With real inputs, each graph and split has its saved tensors, and its scripts load them (weights_only).
+    # With real inputs, each graph, split and fusion region has its saved values, and its scripts load them.
     real_inputs = sorted(p.relative_to(dumps["real"]).as_posix() for p in dumps["real"].rglob("*.pt"))
+    regions = [f"graph0/graph0_{s}/fusions/inputs/graph0_{s}_TorchCompile{i}_{phase}_inputs.pt"
+               for s in ("thunder_0", "thunder_2") for i, phase in ((0, "forward"), (1, "backward"))]
     assert real_inputs == sorted(
-        ["graph0/inputs/graph0_inputs.pt"]
+        ["graph0/inputs/graph0_inputs.pt", *regions]
         + [f"graph0/graph0_{s}/inputs/graph0_{s}_inputs.pt" for s in ("thunder_0", "inductor_1", "thunder_2")]
     )
     saved = torch.load(dumps["real"] / "graph0/inputs/graph0_inputs.pt", weights_only=True)
-    assert saved["outputs"] is not None and len(saved["inputs"]) > 10
+    assert saved["format"] == 2 and saved["outputs"] is not None and len(saved["inputs"]) > 10
     thunder_script = dumps["real"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py"
-    assert "runtime.load_inputs('inputs/graph0_thunder_0_inputs.pt'" in thunder_script.read_text()
-    assert "torch.load" not in (dumps["meta"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py").read_text()
+    assert "INPUTS_FILE = 'inputs/graph0_thunder_0_inputs.pt'" in thunder_script.read_text()
+    assert "INPUTS_FILE" not in (dumps["meta"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py").read_text()
     # The run's executors, by name (Thunder 0.2.6's own writer drops them).
-    assert "runtime.executors(['torchcompile', 'sdpa', 'torchcompile_xentropy'])" in thunder_script.read_text()
+    assert "executors(['torchcompile', 'sdpa', 'torchcompile_xentropy'])" in thunder_script.read_text()
+
+
+def _imported_modules(source: str) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+def test_scripts_import_only_torch_thunder_and_the_standard_library(dumps):
+    allowed = {"torch", "thunder", "nvfuser", "nvfuser_direct", "math", "builtins", "operator"} | sys.stdlib_module_names
+    for rank_dir in dumps.values():
+        for script in _expected_scripts(rank_dir).values():
+            text = script.read_text()
+            imported = _imported_modules(text)
+            assert "thunderfx_debug" not in imported and imported <= allowed, (script.name, imported - allowed)
+            # Fusion scripts inline the helpers of Thunder's torch executor their region calls: no Thunder import.
+            if "/fusions/" in str(script):
+                assert "thunder" not in imported and "import_thunder()" not in text, script.name
 
 
 def test_every_script_runs_and_checks_itself(dumps):
@@ -131,21 +170,23 @@ def test_every_script_runs_and_checks_itself(dumps):
     assert sorted(results) == scripts
     failed = {path: Path(path + ".log").read_text()[-2000:] for path, code in results.items() if code != 0}
     assert not failed, failed
-    # thunder and inductor scripts compared themselves (with the run's outputs where real inputs were saved).
-    log = Path(str(dumps["real"] / "graph0/graph0_thunder_2/graph0_thunder_2_repro_thunder.py") + ".log").read_text()
+    logs = {path: Path(path + ".log").read_text() for path in scripts}
+    assert all("RESULT OK (exit 0)" in log for log in logs.values())
+    # thunder and inductor scripts compared themselves (with the run's outputs where real inputs were saved),
+    # fusion regions included.
+    log = logs[str(dumps["real"] / "graph0/graph0_thunder_2/graph0_thunder_2_repro_thunder.py")]
     assert "forward outputs vs the run's" in log and "gradients vs eager" in log, log
+    region = logs[str(dumps["real"] / "graph0/graph0_thunder_0/fusions/graph0_thunder_0_TorchCompile0_forward_repro_inductor.py")]
+    assert "forward outputs vs the run's" in region, region
 
 
 def test_benchmark_writes_the_figures_as_json(dumps, tmp_path):
     script = dumps["real"] / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py"
     out = tmp_path / "figures.json"
-    done = subprocess.run(
-        [sys.executable, script.name, "--benchmark", "--json", str(out), "--min-run-time", "0.05"],
-        cwd=script.parent, env=SCRIPT_ENV, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    done = run_script(script, ["--benchmark", "--json", str(out), "--min-run-time", "0.05"], env=SCRIPT_ENV)
+    assert done.outcome == "OK" and done.returncode == 0, done.stdout + done.stderr[-3000:]
     figures = json.loads(out.read_text())
-    assert figures["script"] == script.name
+    assert figures["script"] == script.name and figures["outcome"] == "OK"
     assert figures["piece"] == "graph0/thunder_0" and figures["executor"] == "thunder"
     assert figures["forward_ms"] > 0 and figures["backward_ms"] is not None and figures["backward_ms"] >= 0
 
@@ -176,15 +217,12 @@ def test_a_failing_split_gets_its_repro_before_the_error_propagates(tmp_path, on
     assert not graph.files  # only the failing piece: THUNDERFX_DEBUG_REPRO is none
     if on_error == "fallback":
         return
-    # The thunder script reproduces the failure from the saved inputs; eager runs them.
+    # The thunder script reproduces the failure from the saved inputs, and says it is a crash of Thunder's.
     rank_dir = tmp_path / "rank0"
-    thunder = subprocess.run(
-        [sys.executable, Path(split.files["repro_thunder"]).name],
-        cwd=rank_dir / Path(split.files["repro_thunder"]).parent, env=SCRIPT_ENV, capture_output=True, text=True,
-        timeout=600,
-    )
-    assert thunder.returncode != 0 and "automatic registration for unfold" in thunder.stderr, thunder.stderr[-2000:]
-    assert "runtime.load_inputs(" in (rank_dir / split.files["repro_eager"]).read_text()
+    thunder = run_script(rank_dir / split.files["repro_thunder"], env=SCRIPT_ENV)
+    assert thunder.outcome == "CRASH" and thunder.returncode == 4, thunder.stdout + thunder.stderr[-2000:]
+    assert "automatic registration for unfold" in thunder.stderr and "Thunder raised" in thunder.result_line
+    assert "INPUTS_FILE" in (rank_dir / split.files["repro_eager"]).read_text()
 
 
 def test_inputs_over_the_cap_fall_back_to_metadata_and_say_so(tmp_path):
@@ -193,8 +231,7 @@ def test_inputs_over_the_cap_fall_back_to_metadata_and_say_so(tmp_path):
     rank_dir = backend.flush()
     assert not list(rank_dir.rglob("*.pt"))
     script = (rank_dir / "graph0/graph0_thunder_0/graph0_thunder_0_repro_thunder.py").read_text()
-    assert "over THUNDERFX_DEBUG_INPUTS_MAX_MB" in script and "torch.testing.make_tensor([8]" in script
-
+    assert "over THUNDERFX_DEBUG_INPUTS_MAX_MB" in script and "tensor([8], 'float32'" in script
 
 
 @pytest.mark.parametrize("later_work_writes_the_buffer", [False, True])
@@ -202,8 +239,6 @@ def test_a_script_fails_when_what_its_piece_returned_is_overwritten_afterwards(l
     """The H200's nvFuser build wrote into memory it did not own, so a region's returned values changed while eager
     ran. Here the piece returns a view of a buffer that later work (the eager run) overwrites: the returned values
     still match eager, and the check must fail anyway, saying which value changed."""
-    from thunderfx_debug.artifacts.repro import runtime
-
     buffer = torch.empty(4)
 
     def piece(x):
@@ -215,12 +250,15 @@ def test_a_script_fails_when_what_its_piece_returned_is_overwritten_afterwards(l
             buffer.zero_()
         return x * 2, x + 1
 
-    status = runtime.main(script="piece_repro.py", piece="graph0/piece", executor="test", build=lambda: piece,
-                          eager=lambda: reference, make_inputs=lambda: [torch.arange(4.0)], backward=False, argv=[])
+    status = template.main(piece="graph0/piece", executor="test", backend="the backend", build=lambda: piece,
+                           eager=lambda: reference, make_inputs=lambda: [torch.arange(4.0)], backward=False, argv=[],
+                           script="piece_repro.py")
     printed = capsys.readouterr().out
     assert "forward outputs vs eager: largest error 0;" in printed and ": OK" in printed
     assert status == (1 if later_work_writes_the_buffer else 0)
     assert ("values [0] changed after the piece returned them" in printed) is later_work_writes_the_buffer, printed
+    assert ("RESULT MISMATCH (exit 1)" in printed) is later_work_writes_the_buffer
+
 
 @pytest.mark.cuda
 def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
@@ -231,34 +269,9 @@ def test_nvfuser_regions_get_nvfuser_and_inductor_scripts_that_run(tmp_path):
     rank_dir = backend.flush()
     expected = {k: p for k, p in _expected_scripts(rank_dir).items() if "nvFusion" in k}
     assert any(k.endswith("repro_nvfuser") for k in expected) and all(p and p.is_file() for p in expected.values())
-    # CUDA cannot be used in children forked after it was initialised: these run as plain subprocesses, several at
-    # once (each spends most of its time importing torch and Thunder on the host).
-    def run(script):
-        return script, subprocess.run(
-            [sys.executable, script.name], cwd=script.parent, env=SCRIPT_ENV, capture_output=True, text=True,
-            timeout=600,
-        )
-
+    # CUDA cannot be used in children forked after it was initialised: these run as fresh interpreters, several at
+    # once (each spends most of its time importing torch on the host).
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        results = list(pool.map(run, sorted(expected.values())))
-    failed = {str(s): r.stdout[-1000:] + r.stderr[-2000:] for s, r in results if r.returncode != 0}
+        results = list(pool.map(lambda script: run_script(script, env=SCRIPT_ENV), sorted(expected.values())))
+    failed = {r.script: r.stdout[-1000:] + r.stderr[-2000:] for r in results if r.outcome != "OK"}
     assert not failed, failed
-
-
-def test_nvfuser_region_inputs_take_the_layouts_of_the_fusion_definition():
-    # As nvFuser writes it for a region whose first input was a transposed view in the run (H200, Thunder 0.2.6).
-    definition = """
-    T0 = fd.define_tensor(shape=[4, 2, 64, 32], contiguity=[True, True, True, True], dtype=DataType.Float,
-                          is_cpu=False, stride_order=[3, 1, 2, 0])
-    S1 = fd.define_scalar(None, dtype=DataType.Double)
-    T2 = fd.define_tensor(shape=[8, 3], contiguity=[True, True], dtype=DataType.BFloat16, is_cpu=False)
-    """
-    metas = (
-        InputMeta(kind="tensor", shape=(4, 2, 64, 32), stride=(4096, 2048, 32, 1), dtype="torch.float32"),
-        InputMeta(kind="float", value=0.5),
-        InputMeta(kind="tensor", shape=(8, 3), stride=(3, 1), dtype="torch.bfloat16"),
-    )
-    laid_out = in_nvfuser_layouts(metas, definition)
-    assert laid_out[0].stride == (4096, 32, 64, 1)  # dims 2 and 1 swapped in memory
-    assert laid_out[1:] == metas[1:]  # the scalar, and a tensor without stride_order (contiguous) are unchanged
-    assert in_nvfuser_layouts(metas[:1], definition) == metas[:1]  # a definition that does not match: unchanged

@@ -1,7 +1,7 @@
 """`thunderfx-debug bench`: where does ThunderFX lose time against inductor, region by region?
 
 Runs the repro scripts of a dump in pairs, each in its own process, with `--benchmark --json PATH` (the contract of
-the repro scripts: they write {"script", "piece", "executor", "forward_ms", "backward_ms"}):
+the repro scripts: they write {"script", "piece", "executor", "outcome", "forward_ms", "backward_ms", ...}):
     fusion regions:  ..._nvFusionN_<phase>_repro_nvfuser.py  against  ..._nvFusionN_<phase>_repro_inductor.py
     thunder splits:  ..._thunder_N_repro_thunder.py          against  ..._thunder_N_repro_inductor.py
 then ranks the pieces by the time ThunderFX loses (or gains) per training step there: (ours - inductor) x calls

@@ -589,18 +589,23 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     print(f"{piece} [{executor}]  ({Path(script).name})")
     if random_ops:
         # Inductor draws random numbers with its own generator unless told to call eager's random ops.
-        import torch._inductor.config
+        from torch._inductor import config as inductor_config
 
-        torch._inductor.config.fallback_random = True
+        inductor_config.fallback_random = True
     verdict, fn, inputs = _checked(build, eager, make_inputs, expected_outputs, executor == "eager", backward,
                                    random_ops, refusal)
     figures = {"script": Path(script).name, "piece": piece, "executor": executor, "outcome": verdict.outcome.name}
     if options.benchmark and fn is not None and verdict.outcome in (Outcome.OK, Outcome.MISMATCH,
                                                                      Outcome.NOT_COMPARABLE):
         torch.manual_seed(SEED)
-        timings = benchmark(fn, inputs, backward, options.min_run_time)
-        print(f"  benchmark: {_describe(timings)}")
-        figures.update(dataclasses.asdict(timings))
+        try:
+            timings = benchmark(fn, inputs, backward, options.min_run_time)
+        except Exception as error:  # the verdict stands; the figures are missing, and the JSON says why
+            traceback.print_exc()
+            figures["benchmark_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        else:
+            print(f"  benchmark: {_describe(timings)}")
+            figures.update(dataclasses.asdict(timings))
     print(verdict.line(backend, random_ops))
     if options.json:
         Path(options.json).write_text(json.dumps(figures, indent=1) + "\n")

@@ -1,0 +1,199 @@
+"""The pieces of every repro script on their own, without a training run: the inputs a script builds (exact layouts,
+values drawn like the run's), the verdict it gives for each kind of failure, nvFuser's input binding, and the
+capture of a call's inputs that the scripts are written from."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import sys
+
+import torch
+
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.artifacts.repro import script_template as template
+from thunderfx_debug.records import InputKind, InputMeta
+from thunderfx_debug.recording import capture
+from thunderfx_debug.thunder import script_support
+
+
+def _module_imports(module) -> set[str]:
+    """The top-level packages a module imports at module level."""
+    tree = ast.parse(open(module.__file__).read())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_embedded_templates_import_nothing_of_the_package():
+    assert _module_imports(template) <= {"torch"} | sys.stdlib_module_names
+    # script_support is also imported by `import thunderfx_debug`, which must not import torch.
+    assert _module_imports(script_support) <= sys.stdlib_module_names
+
+
+def test_tensor_rebuilds_the_runs_layout_exactly():
+    torch.manual_seed(0)
+    cos = template.tensor([4, 16, 8], "float32", stride=[0, 8, 1], storage=128, low=-1.0, high=1.0)  # expanded
+    assert cos.stride() == (0, 8, 1) and cos.untyped_storage().nbytes() == 128 * 4
+    assert torch.equal(cos[0], cos[3])
+    view = template.tensor([2, 3], "float16", stride=[1, 2], offset=5, storage=20)
+    assert (view.stride(), view.storage_offset(), view.untyped_storage().nbytes()) == ((1, 2), 5, 40)
+
+
+def test_tensor_draws_values_like_the_runs():
+    torch.manual_seed(0)
+    labels = template.tensor([64, 64], "int64", low=1, high=127, sentinel=(-100, 0.25))
+    ignored = (labels == -100).float().mean().item()
+    assert 0.2 < ignored < 0.3 and labels[labels != -100].min() >= 1 and labels.max() <= 127
+    assert template.tensor([5], "bool", fraction_true=1.0).all()
+    assert not template.tensor([5], "bool", fraction_true=0.0).any()
+    mask = template.tensor([1000], "int64", low=0, high=1, fraction_true=0.9)
+    assert set(mask.tolist()) <= {0, 1} and mask.float().mean() > 0.8
+    assert template.tensor([], "float32", value=2.5).item() == 2.5
+    weights = template.tensor([100], "float32", low=0.5, high=0.75)
+    assert 0.5 <= weights.min() and weights.max() <= 0.75
+
+
+def test_inputs_code_written_from_metadata_builds_those_inputs():
+    """The writer's `make_inputs()` body, run against the template: layouts as recorded, indices within bounds."""
+    metas = (
+        InputMeta(kind="tensor", shape=(2, 16), stride=(16, 1), dtype="torch.int64", device="cpu", min_value=-100,
+                  max_value=127, nonnegative_min=4, sentinel=-100, sentinel_fraction=0.0625, storage_size=32),
+        InputMeta(kind="tensor", shape=(2, 1, 16, 16), stride=(0, 16, 16, 1), dtype="torch.float32", device="cpu",
+                  storage_size=256, min_value=-3.0, max_value=3.0),
+        InputMeta(kind="tensor", shape=(32,), stride=(1,), dtype="torch.int64", device="cpu", index_bound=7),
+        InputMeta(kind="tensor", shape=(), stride=(), dtype="torch.bool", device="cpu", true_fraction=1.0, value=True),
+        InputMeta(kind="int", value=1234567), InputMeta(kind="int", value=None), InputMeta(kind="dtype", value="torch.bfloat16"),
+        InputMeta(kind="device", value="cpu"), InputMeta(kind="none"),
+    )
+    code = repro_inputs.make_inputs_code(metas, ("labels", "cos", "index", "flag", "seed", "offset"))
+    namespace = dict(vars(template))
+    exec("def make_inputs():\n" + "\n".join("    " + line for line in code.splitlines()), namespace)
+    torch.manual_seed(0)
+    labels, cos, index, flag, seed, offset, dtype, device, none = namespace["make_inputs"]()
+    assert labels.min() >= -100 and labels[labels >= 0].min() >= 4 and labels.max() <= 127
+    assert cos.stride() == (0, 16, 16, 1) and -3 <= cos.min() and cos.max() <= 3
+    assert 0 <= index.min() and index.max() < 7
+    assert flag.dim() == 0 and flag.item() is True
+    assert (seed, offset, dtype, device, none) == (1234567, 0, torch.bfloat16, torch.device("cpu"), None)
+    assert "# offset: the run's value was not recorded" in code
+
+
+def test_saved_inputs_come_back_with_their_layouts_dtypes_and_devices(tmp_path):
+    base = torch.arange(40.0)
+    strided = base[3:].as_strided((4, 3), (1, 4), 5)  # offset, transposed, inside a larger storage
+    expanded = torch.arange(3.0).expand(4, 3)
+    captured = capture.observe([strided, expanded, 7, torch.float16, torch.device("cpu")])
+    capture._add_inputs(captured, [strided, expanded, 7, torch.float16, torch.device("cpu")], max_mb=1)
+    (tmp_path / "inputs.pt").write_bytes(repro_inputs.saved_file(captured))
+    loaded, outputs = template.load_inputs("inputs.pt", tmp_path / "script.py")
+    again, number, dtype, device = loaded[1], loaded[2], loaded[3], loaded[4]
+    assert torch.equal(loaded[0], strided) and loaded[0].stride() == (1, 4) and loaded[0].storage_offset() == 5
+    assert loaded[0].untyped_storage().nbytes() == base.untyped_storage().nbytes()
+    assert torch.equal(again, expanded) and again.stride() == (0, 1)
+    assert (number, dtype, device, outputs) == (7, torch.float16, torch.device("cpu"), None)
+
+
+def test_a_call_is_captured_as_the_run_made_it():
+    labels = torch.randint(0, 50, (4, 8))
+    labels[0, :2] = -100
+    mask = torch.ones(4, 8, dtype=torch.long)
+    mask[1, -1] = 0
+    rotary = torch.randn(1, 8, 4).expand(3, 8, 4)
+    captured = capture.observe([labels, mask, rotary, torch.tensor(True), 42, None, torch.float32])
+    metas = captured.metas(wait=True)
+    assert (metas[0].sentinel, metas[0].sentinel_fraction, metas[0].nonnegative_min) == (-100, 2 / 32, labels[labels >= 0].min())
+    assert metas[1].true_fraction == 31 / 32
+    assert metas[2].stride == (0, 4, 1) and metas[2].expanded_dims == (0,) and metas[2].storage_size == 32
+    assert (metas[3].value, metas[3].true_fraction) == (True, 1.0)
+    assert [(m.kind, m.value) for m in metas[4:]] == [(InputKind.INT, 42), (InputKind.NONE, None),
+                                                     (InputKind.DTYPE, "torch.float32")]
+    # The records round-trip through the dump's JSON, and a record of an older dump (without these fields) loads.
+    assert all(InputMeta.from_json(m.to_json(), "m") == m for m in metas)
+    old = {"kind": "tensor", "shape": [2], "stride": [1], "dtype": "torch.float32", "min_value": 0.0, "max_value": 1.0}
+    assert InputMeta.from_json(old, "old").storage_size is None
+
+
+def _main(capsys, build, eager, inputs, **options):
+    status = template.main(piece="p", executor="test", backend="the backend", build=build, eager=eager,
+                           make_inputs=lambda: inputs, backward=False, argv=[], script="p_repro.py", **options)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT")]
+    return status, lines[-1]
+
+
+def test_each_kind_of_failure_has_its_exit_status_and_says_so_in_one_line(capsys):
+    x = torch.arange(6.0)
+    eager = lambda: (lambda t: t * 2)  # noqa: E731
+    assert _main(capsys, lambda: (lambda t: t * 2), eager, [x])[0] == 0
+    status, line = _main(capsys, lambda: (lambda t: t * 2 + 1), eager, [x])
+    assert status == 1 and line.startswith("RESULT MISMATCH (exit 1)") and "worth reporting upstream" in line
+
+    def raises(t):
+        raise RuntimeError("the backend fell over")
+
+    status, line = _main(capsys, lambda: raises, eager, [x])
+    assert status == 4 and line.startswith("RESULT CRASH (exit 4)") and "fell over" in line
+    # Eager refuses the inputs too: they are not valid inputs of the piece, a bug of the rebuild.
+    status, line = _main(capsys, lambda: raises, lambda: raises, [x])
+    assert status == 3 and line.startswith("RESULT REFUSED (exit 3)") and "input rebuild" in line
+    status, line = _main(capsys, lambda: (lambda t: t), eager, [x], refusal=lambda inputs: "input 0 is wrong")
+    assert status == 3 and "input 0 is wrong" in line
+
+
+def test_random_pieces_are_compared_only_where_they_draw_the_same_numbers(capsys):
+    x = torch.zeros(1000)
+    dropout = lambda: (lambda t: torch.nn.functional.dropout(t + 1, 0.5, True))  # noqa: E731
+    other_draw = lambda: (lambda t: (t + 1) * (torch.rand_like(t) < 0.5) * 2)  # noqa: E731
+    status, line = _main(capsys, dropout, dropout, [x], random_ops=("dropout",))
+    assert status == 0 and "same random numbers as eager" in line
+    status, line = _main(capsys, other_draw, dropout, [x], random_ops=("dropout",))
+    assert status == 5 and line.startswith("RESULT NOT COMPARABLE (exit 5)") and "dropout" in line
+
+
+def test_nvfuser_definitions_are_read_and_their_bindings_checked():
+    # As nvFuser writes it for a region whose input 0 was the rotary table expanded over the batch (H200).
+    definition = (
+        "T0 = fd.define_tensor(shape=[4, 16, 8], contiguity=[None, True, True], dtype=DataType.Float, is_cpu=False, "
+        "stride_order=[2, 1, 0])\n"
+        "S1 = fd.define_scalar(None, dtype=DataType.Int)\n"
+        "S2 = fd.define_scalar(2.0, dtype=DataType.Double)\n"
+        "T3 = fd.define_tensor(shape=[8, 3], contiguity=[True, True], dtype=DataType.BFloat16, is_cpu=False, "
+        "stride_order=[0, 1])\n"
+    )
+    declared = repro_inputs.nvfuser_declared_inputs(definition)
+    assert [d["kind"] for d in declared] == ["tensor", "scalar", "tensor"]  # the constant 2.0 is no input
+    device = "meta"  # stands for the GPU: the definition says is_cpu=False
+    dense = torch.randn(4, 16, 8, device=device)
+    expanded = torch.randn(1, 16, 8, device=device).expand(4, 16, 8)
+    transposed = torch.randn(3, 8, dtype=torch.bfloat16, device=device).t()
+    assert template.nvfuser_refusal([expanded, 3, transposed], declared) is None
+    assert "is_cpu=False" in template.nvfuser_refusal([torch.zeros(4, 16, 8), 3, transposed], declared)
+    assert "dim 0 is expanded" in template.nvfuser_refusal([dense, 3, transposed], declared)
+    assert "scalar" in template.nvfuser_refusal([expanded, None, transposed], declared)
+    assert "2 inputs" in template.nvfuser_refusal([expanded, 3], declared)
+    # A region whose call was not captured takes the layouts the definition declares (stride 0 where expanded).
+    metas = (InputMeta(kind="tensor", shape=(4, 16, 8), stride=(128, 8, 1), dtype="torch.float32"),
+             InputMeta(kind="int", value=3),
+             InputMeta(kind="tensor", shape=(8, 3), stride=(3, 1), dtype="torch.bfloat16"))
+    laid_out = repro_inputs.in_nvfuser_layouts(metas, declared)
+    assert [m.stride for m in laid_out] == [(0, 8, 1), (), (1, 8)]
+    captured = dataclasses.replace(metas[0], stride=(0, 8, 1), storage_size=128)
+    assert repro_inputs.in_nvfuser_layouts((captured, *metas[1:]), declared)[0] is captured  # the run's own layout
+    assert repro_inputs.in_nvfuser_layouts(metas[:1], declared) == metas[:1]  # does not match: unchanged
+
+
+def test_the_helpers_of_thunders_torch_executor_are_written_out_where_they_stand_alone():
+    from thunderfx_debug.thunder.scripts import helper_code
+
+    code = helper_code("torch_pad_prim_impl", script_support.torch_executor_fn("torch_pad_prim_impl"))
+    namespace: dict = {}
+    exec(code, namespace)
+    padded = namespace["torch_pad_prim_impl"](torch.ones(2), 0.0, [(1, 2, 0)])
+    assert padded.tolist() == [0.0, 1.0, 1.0, 0.0, 0.0]
+    assert helper_code("x", lambda y: _module_imports(y)) is None  # a free name that is no module or constant
+    assert helper_code("x", lambda y: sys.maxsize) == "import sys\nx = lambda y: sys.maxsize"
+    assert helper_code("reshape", torch.reshape) == "reshape = torch.reshape"
