@@ -169,11 +169,19 @@ def sample(scripts: list[Path], per_model: int) -> list[Path]:
     return chosen
 
 
-def run_scripts(scripts: list[Path], jobs: int, timeout_s: float, env: dict[str, str]):
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+def run_scripts(scripts: list[Path], jobs: int, timeout_s: float, env: dict[str, str], deadline: float | None = None):
+    """Each script's run, `jobs` at a time. Past `deadline` (a time.monotonic() value) no script starts: those left
+    are NOT_RUN, so that a run on a lent machine ends in its time with what it has."""
+    from thunderfx_debug.artifacts.repro.standalone import ScriptRun, run_script
+
+    def one(script: Path):
+        left = timeout_s if deadline is None else min(timeout_s, deadline - time.monotonic())
+        if left <= 0:
+            return ScriptRun(str(script), "NOT_RUN", None, 0.0, "", "")
+        return run_script(script, timeout_s=left, env=env)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait on the subprocesses
-        return list(pool.map(lambda s: run_script(s, timeout_s=timeout_s, env=env), scripts))
+        return list(pool.map(one, scripts))
 
 
 def table(rows: list[dict]) -> str:
@@ -210,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                         "with random ops all run, besides those --all-of or --sample choose")
     parser.add_argument("--only-random", action="store_true", help="run only the scripts of pieces with random ops")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per script")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds after the start by which every script "
+                        "must have ended: those that cannot start in time are NOT_RUN (default: no deadline)")
     parser.add_argument("--json", help="write the outcomes and counts here")
     parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)  # a child: train one model, print JSON
     args = parser.parse_args(argv)
@@ -221,13 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    deadline = None if args.deadline is None else time.monotonic() + args.deadline
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(dump / "inductor_cache"))  # one cache for training and scripts
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compile workers per process
     for name in [n for n in env if n.startswith("THUNDERFX_DEBUG_")]:
         del env[name]
     started = time.perf_counter()
-    trained = _train_all(models, args, dump, env)
+    trained = _train_all(models, args, dump, env, deadline)
     train_s = time.perf_counter() - started
     full = set(models if args.all_of is None else [m.strip() for m in args.all_of.split(",")])
     random_of = {m.strip() for m in args.random_of.split(",") if m.strip()}
@@ -244,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                        and script_kind(s) in ("split_thunder", "fusion_nvfuser", "fusion_inductor")]
         chosen += [(model, s) for s in picked]
     started = time.perf_counter()
-    runs = run_scripts([s for _, s in chosen], args.jobs, args.timeout, env)
+    runs = run_scripts([s for _, s in chosen], args.jobs, args.timeout, env, deadline)
     scripts_s = time.perf_counter() - started
     rows = []
     for (model, script), run in zip(chosen, runs):
@@ -259,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     failed_training = {m: f["error"] for m, f in trained.items() if "error" in f}
     for model, error in failed_training.items():
         print(f"\nTRAINING FAILED: {model}\n{error}")
-    medians = {kind: round(statistics.median(r["wall_s"] for r in rows if r["kind"] == kind), 1)
-               for kind in KINDS if any(r["kind"] == kind for r in rows)}
+    ran = [r for r in rows if r["outcome"] not in ("NOT_RUN", "TIMEOUT")]
+    medians = {kind: round(statistics.median(r["wall_s"] for r in ran if r["kind"] == kind), 1)
+               for kind in KINDS if any(r["kind"] == kind for r in ran)}
     print(f"\ntraining {train_s:.0f} s, {len(rows)} scripts in {scripts_s:.0f} s ({args.jobs} at a time)")
     print("median wall seconds per script (a fresh interpreter: imports, build, check): "
           + ", ".join(f"{kind} {seconds}" for kind, seconds in medians.items()))
@@ -274,13 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed_training else 0
 
 
-def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict[str, dict]:
+def _train_all(models: list[str], args, dump: Path, env: dict[str, str], deadline: float | None) -> dict[str, dict]:
     """Trains each model in its own process, `--train-jobs` at a time; model -> its facts (or {"error": ...})."""
 
     def one(model: str) -> tuple[str, dict]:
         command = [sys.executable, __file__, "--train", model, "--device", args.device, "--dtype", args.dtype,
                    "--steps", str(args.steps), "--dump", str(dump)]
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+        timeout = 1800 if deadline is None else max(deadline - time.monotonic(), 1)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return model, {"error": f"training did not end within {timeout:.0f} s"}
         lines = [line for line in done.stdout.splitlines() if line.startswith("ZOO ")]
         if done.returncode != 0 or not lines:
             return model, {"error": (done.stdout[-1000:] + "\n" + done.stderr[-3000:]).strip()}

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import sys
 
+import pytest
 import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
@@ -197,3 +199,66 @@ def test_the_helpers_of_thunders_torch_executor_are_written_out_where_they_stand
     assert helper_code("x", lambda y: _module_imports(y)) is None  # a free name that is no module or constant
     assert helper_code("x", lambda y: sys.maxsize) == "import sys\nx = lambda y: sys.maxsize"
     assert helper_code("reshape", torch.reshape) == "reshape = torch.reshape"
+
+
+FAKE_NVFUSER = '''
+"""A stand-in for nvfuser_direct on a machine without a GPU: a definition's execute doubles its first input."""
+class DataType:
+    Float, Int, Double, Bool, BFloat16 = "Float", "Int", "Double", "Bool", "BFloat16"
+class FusionDefinition:
+    declared = []
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return False
+    def define_tensor(self, **kwargs):
+        FusionDefinition.declared.append(kwargs)
+    def define_scalar(self, *args, **kwargs):
+        pass
+    def execute(self, inputs, device=None):
+        import os
+        return [inputs[0] * (3 if os.environ.get("FAKE_NVFUSER_WRONG") else 2)]
+'''
+
+DEFINITION = """# CUDA devices:
+#  0: a stand-in
+import torch
+from nvfuser_direct import FusionDefinition, DataType
+def nvfuser_fusion(fd : FusionDefinition) -> None :
+    T0 = fd.define_tensor(shape=[4, 16, 8], contiguity=[None, True, True], dtype=DataType.Float, is_cpu=True, stride_order=[2, 1, 0])
+    S1 = fd.define_scalar(None, dtype=DataType.Int)
+with FusionDefinition() as fd:
+    nvfuser_fusion(fd)
+"""
+
+
+@pytest.mark.parametrize("case", ["captured", "from_definition", "wrong_values", "refused"])
+def test_an_nvfuser_script_checks_binds_and_judges_its_region(tmp_path, case):
+    """The nvFuser script's own plumbing, with a stand-in nvFuser: its definition is built, the inputs (the rotary
+    table, expanded over the batch in the run; the philox seed) are checked against it, executed, and compared
+    with the region's torch code."""
+    from thunderfx_debug.artifacts.repro import writers
+    from thunderfx_debug.artifacts.repro.standalone import run_script
+
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "nvfuser_direct.py").write_text(FAKE_NVFUSER)
+    table = InputMeta(kind="tensor", shape=(4, 16, 8), stride=(0, 8, 1), storage_size=128, dtype="torch.float32",
+                      device="cpu", min_value=-1.0, max_value=1.0)
+    if case == "from_definition":  # not captured: the layout comes from the definition
+        table = dataclasses.replace(table, stride=(128, 8, 1), storage_size=None)
+    if case == "refused":  # captured dense, where the definition binds an expanded tensor
+        table = dataclasses.replace(table, stride=(128, 8, 1), storage_size=512)
+    seed = InputMeta(kind="int", value=1234)
+    piece = writers.ReproSubject(
+        key="graph0/thunder_0/nvFusion0_forward", title="forward fusion region nvFusion0 (nvfuser)", description="-",
+        definitions="def nvFusion0(cos, seed):\n    return (cos * 2,)", callable_name="nvFusion0", is_module=False,
+        metas=(table, seed), names=("cos", "seed"), backward=False)
+    path = "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
+    script = tmp_path / "graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
+    script.write_text(writers.render(piece, writers.NvFuserRegion(DEFINITION), path, "test"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_NVFUSER_WRONG": "1" if case == "wrong_values" else ""}
+    run = run_script(script, env=env)
+    expected = {"captured": "OK", "from_definition": "OK", "wrong_values": "MISMATCH", "refused": "REFUSED"}[case]
+    assert run.outcome == expected, run.stdout + run.stderr[-2000:]
+    if case == "refused":
+        assert "dim 0 is expanded in nvFuser's definition" in run.result_line

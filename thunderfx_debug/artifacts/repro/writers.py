@@ -209,9 +209,13 @@ class NvFuserRegion(Strategy):
         self.code = fusion_definition_code
         self.declared = repro_inputs.nvfuser_declared_inputs(fusion_definition_code)
 
+    def _declared(self, piece: ReproSubject) -> list[dict] | None:
+        """The definition's inputs where they match the region's, one for one (else nothing is checked)."""
+        return self.declared if self.declared is not None and len(self.declared) == len(piece.metas) else None
+
     def definitions(self, piece: ReproSubject) -> str:
         body = textwrap.indent(self.code.strip(), "    ")
-        declared = "None" if self.declared is None else _literal_list(self.declared)
+        declared = "None" if self._declared(piece) is None else _literal_list(self._declared(piece))
         return (
             "def define_fusion():\n"
             "    # nvFuser's repro of the fusion definition the run used (FusionDefinition.repro_script_for):\n"
@@ -225,12 +229,11 @@ class NvFuserRegion(Strategy):
         return "fd = define_fusion()\nreturn lambda *inputs: fd.execute(list(inputs))"
 
     def refusal(self, piece: ReproSubject) -> str:
-        return "None" if self.declared is None else "lambda inputs: nvfuser_refusal(inputs, NVFUSER_INPUTS)"
+        return "None" if self._declared(piece) is None else "lambda inputs: nvfuser_refusal(inputs, NVFUSER_INPUTS)"
 
     def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
-        if self.declared is None:
-            return piece.metas
-        return repro_inputs.in_nvfuser_layouts(piece.metas, self.declared)
+        declared = self._declared(piece)
+        return piece.metas if declared is None else repro_inputs.in_nvfuser_layouts(piece.metas, declared)
 
 
 def _literal_list(items: list[Any]) -> str:
