@@ -77,10 +77,11 @@ class ReportingBackend(ThunderCompiler):
         _current_rank()  # a malformed RANK / LOCAL_RANK fails here, before training, not at the first compile
         super().__init__(**options)
         self.recorder = Recorder(self.config)
-        # Every graph's and split's first call is captured: its inputs' metadata always (for repro scripts, also of
-        # pieces that fail), the tensors themselves with THUNDERFX_DEBUG_INPUTS=real.
+        # Every graph's and split's first call is captured: its inputs' metadata always (for the repro of a piece
+        # that fails), what their values were where repro scripts are asked for, the tensors themselves with
+        # THUNDERFX_DEBUG_INPUTS=real.
         self._capture = InputCapture(self.config.inputs is Inputs.REAL, self.config.inputs_max_mb,
-                                     self.recorder.failures)
+                                     self.recorder.failures, statistics=bool(self.config.repro))
         flush = self.flush if self.config.dump_dir is not None else None
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None

@@ -162,13 +162,14 @@ class Captured:
         return self._resolved
 
 
-def observe(values: Sequence[Any]) -> Captured:
-    """The metadata of `values` and their statistics, queued on the device (see the module docstring)."""
+def observe(values: Sequence[Any], statistics: bool = True) -> Captured:
+    """The metadata of `values` and, with `statistics`, what their values were, queued on the device (see the module
+    docstring)."""
     captured = Captured()
     on_cuda = False
     for value in values:
         captured.observed.append(value_meta(value))
-        numbers = _statistics(value) if isinstance(value, torch.Tensor) else None
+        numbers = _statistics(value) if statistics and isinstance(value, torch.Tensor) else None
         captured.pending.append(numbers)
         on_cuda |= numbers is not None and numbers.device.type == "cuda"
     if on_cuda:
@@ -189,6 +190,18 @@ def agrees(recorded: Sequence[InputMeta], observed: Sequence[InputMeta]) -> bool
         if expected.kind is InputKind.TENSOR and (expected.shape != seen.shape or expected.dtype != seen.dtype):
             return False
     return True
+
+
+def with_recorded_ranges(recorded: Sequence[InputMeta], observed: Sequence[InputMeta]) -> tuple[InputMeta, ...]:
+    """`observed` with the value range of `recorded` where the capture read none (statistics off) and the record
+    has one (Thunder's splitter reads the range of a graph's example inputs at compile time)."""
+    merged = []
+    for before, seen in zip(recorded, observed):
+        if (seen.kind is InputKind.TENSOR and seen.min_value is None and seen.true_fraction is None
+                and before.min_value is not None and before.dtype == seen.dtype):
+            seen = dataclasses.replace(seen, min_value=before.min_value, max_value=before.max_value)
+        merged.append(seen)
+    return tuple(merged)
 
 
 # ---- real copies ----------------------------------------------------------------------------------------------------
@@ -261,17 +274,18 @@ def _add_outputs(captured: Captured | None, outputs: Any) -> None:
 
 
 class InputCapture:
-    """Captures the first call of graphs and splits into their state's `captured`: always the metadata, and with
-    `real` host copies of the inputs and outputs within `max_mb` each. A failure is logged (`failures`) and loses
-    what was being captured of that piece only."""
+    """Captures the first call of graphs and splits into their state's `captured`: always the metadata (what the
+    values were too, with `statistics`: the run asks for repro scripts), and with `real` host copies of the inputs
+    and outputs within `max_mb` each. A failure is logged (`failures`) and loses what was being captured of that
+    piece only."""
 
-    def __init__(self, real: bool, max_mb: float, failures: ReportingFailures):
-        self.real, self.max_mb, self.failures = real, max_mb, failures
+    def __init__(self, real: bool, max_mb: float, failures: ReportingFailures, statistics: bool = True):
+        self.real, self.max_mb, self.failures, self.statistics = real, max_mb, failures, statistics
 
     def inputs(self, state, args) -> None:
         """`state`: a `GraphState` or `SplitState` (anything with `name` and `captured`)."""
         with self.failures.guard(f"capturing the inputs of {state.name}"):
-            captured = observe(args)
+            captured = observe(args, self.statistics)
             if self.real:
                 _add_inputs(captured, args, self.max_mb)
             state.captured = captured

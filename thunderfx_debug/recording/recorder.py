@@ -17,7 +17,7 @@ import torch
 
 from thunderfx_debug.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
-from thunderfx_debug.recording.capture import Captured, agrees
+from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ranges
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
@@ -236,7 +236,7 @@ class Recorder:
         with self.failures.guard(f"reading the captured inputs of {where}"):
             metas = captured.metas(wait) if captured is not None else None
             if metas is not None and agrees(recorded, metas):
-                return metas
+                return with_recorded_ranges(recorded, metas)
         return None
 
     def _with_region_captures(self, snap: SplitSnapshot, where: str, wait: bool) -> SplitSnapshot:
