@@ -31,9 +31,9 @@ which only checks that the matching works.
 Step mode (`--step`; `--model llama`: a Hugging Face LlamaForCausalLM built from a config, `--layers` decoder layers,
 no weights downloaded). Each profiled step runs its forward inside a `record_function("fidelity forward")` and its
 backward inside `record_function("fidelity backward")`; the profiler's kernel total of a step is the device work
-(kernels, memcpy, memset) from the start of the forward's span on the GPU timeline to the start of the optimizer's
-span (autograd launches backward kernels from its own thread, outside the main thread's backward range), less the
-device hold's sleep kernels (`spin_kernel`). The backend's side is every graph's forward and backward on the same calls, attributed: fusion
+(kernels, memcpy, memset) inside those two ranges on the host clock, each range ending with a device
+synchronisation (autograd launches backward kernels from its own thread, outside the main thread's range on the GPU
+timeline), less the device hold's sleep kernels (`spin_kernel`). The backend's side is every graph's forward and backward on the same calls, attributed: fusion
 regions, op groups outside them (matmul, linear, sdpa, ... by symbol and executor), inductor splits, Thunder's own
 (between ops, outside its traces) and the split graph's code between splits; these parts add up to the graphs'
 times, and the check is that their sum lies within 5% of the kernel total (`STEP_TOLERANCE`). What the step runs on
@@ -342,12 +342,18 @@ def step_profiled_run(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(i):
+        # Each range waits for its own device work, so that the work lies inside the range's span on the host
+        # clock: autograd launches CUDA backward kernels from its own thread, outside the main thread's range on
+        # the GPU timeline.
         with torch.profiler.record_function("fidelity forward"):
             loss = loss_of(compiled, batches[i % len(batches)])
+            if cuda:
+                torch.cuda.synchronize()
         with torch.profiler.record_function("fidelity backward"):
             loss.backward()
-        with torch.profiler.record_function("fidelity optimizer"):
-            optimizer.step()
+            if cuda:
+                torch.cuda.synchronize()
+        optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     for i in range(args.warmup):
@@ -364,21 +370,15 @@ def step_profiled_run(args):
     work = sorted((e.time_range.start, e.time_range.end) for e in events
                   if e.device_type != torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False)
                   and SLEEP_KERNEL not in e.name and not _is_our_range(e.name))
-    if not cuda:  # CPU: the ranges' CPU time, which only checks the bookkeeping
-        phases: dict[str, list[float]] = {"fidelity forward": [], "fidelity backward": []}
-        for event in sorted(events, key=lambda e: e.time_range.start):
-            if event.name in phases and event.device_type == torch.autograd.DeviceType.CPU:
-                phases[event.name].append(event.cpu_time_total / 1e3)
-        return backend.report(), list(zip(phases["fidelity forward"], phases["fidelity backward"])), described
-    # The autograd engine launches CUDA backward kernels from its own device thread, so the GPU span of the main
-    # thread's "fidelity backward" range holds almost none of them. On the one stream the step uses, a step's backward
-    # kernels are the work between the end of its forward's span and the start of its optimizer's span.
-    spans: dict[str, list[tuple[float, float]]] = {"fidelity forward": [], "fidelity optimizer": []}
+    phases: dict[str, list[float]] = {"fidelity forward": [], "fidelity backward": []}
     for event in sorted(events, key=lambda e: e.time_range.start):
-        if event.name in spans and event.device_type != torch.autograd.DeviceType.CPU:
-            spans[event.name].append((event.time_range.start, event.time_range.end))
-    kernels = [(_work_inside(work, f_start, f_end) / 1e3, _work_inside(work, f_end, o_start) / 1e3)
-               for (f_start, f_end), (o_start, _) in zip(spans["fidelity forward"], spans["fidelity optimizer"])]
+        if event.name not in phases or event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if cuda:
+            phases[event.name].append(_work_inside(work, event.time_range.start, event.time_range.end) / 1e3)
+        else:
+            phases[event.name].append(event.cpu_time_total / 1e3)  # CPU: only checks the bookkeeping
+    kernels = list(zip(phases["fidelity forward"], phases["fidelity backward"]))
     return backend.report(), kernels, described
 
 
