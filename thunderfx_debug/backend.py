@@ -20,6 +20,7 @@ from thunderfx_debug.dump import check_writable
 from thunderfx_debug.flusher import DumpFlusher, FlushStats
 from thunderfx_debug.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
+from thunderfx_debug.recording.collectives import read_flight_recorder
 from thunderfx_debug.recording.fallback import GraphFailureHandler
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
@@ -89,6 +90,9 @@ class ReportingBackend(ThunderCompiler):
         self._run = this_run()
         self._flusher: DumpFlusher | None = None
         self._periodic: PeriodicFlush | None = None
+        self._collectives = None  # the last flight-recorder log read (see `recording.collectives`)
+        self._closed = False
+        self._built_ns = time.time_ns()  # the flight recorder's clock: the collectives from here on are this run's
         # With TORCH_TRACE on, the records also go into torch's trace log for tlparse; without it, nothing is made.
         self._torch_trace = TorchTraceEmitter(self.recorder) if tracing_enabled() else None
         if self.config.dump_dir is not None:
@@ -128,7 +132,7 @@ class ReportingBackend(ThunderCompiler):
 
     @property
     def recording(self) -> bool:
-        return self.config.records_rank(self.rank)
+        return not self._closed and self.config.records_rank(self.rank)
 
     # ---- compile ------------------------------------------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, sample_args: list[Any]):
@@ -176,6 +180,16 @@ class ReportingBackend(ThunderCompiler):
             with failures.guard("writing the TORCH_TRACE artifacts"):
                 self._torch_trace.flushed(build_report(self.recorder.snapshot(wait=True), {}, {}, failures).graphs)
         return None
+
+    def close(self) -> Path | None:
+        """Writes the dump a last time (as `flush()`) and stops recording: graphs compiled later are compiled
+        without records, and later flushes (at exit, periodic, on SIGTERM) write nothing. For a process that trains
+        several models one after another, each with its own backend, so that an earlier backend's dump stays as it
+        was when its training ended."""
+        try:
+            return self.flush()
+        finally:
+            self._closed = True
 
     def wait_for_flush(self, timeout: float | None = None) -> bool:
         """Waits until a periodic flush still being written (in its writer thread) is on disk; False if it is still
@@ -226,6 +240,11 @@ class ReportingBackend(ThunderCompiler):
                               thunder_options=thunder_options, warnings=self.recorder.warnings, failures=failures,
                               flushes=flushes)
         facts.update(run_id=self._run.run_id, run_started_at=self._run.started_at, process_uid=self._run.process_uid)
+        with failures.guard("reading torch.distributed's flight recorder"):
+            # Kept from the last read that found one: the flush at exit may come after the process group is gone.
+            self._collectives = read_flight_recorder(self._built_ns) or self._collectives
+        if self._collectives is not None:
+            facts["collectives"] = self._collectives.to_json()
         if last_flush is not None:
             facts["last_flush"] = last_flush.to_json()
         return facts

@@ -27,7 +27,7 @@ from typing import Any
 from thunderfx_debug import layout
 from thunderfx_debug.config import ConfigError
 from thunderfx_debug.runs import safe_run_id
-from thunderfx_debug.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError, GraphRecord
+from thunderfx_debug.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, CollectiveLog, DumpError, GraphRecord
 from thunderfx_debug.report import Report
 
 
@@ -347,7 +347,10 @@ def _load_rank(rank_dir: Path) -> Report:
         graphs.append(GraphRecord.from_json(data, str(graph_path), _split_traces(rank_dir, data, str(graph_path))))
     meta = {k: v for k, v in manifest.items() if k not in ("graphs", "schema_version")}
     meta["dump_dir"] = str(rank_dir)
-    return Report(graphs=tuple(graphs), meta=meta, schema_version=version)
+    report = Report(graphs=tuple(graphs), meta=meta, schema_version=version)
+    if "collectives" in meta:  # read now, so that a damaged log is an error of the load, naming the file
+        CollectiveLog.from_json(meta["collectives"], f"{rank_dir / layout.MANIFEST}: collectives")
+    return report
 
 
 #: The facts of the manifest that renderers read, with the JSON types they must have.
@@ -370,6 +373,7 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "environment": dict,
     "warnings": list,
     "reporting_failures": list,
+    "collectives": dict,
 }
 
 

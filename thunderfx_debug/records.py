@@ -876,8 +876,64 @@ class RankRecord:
     def rank(self) -> int:
         return int(self.meta.get("rank", 0))
 
+    @functools.cached_property
+    def collectives(self) -> CollectiveLog | None:
+        """The rank's flight-recorder log of collectives (`meta["collectives"]`), None where it was not on."""
+        data = self.meta.get("collectives")
+        return None if data is None else CollectiveLog.from_json(data, "manifest.json.collectives")
+
     def graph(self, name: str) -> GraphRecord:
         for graph in self.graphs:
             if graph.name == name:
                 return graph
         raise KeyError(f"no graph {name!r}; the report has {[g.name for g in self.graphs]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveCall:
+    """One collective of torch.distributed's flight recorder (`recording.collectives`): `name` as c10d profiles it
+    ("nccl:all_reduce", "gloo:_reduce_scatter_base"), its process group and sequence number in that group (the same
+    collective on every rank has the same pair), when the host enqueued it (`created_ns`, the system clock in ns since
+    the epoch), the elements it sent (`elements`, summed over its inputs), and `duration_ms`, the device time between
+    its start and end events where c10d timed it (NCCL with TORCH_NCCL_ENABLE_TIMING=1), else None."""
+
+    name: str
+    group: str
+    seq: int
+    created_ns: int
+    elements: int = 0
+    duration_ms: float | None = None
+
+
+#: The columns of the JSON form of a `CollectiveLog`'s calls.
+COLLECTIVE_COLUMNS = ("name", "group", "seq", "created_ns", "elements", "duration_ms")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveLog:
+    """The collectives a rank's flight recorder held at the flush (its last `capacity` ones at most), and where they
+    came from (`source`: the c10d function read)."""
+
+    source: str
+    capacity: int
+    calls: tuple[CollectiveCall, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "capacity": self.capacity,
+                "calls": {column: [getattr(c, column) for c in self.calls] for column in COLLECTIVE_COLUMNS}}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> CollectiveLog:
+        columns = _get(data, "calls", dict, where)
+        kinds = {"name": str, "group": str, "seq": int, "created_ns": int, "elements": int,
+                 "duration_ms": (int, float, type(None))}
+        lists = []
+        for column in COLLECTIVE_COLUMNS:
+            values = _get(columns, column, list, f"{where}.calls")
+            if not all(isinstance(v, kinds[column]) and not isinstance(v, bool) for v in values):
+                raise DumpError(f"{where}.calls.{column}: expected a list of {_type_names(kinds[column])}")
+            lists.append(values)
+        if len({len(values) for values in lists}) != 1:
+            raise DumpError(f"{where}.calls: its columns {', '.join(COLLECTIVE_COLUMNS)} must have the same length")
+        calls = tuple(CollectiveCall(n, g, s, c, e, None if d is None else float(d)) for n, g, s, c, e, d in zip(*lists))
+        return cls(_get(data, "source", str, where), _get(data, "capacity", int, where), calls)

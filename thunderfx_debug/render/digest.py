@@ -58,12 +58,13 @@ def group_reasons(report_or_graphs: RankRecord | Iterable[GraphRecord]) -> list[
 
 
 def recompiled_frames(report: RankRecord) -> dict[str, list[GraphRecord]]:
-    """Dynamo frames compiled more than once ("0" -> its graphs with compile ids 0/0, 0/1, ...)."""
-    frames: dict[str, list[GraphRecord]] = defaultdict(list)
+    """Dynamo frames compiled more than once ("0" -> the first graph of each of its compile ids 0/0, 0/1, ...).
+    Graphs that share a compile id are one compile: DDP's optimizer hands the backend one graph per bucket."""
+    frames: dict[str, dict[str, GraphRecord]] = defaultdict(dict)
     for graph in report.graphs:
         if graph.compile_id:
-            frames[graph.compile_id.split("/")[0]].append(graph)
-    return {frame: graphs for frame, graphs in frames.items() if len(graphs) > 1}
+            frames[graph.compile_id.split("/")[0]].setdefault(graph.compile_id, graph)
+    return {frame: list(graphs.values()) for frame, graphs in frames.items() if len(graphs) > 1}
 
 
 def estimated_steps(report: RankRecord) -> int | None:

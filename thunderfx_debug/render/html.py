@@ -310,6 +310,7 @@ def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
         [Series(f"rank {rank}", tuple(sorted(t.items()))) for rank, t in per_call.items()],
         x_label="call of the graphs (sampled calls only)", y_label="ms, graphs' forward + backward",
         title="time of the sampled calls per rank")
+    html += _straggler_view(reports)
     base_rank, base = next(iter(reports.items()))
     for rank, report in reports.items():
         if rank != base_rank and digest.structure(report) != digest.structure(base):
@@ -339,3 +340,58 @@ def render_html(reports: Mapping[int, RankRecord], link_prefixes: Mapping[int, s
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>" + "".join(body) + "</body></html>\n"
     )
+
+
+def _straggler_view(reports: Mapping[int, RankRecord]) -> str:
+    """The ranks' steps, their spread, the slowest rank's costliest pieces on every rank, the collectives (see
+    `render.ranks`)."""
+    from thunderfx_debug.render import ranks
+
+    steps = ranks.rank_steps(reports)
+    clock = next((s.clock for s in steps if s.clock is not None), None)
+    if clock is None:
+        html = "<h3>The straggler view</h3><p>No rank timed its graphs.</p>"
+    else:
+        html = (f"<h3>The straggler view</h3><p>Compiled time per step: the graphs' forward and backward, median "
+                f"per call x calls per step ({esc(ranks.clock_words(clock))}).</p>")
+        html += _table(["rank", "compiled step ms", "collectives in graphs ms"],
+                       [[str(s.rank), ms(s.compiled_ms), ms(s.collective_ms)] for s in steps], {1, 2})
+    spread = ranks.spread(steps)
+    if spread is not None:
+        html += (f"<p>Rank {spread.slowest} slowest ({spread.slowest_ms:.3f} ms), rank {spread.fastest} fastest "
+                 f"({spread.fastest_ms:.3f} ms): {spread.ratio:.2f}x; rank {spread.slowest} is "
+                 f"{spread.excess_ms:.3f} ms per step above the median of the others.</p>")
+        pieces = ranks.slowest_pieces(reports, spread.slowest)
+        if pieces:
+            rows = [[esc(p.label), esc(p.executor),
+                     *(ms(p.ms_per_step[r]) if p.ms_per_step[r] is not None else "absent" for r in reports),
+                     "-" if p.excess_ms is None else f"{p.excess_ms:+.3f}"] for p in pieces]
+            html += (f"<h4>Rank {spread.slowest}'s costliest pieces on every rank (ms per step)</h4>"
+                     + _table(["piece", "executor", *(f"rank {r}" for r in reports), f"rank {spread.slowest} - others"],
+                              rows, set(range(2, len(reports) + 3))))
+    places = [(rank, place) for rank, report in reports.items() for place in ranks.collective_places(report)]
+    if places:
+        html += "<h4>Collectives inside the graphs</h4>" + _table(
+            ["rank", "where", "kind", "ops"],
+            [[str(r), esc(p.place), esc(p.kind), f"<code>{esc(', '.join(p.ops))}</code>"] for r, p in places])
+    for rank, by_compile in ranks.ddp_buckets(next(iter(reports.values()))).items():
+        html += (f"<p>DDP: DDP's optimizer split compile {esc(rank)} into {plural(len(by_compile), 'graph')}, one "
+                 f"per gradient bucket ({esc(', '.join(by_compile))}).</p>")
+    lags = ranks.arrival_lags(reports)
+    if lags is not None:
+        clocks = "one host's clock" if lags.same_host else "the hosts' clocks, which may be offset"
+        html += (f"<h4>Collectives outside the graphs (torch's flight recorder)</h4><p>{lags.matched} collectives "
+                 f"found on every rank, over {lags.span_s:.1f} s; when each rank enqueued them ({clocks}). A "
+                 "collective completes once its last rank has enqueued it: the others wait about its lag.</p>")
+        html += _table(["rank", "enqueued last", "median lag behind the first ms", "total lag ms"],
+                       [[str(r), f"{lags.last[r]} of {lags.matched}", ms(lags.median_lag_ms[r]),
+                         ms(lags.total_lag_ms[r])] for r in lags.last], {1, 2, 3})
+    times = ranks.collective_times(reports)
+    if times:
+        html += "<p>Device time of the collectives where c10d timed them (median ms per call x count = total):</p>"
+        html += _table(["collective", *(f"rank {r}" for r in reports)], [
+            [esc(row.name), *(f"{ms(row.by_rank[r][1])} x{row.by_rank[r][0]} = {ms(row.by_rank[r][2])}"
+                              if r in row.by_rank else "-" for r in reports)] for row in times],
+            set(range(1, len(reports) + 1)))
+    html += "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in ranks.outside_graphs_note(reports)) + "</ul>"
+    return html

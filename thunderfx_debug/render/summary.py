@@ -352,6 +352,7 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
     for name in names:
         per_graph.append([name, *(_graph_ms(report, name) for report in reports.values())])
     lines += ["  " + line for line in _table(per_graph, right=set(range(1, len(reports) + 1)))]
+    lines += ["", *render_straggler_view(reports)]
     base_rank, base = next(iter(reports.items()))
     for row in rows_by_rank:
         if row.splits_differently or (row.rank != base_rank and digest.structure(reports[row.rank]) != digest.structure(base)):
@@ -373,3 +374,84 @@ def _graph_ms(report: RankRecord, name: str) -> str:
 def _natural(name: str) -> tuple:
     digits = "".join(ch for ch in name if ch.isdigit())
     return (name.rstrip("0123456789"), int(digits) if digits else -1)
+
+
+def _signed_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def render_straggler_view(reports: Mapping[int, RankRecord]) -> list[str]:
+    """The ranks' steps, their spread, the slowest rank's costliest pieces against the same pieces on the other
+    ranks, and what the figures count of the collectives (see `render.ranks`)."""
+    from thunderfx_debug.render import ranks
+
+    steps = ranks.rank_steps(reports)
+    clock = next((s.clock for s in steps if s.clock is not None), None)
+    if clock is None:
+        lines = ["the straggler view: no rank timed its graphs (THUNDERFX_DEBUG_TIMING=off, or too few calls)"]
+    else:
+        lines = [f"the straggler view (compiled time per step: the graphs' forward and backward, median per call x "
+                 f"calls per step; {ranks.clock_words(clock)}):"]
+        rows = [["rank", "compiled step", "collectives in graphs"]]
+        rows += [[str(s.rank), _ms(s.compiled_ms), _ms(s.collective_ms)] for s in steps]
+        lines += ["  " + line for line in _table(rows, right={0, 1, 2})]
+    spread = ranks.spread(steps)
+    if spread is not None:
+        lines.append(
+            f"  spread: rank {spread.slowest} slowest ({_ms(spread.slowest_ms)}), rank {spread.fastest} fastest "
+            f"({_ms(spread.fastest_ms)}): {spread.ratio:.2f}x; rank {spread.slowest} is {_ms(spread.excess_ms)} per "
+            f"step above the median of the others")
+        pieces = ranks.slowest_pieces(reports, spread.slowest)
+        if pieces:
+            lines.append(f"  rank {spread.slowest}'s costliest pieces against the other ranks (ms per step):")
+            table = [["piece", "executor", *(f"rank {r}" for r in reports), f"rank {spread.slowest} - others"]]
+            for piece in pieces:
+                table.append([piece.label, piece.executor,
+                              *(ms(piece.ms_per_step[r]) if piece.ms_per_step[r] is not None else "absent"
+                                for r in reports), _signed_ms(piece.excess_ms)])
+            lines += ["    " + line for line in _table(table, right=set(range(2, len(reports) + 3)))]
+            explained = sum(p.excess_ms for p in pieces if p.excess_ms is not None)
+            lines.append(f"    these pieces account for {_signed_ms(explained)} ms of the {_ms(spread.excess_ms)} "
+                         "per step")
+    for rank, report in reports.items():
+        for place in ranks.collective_places(report):
+            lines.append(f"  collectives on rank {rank} in {place.place} ({place.kind}): {', '.join(place.ops)}")
+    buckets = {rank: ranks.ddp_buckets(report) for rank, report in reports.items()}
+    alike = len({repr(b) for b in buckets.values()}) == 1
+    for rank, by_compile in (list(buckets.items())[:1] if alike else buckets.items()):
+        for compile_id, graphs in by_compile.items():
+            lines.append(f"  DDP {'on every rank' if alike else f'on rank {rank}'}: DDP's optimizer split compile "
+                         f"{compile_id} into {plural(len(graphs), 'graph')}, one per gradient bucket "
+                         f"({', '.join(graphs)})")
+    lines += _flight_recorder_lines(reports)
+    lines += [f"  note: {note}" for note in ranks.outside_graphs_note(reports)]
+    return lines
+
+
+def _flight_recorder_lines(reports: Mapping[int, RankRecord]) -> list[str]:
+    from thunderfx_debug.render import ranks
+
+    lines = []
+    lags = ranks.arrival_lags(reports)
+    if lags is not None:
+        clocks = "one host's clock" if lags.same_host else "the hosts' clocks, which may be offset"
+        lines.append(f"  collectives outside the graphs (torch's flight recorder): {lags.matched} found on every rank, "
+                     f"over {lags.span_s:.1f} s; when each rank enqueued them ({clocks}):")
+        table = [["rank", "enqueued last", "median lag behind the first", "total lag"]]
+        table += [[str(r), f"{lags.last[r]} of {lags.matched}", _ms(lags.median_lag_ms[r]), _ms(lags.total_lag_ms[r])]
+                  for r in lags.last]
+        lines += ["    " + line for line in _table(table, right={0, 1, 2, 3})]
+        late = max(lags.last, key=lambda r: (lags.total_lag_ms[r], r))
+        if lags.total_lag_ms[late] > 0:
+            lines.append(f"    rank {late} enqueued latest; the other ranks waited for it about its lag (a "
+                         "collective completes once its last rank has enqueued it)")
+    times = ranks.collective_times(reports)
+    if times:
+        lines.append("  device time of the collectives where c10d timed them (median per call, count, total; a rank "
+                     "that waits for the others spends longest):")
+        table = [["collective", *(f"rank {r}" for r in reports)]]
+        for row in times:
+            table.append([row.name, *(f"{ms(row.by_rank[r][1])} x{row.by_rank[r][0]} = {_ms(row.by_rank[r][2])}"
+                                      if r in row.by_rank else "-" for r in reports)])
+        lines += ["    " + line for line in _table(table, right=set(range(1, len(reports) + 1)))]
+    return lines
