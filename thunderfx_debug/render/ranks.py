@@ -197,26 +197,28 @@ def spread(steps: list[RankStep]) -> Spread | None:
                   timed[slowest] - statistics.median(others))
 
 
-def slowest_pieces(reports: Mapping[int, RankRecord], rank: int, limit: int = 8) -> list[PieceAcrossRanks]:
-    """The `limit` costliest pieces of `rank` (non-nesting ones, see `_regions`), and the pieces where it loses most
-    against the others (largest excess, among its next `limit`), each with the same piece on every rank; sorted by
-    `rank`'s time per step."""
+def pieces_across_ranks(reports: Mapping[int, RankRecord], rank: int) -> list[PieceAcrossRanks]:
+    """Every non-nesting piece of `rank` (see `_regions`) with the same piece on every rank, costliest first."""
     regions = {r: _regions(report) for r, report in reports.items()}
-    own = sorted(regions[rank].values(), key=lambda p: -p.ms_per_step)
-
-    def across(piece: TimedPiece) -> PieceAcrossRanks:
+    rows = []
+    for piece in sorted(regions[rank].values(), key=lambda p: -p.ms_per_step):
         figures = {}
         for r in reports:
             other = regions[r].get(_key(piece))
             figures[r] = None if other is None else other.ms_per_step
         others = [ms for r, ms in figures.items() if r != rank and ms is not None]
         excess = piece.ms_per_step - statistics.median(others) if others else None
-        return PieceAcrossRanks(piece.label, piece.executor, figures, excess)
+        rows.append(PieceAcrossRanks(piece.label, piece.executor, figures, excess))
+    return rows
 
-    rows = [across(p) for p in own[:2 * limit]]
-    chosen = rows[:limit]
-    losers = sorted((r for r in rows[limit:] if r.excess_ms), key=lambda r: -r.excess_ms)[: max(1, limit // 4)]
-    chosen += [r for r in losers if r.excess_ms > max((c.excess_ms or 0.0) for c in chosen)]
+
+def slowest_pieces(reports: Mapping[int, RankRecord], rank: int, limit: int = 8) -> list[PieceAcrossRanks]:
+    """The `limit` costliest pieces of `rank`, and the `limit // 2` others where it loses most against the other
+    ranks (largest positive excess), each with the same piece on every rank; sorted by `rank`'s time per step."""
+    rows = pieces_across_ranks(reports, rank)
+    chosen, rest = rows[:limit], rows[limit:]
+    losers = sorted((r for r in rest if r.excess_ms and r.excess_ms > 0), key=lambda r: -r.excess_ms)
+    chosen += losers[: limit // 2]
     return sorted(chosen, key=lambda r: -(r.ms_per_step[rank] or 0.0))
 
 

@@ -411,8 +411,13 @@ def render_straggler_view(reports: Mapping[int, RankRecord]) -> list[str]:
                                 for r in reports), _signed_ms(piece.excess_ms)])
             lines += ["    " + line for line in _table(table, right=set(range(2, len(reports) + 3)))]
             explained = sum(p.excess_ms for p in pieces if p.excess_ms is not None)
-            lines.append(f"    these pieces account for {_signed_ms(explained)} ms of the {_ms(spread.excess_ms)} "
-                         "per step")
+            every = ranks.pieces_across_ranks(reports, spread.slowest)
+            rest = sum(p.excess_ms for p in every if p.excess_ms is not None) - explained
+            outside = spread.excess_ms - explained - rest
+            lines.append(f"    of its {_ms(spread.excess_ms)} per step above the others: these pieces "
+                         f"{_signed_ms(explained)} ms, its other {plural(len(every) - len(pieces), 'piece')} "
+                         f"{_signed_ms(rest)} ms, and {_signed_ms(outside)} ms in the graphs outside their timed "
+                         "pieces (between splits; and medians do not add up exactly)")
     for rank, report in reports.items():
         for place in ranks.collective_places(report):
             lines.append(f"  collectives on rank {rank} in {place.place} ({place.kind}): {', '.join(place.ops)}")
