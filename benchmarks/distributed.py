@@ -5,6 +5,7 @@ by side (the straggler view) and the losses against the same run under plain Thu
     torchrun --nproc-per-node 2 benchmarks/distributed.py --json /tmp/distributed.json            # 2 GPUs, NCCL
     torchrun --nproc-per-node 2 benchmarks/distributed.py --size tiny --device cpu --steps 4      # CPU, gloo
     python benchmarks/distributed.py --nproc 2 ...                     # the same, torchrun started for you
+    python benchmarks/distributed.py --nproc 2 --dist-backend gloo ... # 2 ranks sharing 1 GPU (NCCL refuses that)
 
 Per rank and case (model x parallelism), in this order:
   1. reporting: ReportingBackend with its dump (`--out`/<model>_<parallel>/rank<R>/), fusion-level timing and the
@@ -25,8 +26,13 @@ graph at every FSDP2 module (its hooks are skipped functions), which leaves only
 
 Every rank gets its own data (seed 100 + rank) and the same initial weights (seed 0). On CUDA the backend is NCCL,
 the models bf16, and NVLink SHARP / multicast stay off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
-set before the process group starts). On CPU the backend is gloo, fp32, and Thunder's torch.compile executor makes
-the fusion regions (Thunder's default executors fuse nothing on CPU); `--executors default` leaves it out.
+set before the process group starts); rank R uses GPU R modulo the GPUs there are. NCCL refuses two ranks on one
+GPU; `--dist-backend gloo` runs them there anyway (gloo copies CUDA tensors to the host for each collective, so its
+collectives' times say nothing about NCCL's, and the ranks share the GPU's time: a test of the pieces, not a
+measurement of scaling). On CPU the backend is gloo, fp32, and Thunder's torch.compile executor makes the fusion
+regions (Thunder's default executors fuse nothing on CPU); `--executors default` leaves it out. On CUDA, `auto`
+gives the Llama Thunder's defaults (nvFuser) and the GPT Thunder's torch.compile executor with sdpa and its fused
+cross-entropy (the H200's nvFuser miscompiles the GPT's first fusion: benchmarks/RESULTS.md, "Known issue").
 `--noisy-rank R` runs a Python thread that competes for the GIL on rank R during the timed steps: a real
 straggler, for the side-by-side view to find.
 """
@@ -77,11 +83,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="sequences per rank and step (default: gpt 8, llama 4; tiny 2)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="cuda (NCCL, one GPU per rank), cpu (gloo); auto: cuda where there is one")
+    parser.add_argument("--dist-backend", choices=("auto", "nccl", "gloo"), default="auto",
+                        help="torch.distributed's backend; auto: nccl on CUDA, gloo on CPU. gloo on CUDA lets "
+                             "several ranks share one GPU")
     parser.add_argument("--executors", default="auto",
                         help="Thunder's executors: default (Thunder's), torch_compile (its torch.compile executor "
                              "before the defaults), or a comma list of executor names, e.g. "
                              "torchcompile,sdpa,torchcompile_xentropy (the H200's nvFuser miscompiles the GPT: see "
-                             "benchmarks/RESULTS.md); auto: torch_compile on CPU, default on CUDA")
+                             "benchmarks/RESULTS.md); auto: torch_compile on CPU; on CUDA default for the Llama and "
+                             "torchcompile,sdpa,torchcompile_xentropy for the GPT")
     parser.add_argument("--out", default="/tmp/thunderfx_debug_distributed",
                         help="the dumps go to OUT/<model>_<parallel>/rank<R>/ (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="write the figures to PATH (rank 0)")
@@ -112,6 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.bucket_cap_mb = args.bucket_cap_mb or (1.0 if tiny else 25.0)
     if args.steps < 2:
         parser.error("--steps: at least 2 (the first step compiles)")
+    if args.dist_backend == "nccl" and args.device == "cpu":
+        parser.error("--dist-backend nccl: needs --device cuda (or auto on a machine with CUDA)")
     return args
 
 
@@ -203,11 +215,17 @@ def noisy_neighbour(enabled: bool):
             thread.join()
 
 
-def executors_for(choice: str, device) -> list | None:
+#: `--executors auto` on CUDA, per model (None: Thunder's defaults).
+CUDA_EXECUTORS = {"llama": None, "gpt": "torchcompile,sdpa,torchcompile_xentropy"}
+
+
+def executors_for(choice: str, device, model: str) -> list | None:
     """Thunder's executors for `--executors` (None: Thunder's defaults)."""
     import thunder
 
-    if choice == "default" or (choice == "auto" and device.type == "cuda"):
+    if choice == "auto" and device.type == "cuda":
+        choice = CUDA_EXECUTORS[model] or "default"
+    if choice == "default":
         return None
     if choice in ("auto", "torch_compile"):
         from thunder.executors.torch_compile import torch_compile_ex
@@ -241,7 +259,7 @@ def run(args, name: str, parallel: str, mode: str, rank: int, device, dump_dir: 
     torch._dynamo.reset()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     built = build(name, args.size == "tiny", device, dtype, args.batch, seed_data=100 + rank, layers=args.layers)
-    executors = executors_for(args.executors, device)
+    executors = executors_for(args.executors, device, name)
     options = {} if executors is None else {"executors": executors}
     backend = None
     if mode == "reporting":
@@ -369,16 +387,33 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ["LOCAL_RANK"])
     if cuda:
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    executors_for(args.executors, device)  # an unknown executor fails here, before any training
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    for name in args.model:  # an unknown executor fails here, before any training
+        executors_for(args.executors, device, name)
+    dist_backend = args.dist_backend if args.dist_backend != "auto" else "nccl" if cuda else "gloo"
+    if dist_backend == "nccl" and not cuda:
+        raise SystemExit("--dist-backend nccl needs CUDA (--device cuda)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist_backend == "nccl" and world > torch.cuda.device_count():
+        raise SystemExit(f"--dist-backend nccl: {world} ranks on {torch.cuda.device_count()} GPU(s); NCCL refuses "
+                         "two ranks on one GPU (--dist-backend gloo shares one)")
+    dist.init_process_group(dist_backend, device_id=device if dist_backend == "nccl" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out).absolute()
     cases = {}
+    figures = {
+        "machine": platform.machine(), "host": platform.node(), "python": platform.python_version(),
+        "torch": torch.__version__, "device": str(device.type), "backend": dist.get_backend(),
+        "world_size": world, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda else [], "ranks_per_device": world / torch.cuda.device_count() if cuda else None,
+        "multicast_off": MULTICAST_OFF, "arguments": {k: v for k, v in vars(args).items()},
+        "step_clock": "host wall time per step" + (" with torch.cuda.synchronize() before and after" if cuda else ""),
+        "cases": cases,
+    }
     for name in args.model:
         for parallel in args.parallel:
             case = f"{name}_{parallel}"
@@ -395,25 +430,18 @@ def main(argv=None) -> int:
                 recorded = [r for r, res in by_rank.items() if res["reporting"].get("recorded")]
                 if recorded:
                     cases[case]["side_by_side"] = side_by_side(out / case)
-                print_case(case, by_rank)
-    if rank == 0:
-        figures = {
-            "machine": platform.machine(), "host": platform.node(), "python": platform.python_version(),
-            "torch": torch.__version__, "device": str(device.type), "backend": dist.get_backend(),
-            "world_size": world, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if cuda else [], "multicast_off": MULTICAST_OFF, "arguments": {k: v for k, v in vars(args).items()},
-            "step_clock": "host wall time per step" + (" with torch.cuda.synchronize() before and after" if cuda else ""),
-            "cases": cases,
-        }
-        if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
+                print_case(case, cases[case])
+                if args.json:  # after every case: a run cut short keeps the cases it finished
+                    from thunderfx_debug.dump import write_file_atomically
+
+                    write_file_atomically(Path(args.json), json.dumps(figures, indent=1, default=str))
     dist.destroy_process_group()
     return 0
 
 
-def print_case(case: str, by_rank: dict) -> None:
+def print_case(case: str, figures: dict) -> None:
     print(f"\n{case}: median step (host wall, after the first), first step, flush; losses against plain ThunderCompiler")
-    for rank, res in by_rank.items():
+    for rank, res in figures["per_rank"].items():
         rep = res["reporting"]
         line = (f"  rank {rank}: reporting {1e3 * rep['median_step_s']:.1f} ms (first {rep['first_step_s']:.1f} s, "
                 f"flush {rep.get('flush_s', 0):.1f} s)")
@@ -422,7 +450,12 @@ def print_case(case: str, by_rank: dict) -> None:
             line += (f"; plain {1e3 * res['plain']['median_step_s']:.1f} ms; losses "
                      + ("equal" if losses["equal"] else f"differ by up to {losses['max_abs_diff']:.3g}"))
         print(line)
-
+    spread = figures.get("side_by_side", {}).get("spread")
+    if spread is not None:
+        view = figures["side_by_side"]
+        print(f"  straggler view ({view['clock']} clock): slowest rank {spread['slowest']}, "
+              f"{spread['excess_ms']:.2f} ms per step above the others' median, {spread['ratio']:.3f}x the fastest; "
+              f"see {figures['dumps']}/side_by_side.txt")
 
 if __name__ == "__main__":
     sys.exit(main())
