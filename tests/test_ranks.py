@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from thunderfx_debug import load_report
-from thunderfx_debug.records import CollectiveCall, CollectiveLog, DumpError, GraphRecord, RankRecord, SplitKind, Timing
+from thunderfx_debug.records import (ClockKind, CollectiveCall, CollectiveLog, DumpError, GraphRecord, RankRecord, SplitKind,
+                                     Timing)
 from thunderfx_debug.recording.collectives import parse_entries
 from thunderfx_debug.render import digest, ranks
 from thunderfx_debug.render.html import render_html
@@ -206,3 +207,42 @@ def test_a_rank_without_timing_leaves_the_view_without_figures(normal):
     reports = {0: as_rank(untimed, 0), 1: as_rank(untimed, 1)}
     assert ranks.spread(ranks.rank_steps(reports)) is None
     assert "no rank timed its graphs" in render_ranks(reports) and "No rank timed its graphs" in render_html(reports)
+
+
+def with_step_period(report, period_ms: float):
+    """The report with its first graph's call period (the step's wall time on the host clock) about `period_ms`."""
+    first = report.graphs[0]
+    calls = tuple(range(6, 6 + 10 * 5, 5))
+    period = Timing(tuple(period_ms * (1 + 0.01 * (i % 3)) for i in range(len(calls))), calls, ClockKind.HOST)
+    return dataclasses.replace(report, graphs=(dataclasses.replace(first, period_timing=period), *report.graphs[1:]))
+
+
+def with_piece_slower(report, piece, factor: float):
+    """The report with `piece` `factor` times slower, and its graph slower by as much."""
+    slow = with_fusion_scaled(report, piece.graph, piece.split, piece.name, piece.phase, factor)
+    extra = (factor - 1.0) * piece.timing.median_ms
+    return dataclasses.replace(slow, graphs=tuple(
+        dataclasses.replace(g, timing=dataclasses.replace(g.timing, samples_ms=tuple(
+            s + extra for s in g.timing.samples_ms))) if g.name == piece.graph else g for g in slow.graphs))
+
+
+def test_a_rank_late_at_the_collectives_but_quick_in_its_graphs_is_named_with_its_wall_time(normal):
+    """Rank 0's graphs are the slowest, yet rank 1 enqueues every collective late: it loses its time outside the
+    graphs (as a rank with a busy Python thread beside its training does), and its step's wall time shows it."""
+    piece = costliest_fusion(normal)
+    quick_graphs = with_step_period(as_rank(normal, 0, collectives=collective_log(0, 100, 200)), 100.0)
+    slow_graphs = with_piece_slower(quick_graphs, piece, 4.0)
+    late = with_step_period(as_rank(normal, 1, collectives=collective_log(30, 130, 230)), 130.0)
+    reports = {0: slow_graphs, 1: late}
+    steps = ranks.rank_steps(reports)
+    assert ranks.spread(steps).slowest == 0 and steps[0].compiled_ms > steps[1].compiled_ms
+    assert [s.wall_ms for s in steps] == [pytest.approx(100.0, rel=0.02), pytest.approx(130.0, rel=0.02)]
+    sentence = ranks.late_outside_graphs(steps, ranks.arrival_lags(reports))
+    assert sentence.startswith("rank 1 enqueued the collectives latest (median 30.000 ms behind")
+    assert "rank 1 loses its time outside the compiled graphs" in sentence and f"its step's wall time is {steps[1].wall_ms:.3f} ms" in sentence
+    assert sentence in render_ranks(reports) and "step wall time (host clock)" in render_ranks(reports)
+    assert "Rank 1 enqueued the collectives latest" in render_html(reports)
+    # Where the late rank is also the slowest in its graphs, the view's spread already names it: no sentence.
+    agree = {0: with_step_period(as_rank(normal, 0, collectives=collective_log(0, 100, 200)), 100.0),
+             1: with_piece_slower(late, piece, 4.0)}
+    assert ranks.late_outside_graphs(ranks.rank_steps(agree), ranks.arrival_lags(agree)) is None

@@ -354,8 +354,9 @@ def _straggler_view(reports: Mapping[int, RankRecord]) -> str:
     else:
         html = (f"<h3>The straggler view</h3><p>Compiled time per step: the graphs' forward and backward, median "
                 f"per call x calls per step ({esc(ranks.clock_words(clock))}).</p>")
-        html += _table(["rank", "compiled step ms", "collectives in graphs ms"],
-                       [[str(s.rank), ms(s.compiled_ms), ms(s.collective_ms)] for s in steps], {1, 2})
+        html += _table(["rank", "compiled step ms", "collectives in graphs ms", "step wall time ms (host clock)"],
+                       [[str(s.rank), ms(s.compiled_ms), ms(s.collective_ms), ms(s.wall_ms)] for s in steps],
+                       {1, 2, 3})
     spread = ranks.spread(steps)
     if spread is not None:
         html += (f"<p>Rank {spread.slowest} slowest ({spread.slowest_ms:.3f} ms), rank {spread.fastest} fastest "
@@ -386,6 +387,9 @@ def _straggler_view(reports: Mapping[int, RankRecord]) -> str:
         html += _table(["rank", "enqueued last", "median lag behind the first ms", "total lag ms"],
                        [[str(r), f"{lags.last[r]} of {lags.matched}", ms(lags.median_lag_ms[r]),
                          ms(lags.total_lag_ms[r])] for r in lags.last], {1, 2, 3})
+        elsewhere = ranks.late_outside_graphs(steps, lags)
+        if elsewhere is not None:
+            html += f"<p><b>{esc(elsewhere[0].upper() + elsewhere[1:])}.</b></p>"
     times = ranks.collective_times(reports)
     if times:
         html += "<p>Device time of the collectives where c10d timed them (median ms per call x count = total):</p>"

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 from thunderfx_debug.records import ClockKind, RankRecord, SplitKind
 from thunderfx_debug.render import digest
+from thunderfx_debug.render.accounting import step_account
 from thunderfx_debug.render.digest import PieceLevel, TimedPiece
 
 #: Op and symbol names that are collectives: torch.distributed's (c10d, functional collectives, DTensor's and FSDP's
@@ -46,12 +47,16 @@ def is_collective(op: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class RankStep:
     """One rank's step: `compiled_ms` its compiled time per step (see the module docstring), on `clock`;
-    `collective_ms` the time per step of the pieces that hold collectives (None where none was timed)."""
+    `collective_ms` the time per step of the pieces that hold collectives (None where none was timed); `wall_ms` the
+    step's wall time on the host clock (the period between sampled calls of a graph, see `render.accounting`; None
+    where no period was timed), which also holds what runs outside the graphs (eager code, the optimizer, waiting
+    in collectives)."""
 
     rank: int
     compiled_ms: float | None
     clock: ClockKind | None
     collective_ms: float | None
+    wall_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,13 +181,42 @@ def rank_steps(reports: Mapping[int, RankRecord]) -> list[RankStep]:
     steps = []
     for rank, report in reports.items():
         collectives = collective_pieces(report)
+        account = step_account(report)
         steps.append(RankStep(
             rank=rank,
             compiled_ms=digest.step_ms(report),
             clock=digest.clock(report),
             collective_ms=sum(p.ms_per_step for p in collectives) if collectives else None,
+            wall_ms=account.wall_ms if account is not None else None,
         ))
     return steps
+
+
+def late_outside_graphs(steps: list[RankStep], lags: ArrivalLags | None) -> str | None:
+    """A sentence where the rank that enqueues the collectives latest is not the rank with the longest compiled step:
+    the straggler loses its time outside the compiled graphs, which the compiled figures do not hold (None where the
+    two agree, or either is unknown).
+
+    Example (rank 1's compiled step is shorter, yet it is late at every collective):
+        >>> steps = [RankStep(0, 8.2, ClockKind.HOST, None, 56.0), RankStep(1, 6.9, ClockKind.HOST, None, 85.3)]
+        >>> lags = ArrivalLags(20, 60.0, {0: 3, 1: 17}, {0: 0.0, 1: 29.9}, {0: 20.6, 1: 21946.9}, True)
+        >>> print(late_outside_graphs(steps, lags))
+        rank 1 enqueued the collectives latest (median 29.900 ms behind the first rank), though rank 0 has the longest compiled step: rank 1 loses its time outside the compiled graphs (eager code, the optimizer, data, other threads); its step's wall time is 85.300 ms, the others' median 56.000 ms
+    """
+    slowest = spread(steps)
+    if slowest is None or lags is None:
+        return None
+    late = max(lags.last, key=lambda r: (lags.total_lag_ms[r], r))
+    if lags.total_lag_ms[late] <= 0 or late == slowest.slowest:
+        return None
+    text = (f"rank {late} enqueued the collectives latest (median {lags.median_lag_ms[late]:.3f} ms behind the first "
+            f"rank), though rank {slowest.slowest} has the longest compiled step: rank {late} loses its time outside "
+            "the compiled graphs (eager code, the optimizer, data, other threads)")
+    walls = {s.rank: s.wall_ms for s in steps if s.wall_ms is not None}
+    if late in walls and len(walls) > 1:
+        others = statistics.median(ms for r, ms in walls.items() if r != late)
+        text += f"; its step's wall time is {walls[late]:.3f} ms, the others' median {others:.3f} ms"
+    return text
 
 
 def spread(steps: list[RankStep]) -> Spread | None:

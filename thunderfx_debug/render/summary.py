@@ -392,9 +392,9 @@ def render_straggler_view(reports: Mapping[int, RankRecord]) -> list[str]:
     else:
         lines = [f"the straggler view (compiled time per step: the graphs' forward and backward, median per call x "
                  f"calls per step; {ranks.clock_words(clock)}):"]
-        rows = [["rank", "compiled step", "collectives in graphs"]]
-        rows += [[str(s.rank), _ms(s.compiled_ms), _ms(s.collective_ms)] for s in steps]
-        lines += ["  " + line for line in _table(rows, right={0, 1, 2})]
+        rows = [["rank", "compiled step", "collectives in graphs", "step wall time (host clock)"]]
+        rows += [[str(s.rank), _ms(s.compiled_ms), _ms(s.collective_ms), _ms(s.wall_ms)] for s in steps]
+        lines += ["  " + line for line in _table(rows, right={0, 1, 2, 3})]
     spread = ranks.spread(steps)
     if spread is not None:
         lines.append(
@@ -450,6 +450,9 @@ def _flight_recorder_lines(reports: Mapping[int, RankRecord]) -> list[str]:
         if lags.total_lag_ms[late] > 0:
             lines.append(f"    rank {late} enqueued latest; the other ranks waited for it about its lag (a "
                          "collective completes once its last rank has enqueued it)")
+        elsewhere = ranks.late_outside_graphs(ranks.rank_steps(reports), lags)
+        if elsewhere is not None:
+            lines.append(f"    {elsewhere}")
     times = ranks.collective_times(reports)
     if times:
         lines.append("  device time of the collectives where c10d timed them (median per call, count, total; a rank "
