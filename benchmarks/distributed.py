@@ -330,6 +330,7 @@ def side_by_side(case_dir: Path) -> dict:
         "ranks": sorted(reports),
         "counts": {r: digest.counts(report) for r, report in reports.items()},
         "compiled_step_ms": {s.rank: s.compiled_ms for s in steps},
+        "wall_step_ms": {s.rank: s.wall_ms for s in steps},  # host clock, the graphs' call period
         "clock": next((s.clock.value for s in steps if s.clock is not None), None),
         "collective_places": {r: [dataclasses.asdict(p) for p in ranks.collective_places(report)]
                               for r, report in reports.items()},
@@ -338,6 +339,7 @@ def side_by_side(case_dir: Path) -> dict:
     lags = ranks.arrival_lags(reports)
     if lags is not None:
         figures["collective_arrival"] = dataclasses.asdict(lags)
+        figures["late_outside_graphs"] = ranks.late_outside_graphs(steps, lags)
     figures["collective_times"] = [dataclasses.asdict(row) for row in ranks.collective_times(reports)]
     if spread is not None:
         figures["spread"] = {**dataclasses.asdict(spread), "ratio": spread.ratio}
