@@ -246,3 +246,13 @@ def test_a_rank_late_at_the_collectives_but_quick_in_its_graphs_is_named_with_it
     agree = {0: with_step_period(as_rank(normal, 0, collectives=collective_log(0, 100, 200)), 100.0),
              1: with_piece_slower(late, piece, 4.0)}
     assert ranks.late_outside_graphs(ranks.rank_steps(agree), ranks.arrival_lags(agree)) is None
+
+
+def test_the_latest_rank_is_late_at_most_collectives_not_once_for_long():
+    """Rank 0 arrives 5 s late once (it compiled while rank 1 waited); rank 1 is 10 ms late at every other one."""
+    reports = {0: RankRecord(meta={"rank": 0, "collectives": collective_log(5000, 5100, 5200, 5300)}),
+               1: RankRecord(meta={"rank": 1, "collectives": collective_log(0, 5110, 5210, 5310)})}
+    lags = ranks.arrival_lags(reports)
+    assert lags.total_lag_ms[0] > lags.total_lag_ms[1] and dict(lags.last) == {0: 1, 1: 3}
+    assert lags.latest == 1
+    assert "rank 1 enqueued latest" in render_ranks(reports)

@@ -206,8 +206,8 @@ def late_outside_graphs(steps: list[RankStep], lags: ArrivalLags | None) -> str 
     slowest = spread(steps)
     if slowest is None or lags is None:
         return None
-    late = max(lags.last, key=lambda r: (lags.total_lag_ms[r], r))
-    if lags.total_lag_ms[late] <= 0 or late == slowest.slowest:
+    late = lags.latest
+    if late is None or late == slowest.slowest:
         return None
     text = (f"rank {late} enqueued the collectives latest (median {lags.median_lag_ms[late]:.3f} ms behind the first "
             f"rank), though rank {slowest.slowest} has the longest compiled step: rank {late} loses its time outside "
@@ -295,6 +295,14 @@ class ArrivalLags:
     median_lag_ms: Mapping[int, float]
     total_lag_ms: Mapping[int, float]
     same_host: bool
+
+    @property
+    def latest(self) -> int | None:
+        """The rank that enqueued the most of them last (then the longest median lag); None where no rank lagged.
+        Not the longest total lag: a few long waits (a rank compiling while the others wait at the first collective)
+        outweigh a lag at every step."""
+        late = max(self.last, key=lambda r: (self.last[r], self.median_lag_ms[r], r))
+        return late if self.total_lag_ms[late] > 0 else None
 
 
 def arrival_lags(reports: Mapping[int, RankRecord]) -> ArrivalLags | None:

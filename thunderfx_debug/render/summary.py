@@ -446,8 +446,8 @@ def _flight_recorder_lines(reports: Mapping[int, RankRecord]) -> list[str]:
         table += [[str(r), f"{lags.last[r]} of {lags.matched}", _ms(lags.median_lag_ms[r]), _ms(lags.total_lag_ms[r])]
                   for r in lags.last]
         lines += ["    " + line for line in _table(table, right={0, 1, 2, 3})]
-        late = max(lags.last, key=lambda r: (lags.total_lag_ms[r], r))
-        if lags.total_lag_ms[late] > 0:
+        late = lags.latest
+        if late is not None:
             lines.append(f"    rank {late} enqueued latest; the other ranks waited for it about its lag (a "
                          "collective completes once its last rank has enqueued it)")
         elsewhere = ranks.late_outside_graphs(ranks.rank_steps(reports), lags)
