@@ -3,8 +3,9 @@
 Two graphs of tiny tensors (so the host's work is all there is): one that ThunderFX keeps in 1 split, and one it
 cuts into 21 (eleven Thunder splits around ten `torch.sinc`s, which Thunder 0.2.6 sends to inductor). Each is compiled
 under plain ThunderCompiler (twice: the second copy's distance from the first is the noise floor) and under
-ReportingBackend with timing off and with its defaults (graph timing every 50 calls after 5), all in this one
-process. The configurations are timed in interleaved rounds (each round times every
+ReportingBackend with timing off, with its defaults (graph timing every 50 calls after 5), and on a rank that does
+not record (THUNDERFX_DEBUG_RANKS naming another rank: it compiles as plain ThunderCompiler does and hands Dynamo the
+split graph itself), all in this one process. The configurations are timed in interleaved rounds (each round times every
 configuration once, in a shuffled order, for `--calls` calls), so that drift of the machine hits all of them alike,
 and each configuration's figure is its median over rounds of the mean time per call. The forward runs under
 `torch.no_grad()`, on one intra-op thread: the host cost of the call, not of autograd. The clock is the CPU time of
@@ -17,7 +18,10 @@ plus 2 us per split with defaults). Separate compiles of one graph differ by a f
 noise floor shows it), so the script also times the split runners alone on one compiled graph, with and without
 them in place.
 
-    python benchmarks/host_overhead.py [--rounds 31] [--calls 1000] [--instances 3] [--json PATH]
+    python benchmarks/host_overhead.py [--rounds 31] [--calls 1000] [--instances 3] [--configurations LIST] [--json PATH]
+
+The paired figure: each configuration's time over plain ThunderCompiler's in the same round, the median over
+rounds; the second plain copy's ratio is its noise floor.
 
 `--marks` measures instead what fusion-level timing's marks cost on calls that are not sampled: a 2-layer GPT of
 tiny tensors under Thunder's default executors (which fuse nothing on CPU, so every op runs outside fusion regions
@@ -43,7 +47,8 @@ import torch
 
 SPLIT_COUNTS = (1, 21)  # the second graph: ten sincs between eleven Thunder pieces
 # "thunderfx again" is a second plain ThunderCompiler: its distance from the first is the noise floor.
-CONFIGURATIONS = ("thunderfx", "thunderfx again", "timing off", "defaults")
+# "rank not recording": THUNDERFX_DEBUG_RANKS names another rank, so this process (rank 0) compiles without records.
+CONFIGURATIONS = ("thunderfx", "thunderfx again", "timing off", "defaults", "rank not recording")
 
 
 class Chain(torch.nn.Module):
@@ -73,17 +78,19 @@ def backend(name: str):
         return plain_thunder_compiler(executors=executors)
     if name == "timing off":
         return ReportingBackend(timing="off", executors=executors)
+    if name == "rank not recording":
+        return ReportingBackend(ranks=[1], executors=executors)
     return ReportingBackend(executors=executors)  # the defaults: graph timing every 50 calls after 5
 
 
-def compiled_functions(instances: int) -> dict[tuple[str, int, int], tuple[object, int]]:
+def compiled_functions(instances: int, configurations: tuple[str, ...]) -> dict[tuple[str, int, int], tuple[object, int]]:
     """(configuration, split count, instance) -> (compiled module, the splits ThunderFX made). Two compiles of the
     same graph by the same backend can differ by a few percent in host time (seen: 5 % at 21 splits), so each
     configuration gets several instances and its figure averages them."""
     functions = {}
     for splits in SPLIT_COUNTS:
         for instance in range(instances):
-            for name in CONFIGURATIONS:
+            for name in configurations:
                 compiler = backend(name)
                 fn = torch.compile(Chain(splits // 2), backend=compiler, dynamic=False)
                 with torch.no_grad():
@@ -229,6 +236,9 @@ def main(argv=None) -> int:
                         help="compiled instances of each configuration and graph (default 3)")
     parser.add_argument("--marks", action="store_true", help="the cost of fusion timing's unarmed marks instead")
     parser.add_argument("--steps", type=int, default=50, help="--marks: steps per configuration and round (default 50)")
+    parser.add_argument("--configurations", metavar="LIST",
+                        help="a comma list of the configurations to time beside plain ThunderCompiler and its second "
+                             f"copy (default all: {', '.join(CONFIGURATIONS[2:])})")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -246,13 +256,20 @@ def main(argv=None) -> int:
                            "torch": torch.__version__, "clock": "host perf_counter", **figures}, f, indent=1)
         return 0
     args.rounds = args.rounds or 31
+    configurations = CONFIGURATIONS
+    if args.configurations:
+        chosen = [c.strip() for c in args.configurations.split(",") if c.strip()]
+        unknown = [c for c in chosen if c not in CONFIGURATIONS[2:]]
+        if unknown or not chosen:
+            parser.error(f"--configurations {args.configurations!r}: a comma list of {', '.join(CONFIGURATIONS[2:])}")
+        configurations = (*CONFIGURATIONS[:2], *chosen)
     torch._dynamo.config.cache_size_limit = 64  # every instance is a compile of the same frame
-    functions = compiled_functions(args.instances)
+    functions = compiled_functions(args.instances, configurations)
     samples = time_rounds(functions, args.rounds, args.calls)
     median = {key: statistics.median(values) for key, values in samples.items()}
     made = {splits: functions[("thunderfx", splits, 0)][1] for splits in SPLIT_COUNTS}
     rows, fits = [], {}
-    for name in CONFIGURATIONS:
+    for name in configurations:
         above = {splits: median[(name, splits)] - median[("thunderfx", splits)] for splits in SPLIT_COUNTS}
         low, high = SPLIT_COUNTS
         per_split = (above[high] - above[low]) / (made[high] - made[low])
@@ -261,14 +278,20 @@ def main(argv=None) -> int:
         for splits in SPLIT_COUNTS:
             rows.append((name, made[splits], median[(name, splits)], above[splits]))
     print(f"host time per call, median of {args.rounds} interleaved rounds of {args.calls} calls of each of "
-          f"{args.instances} instances (perf_counter):")
-    print(f"{'configuration':<14}{'splits':>7}{'us per call':>13}{'above plain':>13}")
+          f"{args.instances} instances (CPU time of the calling thread):")
+    print(f"{'configuration':<20}{'splits':>7}{'us per call':>13}{'above plain':>13}")
     for name, splits, us, above in rows:
-        print(f"{name:<14}{splits:>7}{us:>13.2f}{above:>13.2f}")
-    for name in CONFIGURATIONS[1:]:
+        print(f"{name:<20}{splits:>7}{us:>13.2f}{above:>13.2f}")
+    for name in configurations[1:]:
         fit = fits[name]
         print(f"{name}: {fit['per_graph_call_us']:.2f} us per graph call + {fit['per_split_us']:.2f} us per split "
               "above plain ThunderCompiler")
+    # Paired: each round's figure of a configuration over the same round's plain ThunderCompiler.
+    ratios = {f"{name} / {splits} splits": statistics.median(
+        a / b for a, b in zip(samples[(name, splits)], samples[("thunderfx", splits)]))
+        for name in configurations[1:] for splits in SPLIT_COUNTS}
+    print("paired ratio to plain ThunderCompiler (median over rounds of each round's ratio): "
+          + ", ".join(f"{key} {ratio:.4f}" for key, ratio in ratios.items()))
     alone = runner_cost(args.rounds, args.calls)
     print(f"the runners alone, same compiled graph of {alone['splits']} splits: {alone['with runners us']:.2f} us "
           f"per call with them, {alone['without us']:.2f} us without: {alone['per_split_us']:.2f} us per split")
@@ -277,7 +300,7 @@ def main(argv=None) -> int:
             "machine": platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
             "rounds": args.rounds, "calls": args.calls, "instances": args.instances, "clock": "host, CPU time of the calling thread (time.thread_time_ns)",
             "splits": made, "median_us_per_call": {f"{n} / {s} splits": v for (n, s), v in median.items()},
-            "fit_above_plain": fits, "runners_alone": alone,
+            "fit_above_plain": fits, "paired_ratio_to_plain": ratios, "runners_alone": alone,
         }
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
