@@ -14,6 +14,7 @@ import pytest
 
 from faults import read_only_or_skip
 from thunderfx_debug.config import (
+    CheckLevel,
     Config,
     ConfigError,
     Inputs,
@@ -39,6 +40,8 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_NVTX": ["", "2", "enabled"],
     "THUNDERFX_DEBUG_RECOMPILE_WARN": ["", "0", "-1", "many"],
     "THUNDERFX_DEBUG_FLUSH_EVERY": ["", "-1", "nan", "inf", "10m", "never"],
+    "THUNDERFX_DEBUG_CHECK": ["", "on", "1", "fusions", "split,fusion", "graph"],
+    "THUNDERFX_DEBUG_CHECK_EVERY": ["", "0", "-5", "2.5", "fifty"],
 }
 
 # variable -> (text, field, parsed value)
@@ -64,6 +67,9 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_FLUSH_EVERY", "0", "flush_every", 0.0),
     ("THUNDERFX_DEBUG_FLUSH_EVERY", " 600 ", "flush_every", 600.0),
     ("THUNDERFX_DEBUG_FLUSH_EVERY", "0.25", "flush_every", 0.25),
+    ("THUNDERFX_DEBUG_CHECK", "off", "check", CheckLevel.OFF),
+    ("THUNDERFX_DEBUG_CHECK", " Fusion ", "check", CheckLevel.FUSION),
+    ("THUNDERFX_DEBUG_CHECK_EVERY", "1", "check_every", 1),
 ]
 
 

@@ -47,6 +47,14 @@ class OnError(str, enum.Enum):
     FALLBACK = "fallback"
 
 
+class CheckLevel(enum.IntEnum):
+    """What the correctness sentinel compares with eager on checked calls; `fusion` includes `split`."""
+
+    OFF = 0
+    SPLIT = 1
+    FUSION = 2
+
+
 class ReproKind(str, enum.Enum):
     """The pieces repro scripts are written for."""
 
@@ -70,6 +78,8 @@ class Config:
     nvtx: bool = False
     recompile_warn_threshold: int = 8
     flush_every: float = 600.0  # seconds between automatic flushes during training; 0: none
+    check: CheckLevel = CheckLevel.OFF
+    check_every: int = 50
 
     def records_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -89,6 +99,8 @@ class Config:
             "nvtx": self.nvtx,
             "recompile_warn_threshold": self.recompile_warn_threshold,
             "flush_every": self.flush_every,
+            "check": self.check.name.lower(),
+            "check_every": self.check_every,
         }
 
 
@@ -190,6 +202,8 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "nvtx": ("THUNDERFX_DEBUG_NVTX", _parse_bool),
     "recompile_warn_threshold": ("THUNDERFX_DEBUG_RECOMPILE_WARN", _int_at_least(1)),
     "flush_every": ("THUNDERFX_DEBUG_FLUSH_EVERY", _seconds),
+    "check": ("THUNDERFX_DEBUG_CHECK", _choice({c.name.lower(): c for c in CheckLevel})),
+    "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)
@@ -222,7 +236,7 @@ def _from_argument(field: str, value: Any) -> Any:
     if field == "ranks" and isinstance(value, (list, tuple, set, frozenset)):
         value = ",".join(str(v) for v in value)
     if isinstance(value, enum.Enum):
-        value = value.name.lower() if isinstance(value, TimingLevel) else value.value
+        value = value.name.lower() if isinstance(value, TimingLevel | CheckLevel) else value.value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):

@@ -599,6 +599,120 @@ class SplitReason:
         )
 
 
+def _number_or_none(data: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = _get(data, key, (int, float), where, default=None)
+    return None if value is None else float(value)
+
+
+#: Reasons a check keeps at most (distinct ones; the first reasons are the informative ones).
+MAX_CHECK_REASONS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """What the correctness sentinel (THUNDERFX_DEBUG_CHECK) found for one piece: a Thunder split, or a fusion
+    region at `fusion` level. None on a record where nothing was checked.
+
+    `calls` is the number of checked calls of the piece, `mismatches` how many of them had a value beyond the
+    tolerance (or a value that changed after the piece returned it), `first_mismatch_call` the first of those
+    (calls are 1-based call numbers of the piece's graph); `compared` counts the values compared over all calls.
+    The worst value is the one whose error was the largest fraction of what was allowed (`worst_ratio`; above 1
+    is a mismatch): `worst_output` names it ("forward output 2", "gradient of input 5 (l_w_)"), `worst_call` is
+    its call, `worst_abs_error` its largest absolute error, `worst_rel_error` that error over the largest magnitude
+    of its reference. The tolerance used for it: `rtol`, `atol` (its dtype's), `allowed` (the absolute error
+    allowed: atol + rtol * largest magnitude, plus eager's own rounding error against float64 where the float64
+    reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
+    returned"). `skipped` says why values were not compared (random ops, inputs changed in place, ...).
+    """
+
+    calls: int = 0
+    mismatches: int = 0
+    compared: int = 0
+    first_mismatch_call: int | None = None
+    worst_output: str | None = None
+    worst_call: int | None = None
+    worst_abs_error: float | None = None
+    worst_rel_error: float | None = None
+    worst_ratio: float | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    allowed: float | None = None
+    reference: str | None = None
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def mismatched(self) -> bool:
+        return self.mismatches > 0
+
+    def describe(self) -> str:
+        """One line: "3 checked calls, 1 mismatch (first at call 51): forward output 2 at call 51, error 0.31
+        (rel 0.05) against 0.0125 allowed (bfloat16 rtol 0.05, atol 0.05, float64 eager)"."""
+        line = f"{self.calls} checked call{'s' if self.calls != 1 else ''}"
+        if self.mismatches:
+            line += (f", {self.mismatches} mismatch{'es' if self.mismatches != 1 else ''}"
+                     f" (first at call {self.first_mismatch_call})")
+        else:
+            line += ", no mismatch" if self.compared else ", nothing compared"
+        if self.worst_output is not None:
+            line += (f"; worst: {self.worst_output} at call {self.worst_call}, error {_g(self.worst_abs_error)} "
+                     f"(relative {_g(self.worst_rel_error)}) against {_g(self.allowed)} allowed "
+                     f"(rtol {_g(self.rtol)}, atol {_g(self.atol)}, against {self.reference}): "
+                     f"{_g(self.worst_ratio)} of the tolerance")
+        if self.skipped:
+            line += "; not compared: " + "; ".join(self.skipped)
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["skipped"] = list(self.skipped)
+        # JSON has no infinity: a value that changed or an integer that differs is "inf" in the text
+        return {k: (_json_float(v) if isinstance(v, float) else v) for k, v in data.items()}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Check:
+        def count(key: str) -> int:
+            value = _get(data, key, int, where, default=0)
+            if value < 0:
+                raise DumpError(f"{where}.{key}: expected a count >= 0, found {value}")
+            return value
+
+        def number(key: str) -> float | None:
+            value = data.get(key) if isinstance(data, Mapping) else None
+            if isinstance(value, str) and value in ("inf", "nan"):
+                return float(value)
+            return _number_or_none(data, key, where)
+
+        return cls(
+            calls=count("calls"),
+            mismatches=count("mismatches"),
+            compared=count("compared"),
+            first_mismatch_call=_get(data, "first_mismatch_call", int, where, default=None),
+            worst_output=_get(data, "worst_output", str, where, default=None),
+            worst_call=_get(data, "worst_call", int, where, default=None),
+            worst_abs_error=number("worst_abs_error"),
+            worst_rel_error=number("worst_rel_error"),
+            worst_ratio=number("worst_ratio"),
+            rtol=number("rtol"),
+            atol=number("atol"),
+            allowed=number("allowed"),
+            reference=_get(data, "reference", str, where, default=None),
+            skipped=_str_list(data, "skipped", where),
+        )
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+def _check_or_none(data: Mapping[str, Any], where: str) -> Check | None:
+    value = _get(data, "check", dict, where, default=None)
+    return None if value is None else Check.from_json(value, f"{where}.check")
+
+
 @dataclasses.dataclass(frozen=True)
 class FusionRecord:
     """A fusion region of a Thunder trace: `nvFusionN` (nvFuser) or `TorchCompileN` (Thunder's torch.compile executor).
@@ -616,6 +730,7 @@ class FusionRecord:
     input_meta: tuple[InputMeta, ...] = ()
     timing: Timing | None = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    check: Check | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -632,6 +747,7 @@ class FusionRecord:
             "input_meta": [m.to_json() for m in self.input_meta],
             "timing": _timing_json(self.timing),
             "files": dict(self.files),
+            "check": None if self.check is None else self.check.to_json(),
         }
 
     @classmethod
@@ -646,6 +762,7 @@ class FusionRecord:
             input_meta=_records(data, "input_meta", where, InputMeta.from_json),
             timing=_timing_or_none(data, "timing", where),
             files=_files(data, where),
+            check=_check_or_none(data, where),
         )
 
 
@@ -690,6 +807,7 @@ class SplitRecord:
     thunder_overhead_timing: Timing | None = None
     op_groups: tuple[OpGroup, ...] = ()
     compile_cost: CompileCost | None = None
+    check: Check | None = None  # Thunder splits only
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -713,6 +831,7 @@ class SplitRecord:
             "thunder_overhead_timing": _timing_json(self.thunder_overhead_timing),
             "op_groups": [g.to_json() for g in self.op_groups],
             "compile_cost": None if self.compile_cost is None else self.compile_cost.to_json(),
+            "check": None if self.check is None else self.check.to_json(),
         }
 
     @classmethod
@@ -740,6 +859,7 @@ class SplitRecord:
             thunder_overhead_timing=_timing_or_none(data, "thunder_overhead_timing", where),
             op_groups=_records(data, "op_groups", where, OpGroup.from_json),
             compile_cost=_cost_or_none(data, where),
+            check=_check_or_none(data, where),
         )
 
 

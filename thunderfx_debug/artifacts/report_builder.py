@@ -8,6 +8,7 @@ from typing import Any
 
 from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord
 from thunderfx_debug.recording import compile_cost
+from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
 from thunderfx_debug.recording.timing import SampleSeries
 from thunderfx_debug.report import Report
@@ -37,6 +38,10 @@ def _op_groups(split: SplitState) -> tuple[OpGroup, ...]:
     return tuple(sorted(groups, key=lambda g: (g.phase.value != "forward", -(g.timing.total_ms if g.timing else 0))))
 
 
+def _check(tally: CheckTally | None):
+    return None if tally is None else tally.record()
+
+
 def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int) -> SplitRecord:
     split = snap.state
     key = f"{graph}/{split.name}"
@@ -51,6 +56,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             input_meta=snap.region_metas(r),
             timing=_timing(split.region_series.get(r.key)),
             files=files.get(f"{key}/{r.key}", {}),
+            check=_check(split.region_checks.get(r.key)),
         )
         for r in snap.regions
     )
@@ -74,6 +80,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         thunder_overhead_timing=_timing(split.overhead),
         op_groups=_op_groups(split),
         compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
+        check=_check(split.check),
     )
 
 

@@ -18,6 +18,7 @@ import torch
 from thunderfx_debug.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ranges
+from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
@@ -55,6 +56,9 @@ class SplitState:
     host_forward: SampleSeries | None = None  # host wall of sampled calls, where `forward` is device time
     host_backward: SampleSeries | None = None
     overhead: SampleSeries | None = None  # Thunder's own host time per sampled forward call (thunder splits)
+    # The correctness sentinel's findings (THUNDERFX_DEBUG_CHECK): the split's, and its regions' by region key.
+    check: CheckTally | None = None
+    region_checks: dict[str, CheckTally] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:

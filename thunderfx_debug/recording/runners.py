@@ -6,7 +6,9 @@ per graph call for the periodic flush (`periodic`), and on the call after a samp
 (the end of its call period). Sampled calls add clock marks before and after, and gradient hooks that mark the
 start and end of the backward (see `sampler`). The first call of a graph and of each split is timed on the host
 clock, forward and backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its
-inputs and outputs when the run asks for real inputs (`capture`).
+inputs and outputs when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call
+of a thunder split also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
+first call, which is always checked, includes it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from thunderfx_debug.recording.compile_cost import FirstCallTimer
     from thunderfx_debug.recording.periodic import PeriodicFlush
     from thunderfx_debug.recording.recorder import GraphState, SplitState
+    from thunderfx_debug.recording.split_check import SplitCheck
 
 
 class GraphErrorHandler(Protocol):
@@ -69,6 +72,7 @@ class SplitRunner(torch.nn.Module):
         self._split, self._graph = split, graph
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._first, self._overhead = first, overhead
+        self.check: SplitCheck | None = None  # the correctness sentinel's check of a thunder split (`split_check`)
 
     def attach_regions(self, regions: RegionTimer) -> None:
         """Times the fusion regions of this (thunder) split on its sampled calls; needs split-level timing."""
@@ -80,11 +84,26 @@ class SplitRunner(torch.nn.Module):
     def forward(self, *args):
         split = self._split
         split.calls += 1
+        check = self.check
+        if check is not None and check.schedule.is_checked(self._graph.calls):
+            return self._checked_call(check, args)
         if split.calls == 1:
             return self._first_call(args)
         return self._call(*args)
 
     __call__ = forward
+
+    def _checked_call(self, check: SplitCheck, args):
+        checked = check.before(self._graph.calls, args)
+        try:
+            out = self._first_call(args) if self._split.calls == 1 else self._call(*args)
+        except Exception:
+            if checked is not None:
+                check.abandon(checked)
+            raise
+        if checked is not None:
+            check.after(checked, args, out)
+        return out
 
     def _call(self, *args):
         split, graph = self._split, self._graph

@@ -100,7 +100,7 @@ class BackwardMarks:
         self.sampler, self.call = sampler, call
         self.start = self.host = None
         self.handles: list[Any] = []
-        first_nodes, last_nodes = _backward_nodes(inputs, outputs)
+        first_nodes, last_nodes = backward_nodes(inputs, outputs)
         if not first_nodes or not last_nodes:
             return
         self._ends_left = len(last_nodes)
@@ -151,7 +151,7 @@ class BackwardMarks:
             regions.disarm_backward()
 
 
-def _backward_nodes(inputs: Sequence[Any], outputs: Sequence[torch.Tensor], limit: int = 10_000) -> tuple[list, list]:
+def backward_nodes(inputs: Sequence[Any], outputs: Sequence[torch.Tensor], limit: int = 10_000) -> tuple[list, list]:
     """The autograd nodes of a piece's backward: those of its outputs (run first), and those with an edge into the
     gradient node of an input (run last), found by walking from the outputs until the inputs. A walk that does not
     end within `limit` nodes (the inputs are not a cut of the graph) gives no nodes: no backward sample this call."""

@@ -7,22 +7,26 @@ from collections.abc import Callable
 
 import torch
 
-from thunderfx_debug.config import Config, Inputs, ReproKind, TimingLevel
+from thunderfx_debug.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
+from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
+from thunderfx_debug.recording.region_check import RegionCheck
 from thunderfx_debug.recording.regions import RegionObservers
 from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead
 from thunderfx_debug.recording.sampler import PhaseSampler
+from thunderfx_debug.recording.split_check import SplitCheck
 from thunderfx_debug.recording.timing import (
     CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
 )
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import instrument
 from thunderfx_debug.thunder.compile_events import SPANS
+from thunderfx_debug.thunder.reference import RegionReferences
 
 
 def _compiles_started() -> int:
@@ -49,6 +53,11 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     level = config.timing
     sampling = Sampling(config.timing_every, config.timing_warmup, enabled=level >= TimingLevel.GRAPH)
     timed = level >= TimingLevel.GRAPH
+    schedule, evidence = None, None
+    if config.check > CheckLevel.OFF:
+        schedule = CheckSchedule(config.check_every)
+        evidence = EvidenceKeeper(config.inputs_max_mb, failures)
+        sampling = TimingBesideChecks(sampling, schedule)  # a checked call is not timed (its check would be)
     hold = None
     if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
         # Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels
@@ -82,6 +91,16 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                                                 config.inputs_max_mb, failures)
                 split.region_captures = capture_regions.captures
                 observers.append(capture_regions)
+            if schedule is not None:
+                with failures.guard(f"preparing the correctness check of {label}"):
+                    regions = None
+                    if config.check >= CheckLevel.FUSION:
+                        regions = RegionCheck(label, RegionReferences(split.split.compiled), split.region_checks,
+                                              failures, evidence)
+                        observers.append(regions)
+                    split.check = CheckTally()
+                    runner.check = SplitCheck(label, split.split.original_module, split.split.input_names, schedule,
+                                              split.check, failures, evidence, regions)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts)

@@ -12,7 +12,7 @@ import dataclasses
 from collections import Counter
 
 from thunderfx_debug.records import RankRecord, SplitRecord, Timing
-from thunderfx_debug.render import digest
+from thunderfx_debug.render import correctness, digest
 from thunderfx_debug.render.headline import COLD_SAMPLES, MIN_SAMPLES
 from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, NOISY_RESOLUTION, Change, Verdict, judge
 from thunderfx_debug.render.text import ms, plural
@@ -56,6 +56,8 @@ class RunDiff:
     timings: list[TimingChange]  # every piece timed in A or B
     step_ms: tuple[float | None, float | None]
     shift: float | None = None  # the run-wide ratio B/A the pieces were judged against (see `noise`)
+    # pieces (see `correctness.CheckedPiece.path`) that mismatch eager in B and did not in A, with B's verdict
+    new_mismatches: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def structure_changed(self) -> bool:
@@ -100,7 +102,14 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         timings=timings,
         step_ms=(digest.step_ms(a), digest.step_ms(b)),
         shift=shift,
+        new_mismatches=_new_mismatches(a, b),
     )
+
+
+def _new_mismatches(a: RankRecord, b: RankRecord) -> list[tuple[str, str]]:
+    """Pieces that mismatch eager in `b` but not in `a` (clean there, unchecked, or absent)."""
+    before = {p.path for p in correctness.mismatching(a)}
+    return [(p.path, correctness.mismatch_line(p)) for p in correctness.mismatching(b) if p.path not in before]
 
 
 def _fusion_changes(where: str, a: SplitRecord, b: SplitRecord) -> list[FusionChange]:
@@ -167,6 +176,9 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     """The diff as text: structure first, then the timing changes beyond noise (all timed pieces if `show_all`)."""
     lines = [f"A = {label_a}", f"B = {label_b}", "", "structure:"]
     lines += ["  " + line for line in render_structure_changes(d)]
+    if d.new_mismatches:
+        lines += ["", f"correctness: {len(d.new_mismatches)} pieces mismatch eager in B and did not in A:"]
+        lines += [f"  MISMATCH {line}" for _, line in d.new_mismatches]
     step_a, step_b = d.step_ms
     clocks = {t.clock for t in (*(c.a for c in d.timings), *(c.b for c in d.timings)) if t is not None}
     words = " and ".join(sorted(f"{digest.time_word(c)} time ({c.value} clock)" for c in clocks)) or "time"

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from thunderfx_debug import layout
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, digest
+from thunderfx_debug.render import accounting, correctness, digest
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -272,10 +272,37 @@ def _parts(graph: GraphRecord, split) -> str:
     return html
 
 
+def _correctness(report: RankRecord, prefix: str | None) -> str:
+    pieces = correctness.checked_pieces(report)
+    if not pieces:
+        return ""
+    bad = [p for p in pieces if p.check.mismatched]
+    html = "<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
+    html += (f'<span class="flag">{len(bad)} of {len(pieces)} checked pieces mismatch</span></p>' if bad
+             else f"no mismatch in {len(pieces)} checked pieces.</p>")
+    rows = []
+    for p in sorted(pieces, key=lambda p: (not p.check.mismatched, p.path)):
+        c = p.check
+        verdict = '<span class="flag">MISMATCH</span>' if c.mismatched else ("not compared" if not c.compared else "ok")
+        rows.append([verdict, esc(p.path), f"{c.mismatches} / {c.calls}", esc(str(c.first_mismatch_call or "-")),
+                     esc(c.worst_output or "-"), esc(str(c.worst_call or "-")), _number(c.worst_abs_error),
+                     _number(c.worst_rel_error), _number(c.allowed), esc(c.reference or "-"), _number(c.worst_ratio),
+                     esc("; ".join(c.skipped)),
+                     _links({k: v for k, v in p.files.items() if "mismatch" in k}, prefix)])
+    return html + _table(["", "piece", "mismatching / checked calls", "first mismatch", "worst value", "at call",
+                          "abs error", "rel error", "allowed", "against", "x tolerance", "not compared", "script"],
+                         rows, {2, 3, 5, 6, 7, 8, 10})
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def rank_section(report: RankRecord, prefix: str | None) -> str:
     """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
-    parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report), _compiles(report),
-             _reasons(report), _timing_charts(report), "<h3>Graphs</h3>"]
+    parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report),
+             _correctness(report, prefix), _compiles(report), _reasons(report), _timing_charts(report),
+             "<h3>Graphs</h3>"]
     parts += [_graph(g, prefix) for g in report.graphs]
     parts.append("</section>")
     return "".join(parts)

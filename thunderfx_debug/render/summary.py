@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from thunderfx_debug.records import ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import accounting, digest
+from thunderfx_debug.render.correctness import render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
 
@@ -236,6 +237,9 @@ def render_overview(report: RankRecord) -> list[str]:
                  "-" if share is None else f"{100 * share:.1f}%", piece.headline.flag or ""]
                 for i, (piece, share) in enumerate(top, 1)]
         lines += ["  " + line for line in _table(rows, right={0, 3, 4})]
+    correctness = render_correctness(report)
+    if correctness:
+        lines += ["", *correctness]
     for warning in report.meta.get("warnings", []):
         lines.append(f"warning: {warning}")
     for failure in report.meta.get("reporting_failures", []):
@@ -298,6 +302,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
         cost = _cost_line(split.compile_cost)
         if cost:
             lines.append(f"    {cost}")
+        if split.check is not None:
+            lines.append(f"    check: {'MISMATCH ' if split.check.mismatched else ''}{split.check.describe()}")
         for group in digest.group_reasons([GraphRecord(graph.name, graph.index, splits=(split,))]):
             lines.append(f"    split reason: {group.type} {group.op}" + (f" (x{group.count})" if group.count > 1 else ""))
             lines += [f"      exception: {e}" for e in group.exceptions]
@@ -309,6 +315,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
                 if fusion.timing is not None and fusion.timing.count:
                     head = headline(fusion.timing, left_out)
                     line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
+                if fusion.check is not None:
+                    line += f", check: {'MISMATCH' if fusion.check.mismatched else 'ok'} ({fusion.check.calls} calls)"
                 lines.append(line)
         for key, timing in sorted(split.outside_fusions_timing.items()):
             line = _timing_line(f"outside fusions, {digest.outside_phase(key)}", timing, left_out)

@@ -1,0 +1,302 @@
+"""The correctness sentinel (THUNDERFX_DEBUG_CHECK) on real Thunder runs on CPU: a Thunder executor of our own that
+computes one op wrongly gets its split (and only it) flagged, with a mismatch script that exits 1; dropout raises no
+false alarm; the training is bit-identical with the check on and off; a failing check is logged once, not raised.
+Then the records, the rendering and the diff of its findings, without Thunder."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
+from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
+from thunderfx_debug.report import Report
+from thunderfx_debug.render.diff import diff_reports, render_diff
+from thunderfx_debug.render.html import render_html
+from thunderfx_debug.render.summary import render_summary
+
+
+# ---- a Thunder executor that computes sin wrongly (and one that computes cos wrongly) ------------------------------
+
+def _wrong_executor(name: str, op_name: str, wrong):
+    """An operator executor claiming Thunder's `op_name` (torch-level and prim) with `wrong`, registered once."""
+    import thunder.torch as ltorch
+    from thunder.core import prims
+    from thunder.extend import OperatorExecutor, get_executor, register_executor
+
+    existing = get_executor(name)
+    if existing is not None:
+        return existing
+    executor = OperatorExecutor(name, version="0")
+    register_executor(executor)
+    op = executor.register_operator(name, like=getattr(ltorch, op_name), fn=wrong)
+    for symbol in (getattr(ltorch, op_name), getattr(prims, op_name)):
+        executor.register_implementation(symbol, op, checker=lambda *args, **kwargs: True)
+    return executor
+
+
+def wrong_sin_executor():
+    return _wrong_executor("thunderfx_debug_test_wrong_sin", "sin", lambda a: torch.sin(a) + 0.25)
+
+
+def wrong_cos_executor():
+    return _wrong_executor("thunderfx_debug_test_wrong_cos", "cos", lambda a: torch.cos(a) * 1.5)
+
+
+class ThreeSplits(nn.Module):
+    """thunder_0 (matmul, relu), inductor_1 (torch.sinc: Thunder has no sinc of its own), thunder_2 (matmul, sin)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) / 3)
+        self.v = nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        h = torch.sinc(torch.relu(x @ self.w) + 1)
+        return (torch.sin(h @ self.v) * 2).sum()
+
+
+def _train(model, backend, steps: int, make_input=lambda: torch.randn(4, 8)):
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(steps):
+        out = compiled(make_input())
+        loss = sum(out) if isinstance(out, tuple) else out
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return losses
+
+
+def _splits(report) -> dict[str, SplitRecord]:
+    return {f"{g.name}/{s.name}": s for g in report.graphs for s in g.splits}
+
+
+def test_a_wrong_executor_flags_its_split_and_no_other(tmp_path):
+    torch.manual_seed(0)
+    backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=2, strict=True,
+                               executors=[wrong_sin_executor(), *cpu_executors()])
+    _train(ThreeSplits(), backend, steps=3)
+    splits = _splits(backend.report())
+    assert splits["graph0/inductor_1"].check is None  # inductor's, not Thunder's: not checked
+    clean, wrong = splits["graph0/thunder_0"].check, splits["graph0/thunder_2"].check
+    assert (clean.calls, clean.mismatches) == (2, 0) and clean.compared > 0  # calls 1 and 3
+    assert (wrong.calls, wrong.mismatches, wrong.first_mismatch_call) == (2, 2, 1)
+    assert wrong.worst_output == "forward output 0" and wrong.worst_ratio > 100
+    assert wrong.reference == "float64 eager" and wrong.rtol == 1e-4
+    # the gradients of the wrong split are right (Thunder differentiates sin with cos): compared, and clean
+    gradient = [s for s in backend.recorder.graphs[0].splits if s.name == "thunder_2"][0].check
+    assert gradient.compared > wrong.calls
+
+
+def test_wrong_gradients_are_flagged():
+    torch.manual_seed(0)
+    backend = ReportingBackend(check="split", check_every=1, strict=True,
+                               executors=[wrong_cos_executor(), *cpu_executors()])
+
+    class Sine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8) / 3)
+
+        def forward(self, x):
+            return torch.sin(x @ self.w).sum()
+
+    _train(Sine(), backend, steps=2)
+    check = backend.report().graphs[0].splits[0].check
+    assert check.mismatches == 2 and check.worst_output.startswith("gradient of input")
+
+
+class Dropped(nn.Module):
+    """A loss through dropout, and one beside it that no random op touches."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2, self.w3 = (nn.Parameter(torch.randn(16, 16) / 4) for _ in range(3))
+
+    def forward(self, x):
+        noisy = (F.dropout(torch.tanh(x @ self.w1), 0.5, training=True) @ self.w2).square().mean()
+        steady = torch.tanh(x @ self.w3).square().mean()
+        return noisy, steady
+
+
+def test_dropout_raises_no_false_alarm():
+    torch.manual_seed(0)
+    backend = ReportingBackend(check="fusion", check_every=1, strict=True, executors=cpu_executors())
+    _train(Dropped(), backend, steps=3, make_input=lambda: torch.randn(8, 16))
+    split = backend.report().graphs[0].splits[0]
+    assert split.check.mismatches == 0 and split.check.calls == 3
+    assert split.check.compared >= 3 * 2  # the steady output and the gradient of w3, every call
+    assert any("forward outputs [0] depend on random ops (dropout)" in r for r in split.check.skipped)
+    assert any("gradients of 2 inputs depend on random ops" in r for r in split.check.skipped)
+    regions = [f.check for f in split.fusions]
+    assert all(c is not None and c.mismatches == 0 for c in regions)
+    assert any(any("draws random numbers" in r for r in c.skipped) for c in regions)
+    assert all(c.compared > 0 for c in regions)  # even the random region: its outputs still held
+
+
+def test_training_is_bit_identical_with_the_check_on_and_off(one_thread):
+    def run(**options):
+        torch._dynamo.reset()
+        model, config = tiny_gpt(seed=0)
+        backend = ReportingBackend(executors=cpu_executors(), strict=True, **options)
+        losses = train(torch.compile(model, backend=backend), model, config, steps=6)
+        return losses, [p.detach().clone() for p in model.parameters()], backend
+
+    torch.manual_seed(1)
+    plain_losses, plain_params, _ = run()
+    torch.manual_seed(1)
+    losses, params, backend = run(check="fusion", check_every=2, timing="fusion", timing_every=2, timing_warmup=0)
+    assert torch.equal(plain_losses, losses)
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
+    report = backend.report()
+    checks = [s.check for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
+    assert checks and all(c.calls == 3 and c.mismatches == 0 for c in checks)  # calls 1, 3, 5
+    # timing samples move off the checked calls: 2, 4, 6 instead of 1, 3, 5
+    assert report.graphs[0].timing.calls == (2, 4, 6)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_random_stream_is_left_as_it_was():
+    """The checks run dropout too (in eager and float64): the random numbers after a checked step are those of an
+    unchecked one."""
+    def after(**options):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        backend = ReportingBackend(executors=cpu_executors(), strict=True, **options)
+        _train(Dropped(), backend, steps=1, make_input=lambda: torch.ones(8, 16))
+        return torch.rand(4)
+
+    assert torch.equal(after(), after(check="split"))
+
+
+def test_a_failing_check_is_logged_once_and_never_raised(caplog):
+    torch.manual_seed(0)
+    backend = ReportingBackend(check="split", check_every=1, executors=cpu_executors())
+    compiled = torch.compile(ThreeSplits(), backend=backend)
+    compiled(torch.randn(4, 8)).backward()  # compiles; the first call is checked
+    runner = backend.recorder.graphs[0].split_gm.thunder_2
+
+    def broken(*args):
+        raise RuntimeError("the reference is broken")
+
+    runner.check.module = broken
+    with caplog.at_level("WARNING", logger="thunderfx_debug"):
+        for _ in range(3):
+            loss = compiled(torch.randn(4, 8))
+            loss.backward()
+    assert torch.isfinite(loss)
+    failures = backend.recorder.failures
+    assert sum(n for (what, _), n in failures.counts.items() if what == "checking the forward") == 3
+    assert sum("the reference is broken" in r.getMessage() for r in caplog.records) == 1
+    backend.config = dataclasses.replace(backend.config, strict=True)
+    failures.strict = True
+    with pytest.raises(RuntimeError, match="the reference is broken"):
+        compiled(torch.randn(4, 8))
+
+
+# ---- the fusion-level observer: a value written after its region returned ----------------------------------------
+
+def test_a_region_output_written_after_the_region_returned_is_a_mismatch():
+    from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper
+    from thunderfx_debug.recording.region_check import RegionCheck
+    from thunderfx_debug.safety import ReportingFailures
+    from thunderfx_debug.thunder.reference import RegionReference
+
+    class References:
+        def get(self, key):
+            return RegionReference(key, lambda a: [a * 2, a + 1], (), False, ("t0", "t1"))
+
+    failures = ReportingFailures(strict=True)
+    tallies: dict[str, CheckTally] = {}
+    observer = RegionCheck("graph0/thunder_0", References(), tallies, failures, EvidenceKeeper(1.0, failures))
+    observer.forward_call = 7
+    a = torch.arange(4.0)
+    outputs = (a * 2, a + 1)
+    observer.begin_trace("forward")
+    observer.begin_region("nvFusion0_forward", a)
+    observer.end_region("nvFusion0_forward", *outputs)
+    outputs[1].data[2] = 100.0  # a write that bumps no version counter, as a stray kernel write would
+    observer.end_trace("forward")
+    check = tallies["nvFusion0_forward"].record()
+    assert (check.calls, check.mismatches, check.first_mismatch_call) == (1, 1, 7)
+    assert check.worst_output == ("output 1 (t1): changed after the region returned it, before the end of the "
+                                  "split's forward")
+    assert check.worst_abs_error == 97.0 and math.isinf(check.worst_ratio)
+    # an in-place update through PyTorch (version bumped) is the program's own, and a call not armed is not checked
+    observer.begin_trace("forward")
+    observer.end_trace("forward")
+    assert tallies["nvFusion0_forward"].calls == 1
+
+
+# ---- records, rendering, diff -------------------------------------------------------------------------------------
+
+MISMATCH = Check(calls=3, mismatches=2, compared=30, first_mismatch_call=51, worst_output="forward output 2",
+                 worst_call=51, worst_abs_error=0.31, worst_rel_error=0.05, worst_ratio=24.8, rtol=0.05, atol=0.05,
+                 allowed=0.0125, reference="float64 eager", skipped=("forward outputs [1] depend on random ops",))
+CHANGED = Check(calls=1, mismatches=1, compared=4, first_mismatch_call=1, worst_output="output 3 (t9): changed",
+                worst_call=1, worst_abs_error=2.0, worst_rel_error=math.inf, worst_ratio=math.inf, rtol=0.0,
+                atol=0.0, allowed=0.0, reference="its own value right after the region returned")
+
+
+def test_check_records_round_trip_and_refuse_damage():
+    for check in (MISMATCH, CHANGED, Check(calls=2)):
+        assert Check.from_json(check.to_json(), "check") == check
+    assert CHANGED.to_json()["worst_ratio"] == "inf"  # JSON has no infinity
+    with pytest.raises(DumpError, match=r"graph.json.splits\[0\].check.mismatches: expected int"):
+        Check.from_json({**MISMATCH.to_json(), "mismatches": "two"}, "graph.json.splits[0].check")
+    with pytest.raises(DumpError, match="expected a count >= 0"):
+        Check.from_json({"calls": -1}, "check")
+
+
+def test_dumps_without_checks_load_with_none():
+    report = load_report(dump_fixtures() / "normal")
+    assert all(s.check is None and all(f.check is None for f in s.fusions) for g in report.graphs for s in g.splits)
+
+
+def _report_with(check: Check | None) -> Report:
+    report = load_report(dump_fixtures() / "normal")
+    graph = report.graphs[0]
+    split = next(s for s in graph.splits if s.kind is SplitKind.THUNDER)
+    files = {**split.files, "repro_mismatch_thunder": "graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"}
+    changed = dataclasses.replace(split, check=check, files=files if check is not None else split.files)
+    splits = tuple(changed if s.name == split.name else s for s in graph.splits)
+    return dataclasses.replace(report, graphs=(dataclasses.replace(graph, splits=splits), *report.graphs[1:]))
+
+
+def test_summary_and_html_name_the_mismatching_piece():
+    report = _report_with(MISMATCH)
+    summary = render_summary(report)
+    assert "correctness (Thunder against eager on checked calls): 1 of 1 checked pieces MISMATCH" in summary
+    assert ("MISMATCH graph0/thunder_0: forward output 2 at call 51, error 0.31 (relative 0.05) against 0.0125 "
+            "allowed (float64 eager), 24.8 x the tolerance; 2 of 3 checked calls mismatched (first at call 51)"
+            in summary)
+    assert "script: graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py" in summary
+    page = render_html({0: report}, {0: "rank0/"})
+    assert "<h3>Correctness</h3>" in page and "1 of 1 checked pieces mismatch" in page
+    assert 'href="rank0/graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"' in page
+    assert "correctness" not in render_summary(_report_with(None))
+
+
+def test_diff_shows_the_mismatches_new_in_the_second_run():
+    clean = dataclasses.replace(MISMATCH, mismatches=0, first_mismatch_call=None, worst_ratio=0.3)
+    text = render_diff(diff_reports(_report_with(clean), _report_with(MISMATCH)))
+    assert "correctness: 1 pieces mismatch eager in B and did not in A:" in text
+    assert "MISMATCH graph0/thunder_0: forward output 2 at call 51" in text
+    assert "correctness" not in render_diff(diff_reports(_report_with(MISMATCH), _report_with(MISMATCH)))
+    assert "correctness" not in render_diff(diff_reports(_report_with(MISMATCH), _report_with(clean)))

@@ -1,0 +1,227 @@
+"""The correctness sentinel (THUNDERFX_DEBUG_CHECK): which calls are checked, what a check leaves behind, and how it
+keeps the training untouched. The checks themselves: `split_check` (a Thunder split against its FX graph run by
+PyTorch, forward and gradients) and `region_check` (each fusion region against its torch reference, and whether
+what it returned still holds at the end of the split).
+
+A checked call runs as usual first; the references run afterwards on the same real inputs, detached, under
+`no_grad` (or on leaf copies for the gradients), with the CPU and CUDA random states saved and restored around
+them (`kept_random_state`), so that the training's random numbers, losses and parameters do not change. What a
+check finds goes into a `CheckTally` per piece (read into `records.Check` at report time); the values it made are
+dropped when it returns, except the host copies of the first mismatching call (`Evidence`, within
+THUNDERFX_DEBUG_INPUTS_MAX_MB) for the mismatch script written at flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from thunderfx_debug.records import MAX_CHECK_REASONS, Check
+from thunderfx_debug.recording.capture import Captured, InputCapture
+from thunderfx_debug.recording.compare import Judged
+from thunderfx_debug.safety import ReportingFailures
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckSchedule:
+    """Checked calls: the first call of each graph and every `every`-th after (1, 1 + every, 1 + 2 * every, ...).
+
+    Example:
+        >>> [call for call in range(1, 120) if CheckSchedule(50).is_checked(call)]
+        [1, 51, 101]
+    """
+
+    every: int
+
+    def is_checked(self, call: int) -> bool:
+        return call >= 1 and (call - 1) % self.every == 0
+
+
+class TimingBesideChecks:
+    """The timing samples of a run that also checks: a sample that falls on a checked call is taken on the next
+    call instead, because a checked call's references run inside the graph's (and the trace's) timing marks.
+
+    Example (timing every 5 calls after a warm-up of 0, checks every 5: each sample moves one call later):
+        >>> from thunderfx_debug.recording.timing import Sampling
+        >>> both = TimingBesideChecks(Sampling(every=5, warmup=0), CheckSchedule(5))
+        >>> [call for call in range(1, 13) if both.is_sampled(call)]
+        [2, 7, 12]
+    """
+
+    def __init__(self, sampling, schedule: CheckSchedule):
+        self.sampling, self.schedule = sampling, schedule
+
+    @property
+    def enabled(self) -> bool:
+        return self.sampling.enabled
+
+    def is_sampled(self, call: int) -> bool:
+        if self.schedule.is_checked(call):
+            return False
+        return self.sampling.is_sampled(call) or (
+            call > 1 and self.schedule.is_checked(call - 1) and self.sampling.is_sampled(call - 1))
+
+
+@dataclasses.dataclass
+class Evidence:
+    """The first mismatching call of a piece, for its mismatch script: the call and phase, host copies (`captured`,
+    None where over the cap) of the inputs the piece received and, for a forward mismatch, what it returned; for a
+    gradient mismatch (`phase` "backward"), `gradients` holds the incoming gradients (as its `inputs`) and the
+    gradients the piece passed to its inputs that require one (as its `outputs`, None where not compared).
+    `findings` are the verdicts' lines."""
+
+    call: int
+    phase: str
+    captured: Captured | None
+    findings: list[str]
+    gradients: Captured | None = None
+
+
+class CheckTally:
+    """What the checks of one piece found so far; `record()` reads it as a `records.Check` (None before any check)."""
+
+    def __init__(self):
+        self._calls: set[int] = set()
+        self._mismatching: set[int] = set()
+        self.compared = 0
+        self.worst: tuple[Judged, int] | None = None
+        self.skipped: dict[str, None] = {}
+        self.evidence: Evidence | None = None
+
+    def checked(self, call: int) -> None:
+        self._calls.add(call)
+
+    def add(self, call: int, judged: Iterable[Judged]) -> list[Judged]:
+        """Adds the verdicts of one comparison of call `call`; returns those that are mismatches."""
+        self._calls.add(call)
+        mismatches = []
+        for j in judged:
+            self.compared += 1
+            if self.worst is None or j.ratio > self.worst[0].ratio:
+                self.worst = (j, call)
+            if j.mismatch:
+                mismatches.append(j)
+        if mismatches:
+            self._mismatching.add(call)
+        return mismatches
+
+    def skip(self, call: int, reason: str) -> None:
+        self._calls.add(call)
+        if reason not in self.skipped and len(self.skipped) < MAX_CHECK_REASONS:
+            self.skipped[reason] = None
+
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
+
+    def record(self) -> Check | None:
+        if not self._calls:
+            return None
+        worst, call = self.worst if self.worst is not None else (None, None)
+        return Check(
+            calls=len(self._calls),
+            mismatches=len(self._mismatching),
+            compared=self.compared,
+            first_mismatch_call=min(self._mismatching) if self._mismatching else None,
+            worst_output=worst.label if worst else None,
+            worst_call=call,
+            worst_abs_error=worst.abs_error if worst else None,
+            worst_rel_error=worst.rel_error if worst else None,
+            worst_ratio=worst.ratio if worst else None,
+            rtol=worst.rtol if worst else None,
+            atol=worst.atol if worst else None,
+            allowed=worst.allowed if worst else None,
+            reference=worst.reference if worst else None,
+            skipped=tuple(self.skipped),
+        )
+
+
+def describe_findings(mismatches: Sequence[Judged]) -> list[str]:
+    """Lines for a mismatch script's docstring: each value beyond its tolerance, with its numbers."""
+    lines = []
+    for j in mismatches:
+        ratio = "inf" if math.isinf(j.ratio) else f"{j.ratio:.3g}"
+        lines.append(f"{j.label}: error {j.abs_error:.3g} (relative {j.rel_error:.3g}), {ratio} of the "
+                     f"{j.allowed:.3g} allowed against {j.reference}")
+    return lines
+
+
+class EvidenceKeeper:
+    """Takes the host copies of a piece's first mismatching call (`Evidence`), within `max_mb` (the run's
+    THUNDERFX_DEBUG_INPUTS_MAX_MB) for inputs and outputs together."""
+
+    class _Holder:
+        def __init__(self, name: str):
+            self.name, self.real_inputs = name, None
+
+    def __init__(self, max_mb: float, failures: ReportingFailures):
+        self._capture = InputCapture(max_mb, failures)
+
+    def keep(self, tally: CheckTally, name: str, call: int, phase: str, inputs: Sequence[Any], outputs: Any,
+             mismatches: Sequence[Judged], grad_outputs: Sequence[Any] | None = None) -> None:
+        """Keeps the evidence of `tally`'s first mismatch (nothing once it has one, or without `mismatches`).
+        With `grad_outputs` (a gradient mismatch), `outputs` are the gradients the piece passed on."""
+        if tally.evidence is not None or not mismatches:
+            return
+        holder = self._Holder(name)
+        self._capture.inputs(holder, list(inputs))
+        if grad_outputs is None:
+            self._capture.outputs(holder, outputs)
+        evidence = Evidence(call, phase, holder.real_inputs, describe_findings(mismatches))
+        if grad_outputs is not None:
+            gradients = self._Holder(name)
+            self._capture.inputs(gradients, list(grad_outputs))
+            self._capture.outputs(gradients, list(outputs))
+            evidence.gradients = gradients.real_inputs
+        tally.evidence = evidence
+
+
+def tensors(values: Iterable[Any]) -> list[torch.Tensor]:
+    return [v for v in tree_leaves(list(values)) if isinstance(v, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def kept_random_state(values: Iterable[Any]) -> Iterator[None]:
+    """Saves the CPU random state and that of the CUDA devices `values` live on (and the current one), and restores
+    them afterwards (`torch.random.fork_rng`): a reference run draws no number from the training's streams."""
+    devices = {t.device.index for t in tensors(values) if t.is_cuda and t.device.index is not None}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        devices.add(torch.cuda.current_device())
+    with torch.random.fork_rng(devices=sorted(devices)):
+        yield
+
+
+def version(value: Any) -> int | None:
+    """A tensor's version counter (bumped by every in-place write through PyTorch), None for other values."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value._version
+    except RuntimeError:  # inference tensors have none
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class AutocastState:
+    """The autocast settings in force on the devices of a piece's inputs, captured at its forward, so that the
+    reference of its backward (which runs where autocast is usually off) computes as the forward did."""
+
+    settings: tuple[tuple[str, bool, torch.dtype], ...]
+
+    @classmethod
+    def capture(cls, values: Iterable[Any]) -> AutocastState:
+        device_types = sorted({t.device.type for t in tensors(values)} & {"cpu", "cuda"})
+        return cls(tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in device_types))
+
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for device_type, enabled, dtype in self.settings:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
+            yield

@@ -1,0 +1,106 @@
+"""The eager reference of a fusion region, for the correctness sentinel: the region's ops lowered to torch calls by
+Thunder's torch executor (`scripts.region_torch_function`, the same lowering as the region's repro scripts), as a
+Python function compiled once per region, with what the check needs to know about the region.
+
+Checked against lightning-thunder 0.2.6. A region is looked up by its key ("nvFusion0_forward") in the final trace
+of its phase that Thunder holds for the split (`thunder.last_traces` / `last_backward_traces`), which Thunder sets
+before it runs the trace, so the lookup works while the region runs (from a region observer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from thunderfx_debug.records import Phase
+from thunderfx_debug.thunder.scripts import region_torch_function
+from thunderfx_debug.thunder.traces import final_traces
+
+#: Symbols that draw random numbers or read the random state, by name, besides those Thunder tags RANDOM_OP
+#: (Thunder's prims.uniform_philox, which nvFuser's dropout becomes, carries no tag).
+_RANDOM_NAMES = frozenset({
+    "uniform", "uniform_philox", "randn", "rand", "randint", "randperm", "bernoulli", "multinomial", "normal",
+    "get_and_update_rng_state", "dropout", "native_dropout", "exponential", "poisson",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionReference:
+    """A region's torch reference `fn(*inputs) -> list of outputs`, the names of its random ops (its values cannot
+    be compared with torch's: the streams differ), whether it writes into one of its inputs (`copy_`), and the trace
+    names of its outputs."""
+
+    key: str
+    fn: Callable[..., Any]
+    random_ops: tuple[str, ...]
+    mutates_inputs: bool
+    output_names: tuple[str, ...]
+
+
+def _walk(bsym):
+    for sub in bsym.subsymbols:
+        yield sub
+        yield from _walk(sub)
+
+
+def _random_ops(bsym) -> tuple[str, ...]:
+    from thunder.core.prims import OpTags
+
+    found = []
+    for sub in _walk(bsym):
+        tags = sub.sym.tags or ()
+        if OpTags.RANDOM_OP in tags or sub.sym.name in _RANDOM_NAMES:
+            found.append(sub.sym.name)
+    return tuple(dict.fromkeys(found))
+
+
+def _mutates_inputs(bsym) -> bool:
+    from thunder.core.prims import OpTags, PrimIDs
+
+    return any(sub.sym.id == PrimIDs.COPY_ or OpTags.IN_PLACE in (sub.sym.tags or ()) for sub in _walk(bsym))
+
+
+def region_bsym(compiled, key: str):
+    """The fusion bound symbol named by `key` ("nvFusion0_forward") in the split's current final trace of that
+    phase; raises LookupError where there is none."""
+    name, _, phase = key.rpartition("_")
+    forward, backward = final_traces(compiled)
+    trace = forward if phase == Phase.FORWARD.value else backward
+    for bsym in getattr(trace, "bound_symbols", ()):
+        if bsym.sym.is_fusion and bsym.sym.name == name:
+            return bsym
+    raise LookupError(f"no fusion region {name} in the {phase} trace Thunder holds for this split")
+
+
+class RegionReferences:
+    """The references of one split's regions, built on first use and kept while the trace they came from is the
+    one Thunder runs (a recompile builds new regions under the same names)."""
+
+    def __init__(self, compiled):
+        self._compiled = compiled
+        self._built: dict[str, tuple[Any, RegionReference]] = {}
+
+    def get(self, key: str) -> RegionReference:
+        bsym = region_bsym(self._compiled, key)
+        cached = self._built.get(key)
+        if cached is not None and cached[0] is bsym:
+            return cached[1]
+        reference = build_reference(bsym, key)
+        self._built[key] = (bsym, reference)  # the bsym kept alive, so that `is` cannot match a new object at its id
+        return reference
+
+
+def build_reference(bsym, key: str) -> RegionReference:
+    """Lowers the region to torch calls and compiles that source into a function (once per region)."""
+    name = bsym.sym.name
+    source, ctx = region_torch_function(bsym, name)
+    namespace = dict(ctx)
+    exec(compile(source, f"<thunderfx_debug torch reference of {key}>", "exec"), namespace)  # noqa: S102 (Thunder's code)
+    return RegionReference(
+        key=key,
+        fn=namespace[name],
+        random_ops=_random_ops(bsym),
+        mutates_inputs=_mutates_inputs(bsym),
+        output_names=tuple(getattr(o, "name", repr(o)) for o in bsym.flat_outs),
+    )
