@@ -45,9 +45,9 @@ class ReportingBackend(ThunderCompiler):
             (with a warning naming both when they differ).
             Without either, nothing is written and `report()` is the way to read the records.
         **options: thunderfx_debug's own settings by their lower-case names (`repro`, `inputs`, `inputs_max_mb`,
-            `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`, `flush_every`; see
-            `thunderfx_debug.config`, the environment variables win), and everything else goes to Thunder as
-            ThunderCompiler's options do (`executors=...`, `transforms=...`).
+            `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`, `flush_every`, `check`,
+            `check_every`; see `thunderfx_debug.config`, the environment variables win), and everything else goes to
+            Thunder as ThunderCompiler's options do (`executors=...`, `transforms=...`).
 
     With a dump directory, the dump is written every `flush_every` seconds during training (from the training
     thread, between two graph calls; serialising and writing in a writer thread), at interpreter exit, and on
