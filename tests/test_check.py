@@ -115,6 +115,24 @@ def test_wrong_gradients_are_flagged():
     assert check.mismatches == 2 and check.worst_output.startswith("gradient of input")
 
 
+def test_a_checked_call_whose_backward_never_runs_frees_its_graph():
+    """The hooks of a gradient check hold no autograd node: an evaluation step with grad enabled leaks nothing."""
+    import gc
+    import weakref
+
+    backend = ReportingBackend(check="split", check_every=1, strict=True, executors=cpu_executors())
+    compiled = torch.compile(ThreeSplits(), backend=backend)
+    compiled(torch.randn(4, 8, requires_grad=True)).backward()
+    x = torch.randn(4, 8, requires_grad=True)
+    seen = weakref.ref(x)
+    out = compiled(x)  # checked; its backward never runs
+    has_graph = out.grad_fn is not None
+    del x, out
+    gc.collect()
+    assert has_graph and seen() is None
+    assert backend.report().graphs[0].splits[0].check.calls == 2
+
+
 class Dropped(nn.Module):
     """A loss through dropout, and one beside it that no random op touches."""
 
@@ -212,7 +230,9 @@ def test_a_failing_check_is_logged_once_and_never_raised(caplog):
 
 # ---- the fusion-level observer: a value written after its region returned ----------------------------------------
 
-def test_a_region_output_written_after_the_region_returned_is_a_mismatch():
+def test_a_write_behind_the_programs_back_is_a_mismatch_and_its_region_is_found_next():
+    """A region's output written after the region returned (no version counter bumped, as by a stray kernel write)
+    is a mismatch of the tensor hit; on the next checked call, the region during which it happens is named."""
     from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper
     from thunderfx_debug.recording.region_check import RegionCheck
     from thunderfx_debug.safety import ReportingFailures
@@ -224,24 +244,54 @@ def test_a_region_output_written_after_the_region_returned_is_a_mismatch():
 
     failures = ReportingFailures(strict=True)
     tallies: dict[str, CheckTally] = {}
-    observer = RegionCheck("graph0/thunder_0", References(), tallies, failures, EvidenceKeeper(1.0, failures))
-    observer.forward_call = 7
-    a = torch.arange(4.0)
-    outputs = (a * 2, a + 1)
+    split = CheckTally()
+    observer = RegionCheck("graph0/thunder_0", References(), tallies, failures, EvidenceKeeper(1.0, failures), split)
+
+    def call(number, x, stray_write):
+        observer.watch_inputs([("input 0 (x)", x)], written=set())
+        observer.forward_call = number
+        observer.begin_trace("forward")
+        observer.begin_region("nvFusion0_forward", x)
+        first = (x * 2, x + 1)
+        observer.end_region("nvFusion0_forward", *first)
+        observer.begin_region("nvFusion1_forward", first[0])
+        stray_write(x, first)  # while nvFusion1 runs
+        observer.end_region("nvFusion1_forward", first[0] * 2, first[0] + 1)
+        observer.end_trace("forward")
+        observer.forward_call = 0
+        return first
+
+    def hit_output(x, first):
+        first[1].data[2] = 100.0
+
+    kept = call(7, torch.arange(4.0), hit_output)
+    victim = tallies["nvFusion0_forward"].record()
+    assert (victim.calls, victim.mismatches, victim.first_mismatch_call) == (1, 1, 7)
+    assert victim.worst_output.startswith("output 1 (t1) of nvFusion0_forward changed after it was returned, before "
+                                          "the end of the split's forward")
+    assert victim.worst_abs_error == 97.0 and math.isinf(victim.worst_ratio)
+    assert tallies["nvFusion1_forward"].record().mismatches == 0
+    assert kept[1][2] == 100.0
+
+    def hit_output_and_input(x, first):
+        first[1].data[0] = -1.0
+        x.data[3] = 50.0
+
+    call(8, torch.arange(4.0), hit_output_and_input)  # localising: compared after every region
+    culprit = tallies["nvFusion1_forward"].record()
+    assert (culprit.mismatches, culprit.first_mismatch_call) == (1, 8)
+    found = culprit.mismatched_values
+    assert "output 1 (t1) of nvFusion0_forward changed while nvFusion1_forward ran (it is not an output of " \
+           "nvFusion1_forward)" in found
+    assert "the split's input 0 (x) changed while nvFusion1_forward ran (it is not an output of " \
+           "nvFusion1_forward)" in found
+    assert tallies["nvFusion0_forward"].record().mismatches == 1  # call 7 only: on call 8 the writer was named
+    # an update through PyTorch (version bumped) is the program's own, and an unarmed trace checks nothing
+    calls = split.calls
+    call(9, torch.arange(4.0), lambda x, first: first[1].add_(1))
     observer.begin_trace("forward")
-    observer.begin_region("nvFusion0_forward", a)
-    observer.end_region("nvFusion0_forward", *outputs)
-    outputs[1].data[2] = 100.0  # a write that bumps no version counter, as a stray kernel write would
     observer.end_trace("forward")
-    check = tallies["nvFusion0_forward"].record()
-    assert (check.calls, check.mismatches, check.first_mismatch_call) == (1, 1, 7)
-    assert check.worst_output == ("output 1 (t1): changed after the region returned it, before the end of the "
-                                  "split's forward")
-    assert check.worst_abs_error == 97.0 and math.isinf(check.worst_ratio)
-    # an in-place update through PyTorch (version bumped) is the program's own, and a call not armed is not checked
-    observer.begin_trace("forward")
-    observer.end_trace("forward")
-    assert tallies["nvFusion0_forward"].calls == 1
+    assert tallies["nvFusion0_forward"].record().mismatches == 1 and split.calls == calls
 
 
 # ---- records, rendering, diff -------------------------------------------------------------------------------------

@@ -158,6 +158,8 @@ def _train_unsampled_steps_in_sync_error_mode(**options):
         pytest.param(dict(timing_warmup=5), id="defaults"),  # graph timing every 50 calls
         pytest.param(dict(timing="fusion", timing_every=50, timing_warmup=2), id="fusion"),
         pytest.param(dict(timing="fusion", timing_every=50, timing_warmup=2, nvtx=True), id="fusion+nvtx"),
+        # the correctness sentinel checks call 1 (in the warm-up) and 51: the calls between pay nothing
+        pytest.param(dict(timing_warmup=2, check="fusion", check_every=50), id="check-fusion"),
     ],
 )
 def test_unsampled_steps_never_synchronise_the_device(options):

@@ -622,7 +622,8 @@ class Check:
     of its reference. The tolerance used for it: `rtol`, `atol` (its dtype's), `allowed` (the absolute error
     allowed: atol + rtol * largest magnitude, plus eager's own rounding error against float64 where the float64
     reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
-    returned"). `skipped` says why values were not compared (random ops, inputs changed in place, ...).
+    returned"). `mismatched_values` names the values that were beyond tolerance (the first few distinct ones);
+    `skipped` says why values were not compared (random ops, inputs changed in place, ...).
     """
 
     calls: int = 0
@@ -639,6 +640,7 @@ class Check:
     allowed: float | None = None
     reference: str | None = None
     skipped: tuple[str, ...] = ()
+    mismatched_values: tuple[str, ...] = ()
 
     @property
     def mismatched(self) -> bool:
@@ -665,6 +667,7 @@ class Check:
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["skipped"] = list(self.skipped)
+        data["mismatched_values"] = list(self.mismatched_values)
         # JSON has no infinity: a value that changed or an integer that differs is "inf" in the text
         return {k: (_json_float(v) if isinstance(v, float) else v) for k, v in data.items()}
 
@@ -697,6 +700,7 @@ class Check:
             allowed=number("allowed"),
             reference=_get(data, "reference", str, where, default=None),
             skipped=_str_list(data, "skipped", where),
+            mismatched_values=_str_list(data, "mismatched_values", where),
         )
 
 

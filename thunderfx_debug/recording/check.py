@@ -92,6 +92,7 @@ class CheckTally:
         self.compared = 0
         self.worst: tuple[Judged, int] | None = None
         self.skipped: dict[str, None] = {}
+        self.mismatched_values: dict[str, None] = {}
         self.evidence: Evidence | None = None
 
     def checked(self, call: int) -> None:
@@ -107,6 +108,8 @@ class CheckTally:
                 self.worst = (j, call)
             if j.mismatch:
                 mismatches.append(j)
+                if len(self.mismatched_values) < MAX_CHECK_REASONS:
+                    self.mismatched_values.setdefault(j.label, None)
         if mismatches:
             self._mismatching.add(call)
         return mismatches
@@ -139,6 +142,7 @@ class CheckTally:
             allowed=worst.allowed if worst else None,
             reference=worst.reference if worst else None,
             skipped=tuple(self.skipped),
+            mismatched_values=tuple(self.mismatched_values),
         )
 
 

@@ -3,11 +3,14 @@ judges each fusion region's outputs against its torch reference (`thunder.refere
 Thunder's torch executor) run on the region's real inputs right after the region, and at the end of the split's
 trace, whether what each region returned still holds the values it had right after the region.
 
-The second part catches memory written after a region returned: a kernel that writes out of bounds into a
+The second part catches memory written behind the program's back: a kernel that writes out of bounds into a
 neighbouring tensor (the H200's nvFuser does, past the `iota` output of a GPT's first fusion), or a buffer freed
-and reused too early; comparing a region with its reference at its own end cannot see that. It compares a copy
-taken right after the region with the tensor at the end of the trace, for the outputs still alive then whose
-version counter did not move (an in-place update through PyTorch is legitimate; a stray write bumps nothing).
+and reused too early; comparing a region with its reference at its own end cannot see that. The watched tensors
+are each region's outputs (copied right after the region) and, in the forward, the split's inputs (copied before
+the split ran); at the end of the trace each one still alive whose version counter did not move (an in-place
+update through PyTorch is the program's own; a stray write bumps nothing) must equal its copy. A change found
+there names the tensor that was hit, not the kernel that wrote it: so the next checked call compares the watched
+tensors after every region, and the first region after which one changed is named as the one that wrote it.
 A copy is dropped as soon as its tensor dies, and all of them at the end of the trace.
 
 The observer is armed by the split's check: `forward_call` around the forward of a checked call, `backward_call`
@@ -30,12 +33,15 @@ from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
 
 #: `Check.reference` of a value judged against itself (did it change after the region returned it?)
-UNCHANGED = "its own value right after the region returned"
+UNCHANGED = "its own value when it was returned (or received)"
 
 
 @dataclasses.dataclass
-class _Returned:
-    key: str
+class _Watched:
+    """A tensor that must keep its values: `key` is the region that returned it (None for an input of the split),
+    `label` names it, `copy` holds its values from when it was returned (or received)."""
+
+    key: str | None
     label: str
     tensor: weakref.ref
     copy: torch.Tensor
@@ -43,26 +49,49 @@ class _Returned:
 
 
 class RegionCheck:
-    """Checks the regions of one split (`label`, e.g. "graph0/thunder_0"); results go to `tallies` by region key."""
+    """Checks the regions of one split (`label`, e.g. "graph0/thunder_0"); results go to `tallies` by region key,
+    and changes of the split's inputs to `split_tally`."""
 
     def __init__(self, label: str, references: RegionReferences, tallies: dict[str, CheckTally],
-                 failures: ReportingFailures, evidence: EvidenceKeeper):
+                 failures: ReportingFailures, evidence: EvidenceKeeper, split_tally: CheckTally | None = None):
         self.label, self.references, self.tallies = label, references, tallies
         self.failures, self.evidence = failures, evidence
+        self.split_tally = split_tally if split_tally is not None else CheckTally()
         self.forward_call = 0
         self.backward_call = 0
         self._call = 0
         self._phase = ""
         self._inputs: tuple = ()
-        self._returned: dict[int, _Returned] = {}
+        self._watched: dict[int, _Watched] = {}
         self._next_id = 0
+        self._split_inputs: list[tuple[str, torch.Tensor]] = []
+        self._written_storages: set[int] = set()
+        self._localise = False  # compare the watched tensors after every region (the call after a change was seen)
+        self._localising = False
+
+    # ---- called by the split's check ------------------------------------------------------------------------------
+    def watch_inputs(self, labelled: list[tuple[str, Any]], written: set[int]) -> None:
+        """The split's inputs, before its forward runs on a checked call: watched through its forward, but for the
+        positions in `written` (the split writes into them, maybe from a fusion, which bumps no version counter);
+        no tensor sharing their memory is watched either."""
+        self._split_inputs = [(label, value) for i, (label, value) in enumerate(labelled)
+                              if i not in written and isinstance(value, torch.Tensor) and value.numel()]
+        self._written_storages = {labelled[i][1].untyped_storage().data_ptr() for i in written
+                                  if i < len(labelled) and isinstance(labelled[i][1], torch.Tensor)}
 
     # ---- called by the instrumented traces ------------------------------------------------------------------------
     def begin_trace(self, phase: str) -> None:
         self._call = self.forward_call if phase == Phase.FORWARD else self.backward_call
-        if self._call:
-            self._phase = phase
-            self._returned = {}
+        if not self._call:
+            return
+        self._phase = phase
+        self._watched = {}
+        self._localising, self._localise = self._localise, False
+        inputs, self._split_inputs = self._split_inputs, []
+        if phase == Phase.FORWARD:
+            with self.failures.guard(f"copying the inputs of {self.label}"):
+                for label, value in inputs:
+                    self._watch(None, label, value)
 
     def begin_region(self, key: str, *inputs) -> None:
         if not self._call:
@@ -78,18 +107,26 @@ class RegionCheck:
         inputs, self._inputs = self._inputs, ()
         with self.failures.guard(f"checking the fusion regions of {self.label}"):
             self._check(key, inputs, outputs)
-        with self.failures.guard(f"copying the outputs of the fusion regions of {self.label}"):
-            self._remember(key, outputs)
+        with self.failures.guard(f"checking that the fusion regions' outputs held in {self.label}"):
+            if self._localising:
+                self._compare_watched(self._call, culprit=key)
+            names = self.references.get(key).output_names
+            for i, value in enumerate(tree_leaves(list(outputs))):
+                if isinstance(value, torch.Tensor) and value.numel():
+                    self._watch(key, self._output_label(names, i), value)
 
     def end_trace(self, phase: str) -> None:
         if not self._call or phase != self._phase:
             return
         call, self._call = self._call, 0
-        returned, self._returned = self._returned, {}
         with self.failures.guard(f"checking that the fusion regions' outputs held in {self.label}"):
-            self._check_unchanged(call, list(returned.values()))
+            if self._compare_watched(call, culprit=None):
+                self._localise = True
+        self._watched = {}
         if phase == Phase.BACKWARD:
             self.backward_call = 0  # one backward per checked call
+        else:
+            self._written_storages = set()
 
     # ---- checks ---------------------------------------------------------------------------------------------------
     def _tally(self, key: str) -> CheckTally:
@@ -126,33 +163,54 @@ class RegionCheck:
     def _output_label(names, i: int) -> str:
         return f"output {i} ({names[i]})" if i < len(names) else f"output {i}"
 
-    def _remember(self, key: str, outputs: tuple) -> None:
-        names = self.references.get(key).output_names
-        for i, value in enumerate(tree_leaves(list(outputs))):
-            if not isinstance(value, torch.Tensor) or value.numel() == 0:
-                continue
-            entry_id = self._next_id
-            self._next_id += 1
-            returned = self._returned
+    def _watch(self, key: str | None, label: str, value: torch.Tensor) -> None:
+        if self._written_storages and value.untyped_storage().data_ptr() in self._written_storages:
+            return
+        entry_id = self._next_id
+        self._next_id += 1
+        watched = self._watched
 
-            def forget(_, entry_id=entry_id, returned=returned):  # the tensor died: its copy is not needed
-                returned.pop(entry_id, None)
+        def forget(_, entry_id=entry_id, watched=watched):  # the tensor died: its copy is not needed
+            watched.pop(entry_id, None)
 
-            returned[entry_id] = _Returned(key, self._output_label(names, i), weakref.ref(value, forget),
-                                           value.detach().clone(), version(value))
+        watched[entry_id] = _Watched(key, label, weakref.ref(value, forget), value.detach().clone(), version(value))
 
-    def _check_unchanged(self, call: int, returned: list[_Returned]) -> None:
+    def _compare_watched(self, call: int, culprit: str | None) -> bool:
+        """Compares the watched tensors still alive (and not updated through PyTorch) with their copies; records
+        each one that changed, on `culprit` (the region that just ran) or, without one, on the tensor's own piece.
+        Returns whether any changed. One synchronisation."""
         alive = []
-        for entry in returned:
+        for entry_id, entry in list(self._watched.items()):
             tensor = entry.tensor()
             if tensor is not None and version(tensor) == entry.version and tensor.shape == entry.copy.shape:
-                alive.append((entry, tensor))
+                alive.append((entry_id, entry, tensor))
         if not alive:
-            return
-        differences = torch.stack([max_abs_difference(t, e.copy).to(alive[0][1].device) for e, t in alive]).tolist()
-        where = f"the end of the split's {self._phase}" if self._phase else "the end of the split"
-        for (entry, _), difference in zip(alive, differences):
-            changed = difference > 0
-            label = entry.label + (f": changed after the region returned it, before {where}" if changed else "")
-            ratio = float("inf") if changed else 0.0
-            self._tally(entry.key).add(call, [Judged(label, difference, ratio, ratio, 0.0, 0.0, 0.0, UNCHANGED)])
+            return False
+        device = alive[0][2].device
+        differences = torch.stack([max_abs_difference(t, e.copy).to(device) for _, e, t in alive]).tolist()
+        changed = False
+        for (entry_id, entry, tensor), difference in zip(alive, differences):
+            owner = "the split's " + entry.label if entry.key is None else f"{entry.label} of {entry.key}"
+            if culprit is not None:
+                if difference > 0:  # blamed on the region that just ran; watched afresh for the regions after it
+                    self._tally(culprit).add(call, [_changed(f"{owner} changed while {culprit} ran (it is not an "
+                                                             f"output of {culprit})", difference)])
+                    self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone())
+                    changed = True
+                continue
+            where = f"the end of the split's {self._phase}"
+            tally = self.split_tally if entry.key is None else self._tally(entry.key)
+            if difference > 0:
+                changed = True
+                done = "received" if entry.key is None else "returned"
+                tally.add(call, [_changed(f"{owner} changed after it was {done}, before {where}, with no write "
+                                          "PyTorch knows of (the region that wrote it is looked for on the next "
+                                          "checked call)", difference)])
+            elif entry.key is not None:
+                tally.add(call, [_changed(entry.label, 0.0)])
+        return changed
+
+
+def _changed(label: str, difference: float) -> Judged:
+    ratio = float("inf") if difference > 0 else 0.0
+    return Judged(label, difference, ratio, ratio, 0.0, 0.0, 0.0, UNCHANGED)

@@ -67,6 +67,8 @@ class SplitCheck:
                       if i < len(args) and isinstance(args[i], torch.Tensor)}
             pending = _Call(call, copies, [version(a) for a in args])
             if self.regions is not None:
+                self.regions.watch_inputs([(self._input(i), a) for i, a in enumerate(args)],
+                                          set(self.facts.mutated_inputs))
                 self.regions.forward_call = call
             return pending
         return None
@@ -170,49 +172,49 @@ class _BackwardCheck:
         self.autocast = AutocastState.capture(inputs)
         self.versions = [version(a) for a in args]
         self.args = args
-        # where each output's incoming gradient arrives: (its autograd node, its index among the node's outputs)
-        self.output_edges = [(o.grad_fn, o.output_nr) if o is not None else None for o in outputs]
+        # The hooks hold no autograd node (a node holding a hook that holds it would never be freed, should the
+        # backward never run): the incoming gradients come from hooks on the output tensors, and each post-hook gets
+        # the routes from its node's edges to the inputs (edge index -> input position), read off here.
+        first_ids = {id(node) for node in first}
+        # outputs the split computed (not an input passed through): their gradients flow through its backward
+        self.own = [o is not None and id(o.grad_fn) in first_ids for o in outputs]
         self.incoming: list[torch.Tensor | None] = [None] * len(outputs)
-        # the gradient edge of each wanted input: (node, output_nr) -> input position; the nodes kept alive
-        self.input_edges: dict[tuple[int, int], int] = {}
-        self._nodes = []
+        edges = {}
         for i in wanted:
             edge = get_gradient_edge(args[i])
-            self._nodes.append(edge.node)
-            self.input_edges[(id(edge.node), edge.output_nr)] = i
+            edges[(id(edge.node), edge.output_nr)] = i
         self.thunder_grads: dict[int, torch.Tensor] = {}
         self._last_left = len(last)
         self.handles = []
         try:
-            for node in first:
-                self.handles.append(node.register_prehook(self._incoming(node)))
+            for i, output in enumerate(outputs):
+                if self.own[i]:
+                    self.handles.append(output.register_hook(self._incoming(i)))
             for node in last:
-                self.handles.append(node.register_hook(self._passed_on(node)))
+                routes = [(j, edges[(id(next_node), nr)]) for j, (next_node, nr) in enumerate(node.next_functions)
+                          if (id(next_node), nr) in edges]
+                self.handles.append(node.register_hook(self._passed_on(routes)))
         except BaseException:
             self.cancel()
             raise
 
-    def _incoming(self, node):
-        def hook(grad_outputs):
+    def _incoming(self, i: int):
+        def hook(grad):
             owner = self.owner
             with owner.failures.guard(f"noting the incoming gradients of {owner.label}"):
                 if owner.regions is not None:
-                    owner.regions.backward_call = self.call
-                for i, edge in enumerate(self.output_edges):
-                    # a pre-hook gets the gradients of its own node's outputs
-                    if edge is not None and edge[0] is node and edge[1] < len(grad_outputs):
-                        self.incoming[i] = grad_outputs[edge[1]]
-            return None  # the gradients pass unchanged
+                    owner.regions.backward_call = self.call  # before the split's backward trace runs
+                self.incoming[i] = grad
+            return None  # the gradient passes unchanged
 
         return hook
 
-    def _passed_on(self, node):
+    def _passed_on(self, routes: list[tuple[int, int]]):
         def hook(grad_inputs, grad_outputs):
             owner = self.owner
             with owner.failures.guard(f"checking the backward of {owner.label}"):
-                for j, (next_node, output_nr) in enumerate(node.next_functions):
-                    position = self.input_edges.get((id(next_node), output_nr))
-                    if position is None or j >= len(grad_inputs) or grad_inputs[j] is None:
+                for j, position in routes:
+                    if j >= len(grad_inputs) or grad_inputs[j] is None:
                         continue
                     before = self.thunder_grads.get(position)
                     self.thunder_grads[position] = grad_inputs[j] if before is None else before + grad_inputs[j]
@@ -274,8 +276,9 @@ class _BackwardCheck:
         mode = Float64Mode() if wide else contextlib.nullcontext()
         with kept_random_state(inputs), torch.enable_grad(), self.autocast.restored(), mode:
             outputs = tree_leaves(self.owner.module(*leaves))
-            pairs = [(o, g) for o, g in zip(outputs, incoming + [None] * len(outputs))
-                     if isinstance(o, torch.Tensor) and o.requires_grad]
+            own = self.own + [False] * len(outputs)
+            pairs = [(o, g) for o, g, mine in zip(outputs, incoming + [None] * len(outputs), own)
+                     if mine and isinstance(o, torch.Tensor) and o.requires_grad]
             if not pairs:
                 return [None] * len(chosen)
             grads = [g if g is not None else torch.zeros_like(o) for o, g in pairs]

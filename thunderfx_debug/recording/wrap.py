@@ -94,11 +94,11 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             if schedule is not None:
                 with failures.guard(f"preparing the correctness check of {label}"):
                     regions = None
+                    split.check = CheckTally()
                     if config.check >= CheckLevel.FUSION:
                         regions = RegionCheck(label, RegionReferences(split.split.compiled), split.region_checks,
-                                              failures, evidence)
+                                              failures, evidence, split.check)
                         observers.append(regions)
-                    split.check = CheckTally()
                     runner.check = SplitCheck(label, split.split.original_module, split.split.input_names, schedule,
                                               split.check, failures, evidence, regions)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing

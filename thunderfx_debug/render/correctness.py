@@ -47,9 +47,13 @@ def mismatch_line(piece: CheckedPiece) -> str:
     """"graph0/thunder_2: forward output 0 at call 1, error 16 (relative 235) against 0.000108 allowed (float64
     eager), 1.5e+05 x the tolerance; 2 of 2 checked calls mismatched (first at call 1)"."""
     c = piece.check
-    return (f"{piece.path}: {c.worst_output} at call {c.worst_call}, error {_g(c.worst_abs_error)} (relative "
+    line = (f"{piece.path}: {c.worst_output} at call {c.worst_call}, error {_g(c.worst_abs_error)} (relative "
             f"{_g(c.worst_rel_error)}) against {_g(c.allowed)} allowed ({c.reference}), {_g(c.worst_ratio)} x the "
             f"tolerance; {c.mismatches} of {c.calls} checked calls mismatched (first at call {c.first_mismatch_call})")
+    others = [label for label in c.mismatched_values if label != c.worst_output]
+    if others:
+        line += f"; also beyond tolerance: {'; '.join(others)}"
+    return line
 
 
 def _g(value: float | None) -> str:
