@@ -620,8 +620,8 @@ class Check:
     is a mismatch): `worst_output` names it ("forward output 2", "gradient of input 5 (l_w_)"), `worst_call` is
     its call, `worst_abs_error` its largest absolute error, `worst_rel_error` that error over the largest magnitude
     of its reference. The tolerance used for it: `rtol`, `atol` (its dtype's), `allowed` (the absolute error
-    allowed: atol + rtol * largest magnitude, plus eager's own rounding error against float64 where the float64
-    reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
+    allowed: rtol * M + atol * min(1, M), M the reference's largest magnitude, plus three times eager's own error
+    against float64 where the float64 reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
     returned"). `mismatched_values` names the values that were beyond tolerance (the first few distinct ones);
     `skipped` says why values were not compared (random ops, inputs changed in place, ...).
     """
