@@ -36,6 +36,23 @@ class RegionReference:
     random_ops: tuple[str, ...]
     mutates_inputs: bool
     output_names: tuple[str, ...]
+    input_shapes: tuple[tuple[int | None, ...] | None, ...] | None = None  # None: not known; per input None: no tensor
+
+    def fits(self, inputs) -> bool:
+        """Whether `inputs` are what the region was traced for (count, tensor shapes): a split with several cache
+        entries may run a region other than the one of the trace Thunder holds as its last."""
+        if self.input_shapes is None:
+            return True
+        if len(inputs) != len(self.input_shapes):
+            return False
+        for value, shape in zip(inputs, self.input_shapes):
+            if shape is None:
+                continue
+            actual = getattr(value, "shape", None)
+            if actual is None or len(actual) != len(shape) or any(
+                    s is not None and s != a for s, a in zip(shape, actual)):
+                return False
+        return True
 
 
 def _walk(bsym):
@@ -91,6 +108,14 @@ class RegionReferences:
         return reference
 
 
+def _shape(proxy) -> tuple[int | None, ...] | None:
+    from thunder.core.proxies import TensorProxy
+
+    if not isinstance(proxy, TensorProxy):
+        return None
+    return tuple(s if isinstance(s, int) else None for s in proxy.shape)  # symbolic sizes are not compared
+
+
 def build_reference(bsym, key: str) -> RegionReference:
     """Lowers the region to torch calls and compiles that source into a function (once per region)."""
     name = bsym.sym.name
@@ -103,4 +128,5 @@ def build_reference(bsym, key: str) -> RegionReference:
         random_ops=_random_ops(bsym),
         mutates_inputs=_mutates_inputs(bsym),
         output_names=tuple(getattr(o, "name", repr(o)) for o in bsym.flat_outs),
+        input_shapes=tuple(_shape(a) for a in bsym.flat_args),
     )
