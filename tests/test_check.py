@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,39 +18,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
+from wrong_executors import wrong_cos_executor, wrong_sin_executor
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
 from thunderfx_debug.report import Report
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_summary
-
-
-# ---- a Thunder executor that computes sin wrongly (and one that computes cos wrongly) ------------------------------
-
-def _wrong_executor(name: str, op_name: str, wrong):
-    """An operator executor claiming Thunder's `op_name` (torch-level and prim) with `wrong`, registered once."""
-    import thunder.torch as ltorch
-    from thunder.core import prims
-    from thunder.extend import OperatorExecutor, get_executor, register_executor
-
-    existing = get_executor(name)
-    if existing is not None:
-        return existing
-    executor = OperatorExecutor(name, version="0")
-    register_executor(executor)
-    op = executor.register_operator(name, like=getattr(ltorch, op_name), fn=wrong)
-    for symbol in (getattr(ltorch, op_name), getattr(prims, op_name)):
-        executor.register_implementation(symbol, op, checker=lambda *args, **kwargs: True)
-    return executor
-
-
-def wrong_sin_executor():
-    return _wrong_executor("thunderfx_debug_test_wrong_sin", "sin", lambda a: torch.sin(a) + 0.25)
-
-
-def wrong_cos_executor():
-    return _wrong_executor("thunderfx_debug_test_wrong_cos", "cos", lambda a: torch.cos(a) * 1.5)
 
 
 class ThreeSplits(nn.Module):
@@ -80,9 +58,9 @@ def _splits(report) -> dict[str, SplitRecord]:
     return {f"{g.name}/{s.name}": s for g in report.graphs for s in g.splits}
 
 
-def test_a_wrong_executor_flags_its_split_and_no_other(tmp_path):
+def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tmp_path):
     torch.manual_seed(0)
-    backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=2, strict=True,
+    backend = ReportingBackend(dump_dir=tmp_path, check="fusion", check_every=2, strict=True,
                                executors=[wrong_sin_executor(), *cpu_executors()])
     _train(ThreeSplits(), backend, steps=3)
     splits = _splits(backend.report())
@@ -92,14 +70,39 @@ def test_a_wrong_executor_flags_its_split_and_no_other(tmp_path):
     assert (wrong.calls, wrong.mismatches, wrong.first_mismatch_call) == (2, 2, 1)
     assert wrong.worst_output == "forward output 0" and wrong.worst_ratio > 100
     assert wrong.reference == "float64 eager" and wrong.rtol == 1e-4
-    # the gradients of the wrong split are right (Thunder differentiates sin with cos): compared, and clean
-    gradient = [s for s in backend.recorder.graphs[0].splits if s.name == "thunder_2"][0].check
-    assert gradient.compared > wrong.calls
+    assert wrong.mismatched_values == ("forward output 0",)  # its gradients are right: Thunder's cos is
+    # the wrong sin runs outside the fusion regions, which all check clean
+    regions = [f.check for s in splits.values() for f in s.fusions]
+    assert regions and all(c.calls == 2 and c.mismatches == 0 and c.compared for c in regions)
+
+    rank_dir = backend.flush()
+    report = load_report(rank_dir)
+    scripts = [(f"{g.name}/{s.name}", label, path) for g in report.graphs for s in g.splits
+               for label, path in s.files.items() if "mismatch" in path]
+    assert sorted((piece, label) for piece, label, _ in scripts) == [("graph0/thunder_2", "mismatch_inputs"),
+                                                                     ("graph0/thunder_2", "repro_mismatch_thunder")]
+    script = rank_dir / next(path for _, label, path in scripts if label == "repro_mismatch_thunder")
+    assert _run_mismatch_script(script, tmp_path) == (
+        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces")
 
 
-def test_wrong_gradients_are_flagged():
+def _run_mismatch_script(script: Path, tmp_path: Path) -> str:
+    """Runs a mismatch script where the test's wrong executors are registered too (as a user's own executor would
+    be, by the code that defines it), so that it can rerun the piece with the run's executors; its RESULT line."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("import thunderfx_debug\nimport wrong_executors\n"
+                                           "wrong_executors.wrong_sin_executor()\nwrong_executors.wrong_cos_executor()\n")
+    path = os.pathsep.join([str(site), str(Path(__file__).parent)])
+    done = subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    return [line for line in done.stdout.splitlines() if line.startswith("RESULT")][-1]
+
+
+def test_wrong_gradients_are_flagged_and_their_script_exits_1(tmp_path):
     torch.manual_seed(0)
-    backend = ReportingBackend(check="split", check_every=1, strict=True,
+    backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=1, strict=True,
                                executors=[wrong_cos_executor(), *cpu_executors()])
 
     class Sine(nn.Module):
@@ -113,6 +116,11 @@ def test_wrong_gradients_are_flagged():
     _train(Sine(), backend, steps=2)
     check = backend.report().graphs[0].splits[0].check
     assert check.mismatches == 2 and check.worst_output.startswith("gradient of input")
+    assert check.mismatched_values == ("gradient of input 1 (l_self_parameters_w_)",)  # the forward is right
+    split = load_report(backend.flush()).graphs[0].splits[0]
+    script = backend.flush() / split.files["repro_mismatch_thunder"]
+    assert _run_mismatch_script(script, tmp_path) == (
+        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces")
 
 
 def test_a_checked_call_whose_backward_never_runs_frees_its_graph():

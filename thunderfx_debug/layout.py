@@ -84,6 +84,21 @@ def inputs_file(graph: str, split: str | None = None, region: str | None = None)
     return f"{split_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_inputs.pt"
 
 
+def mismatch_script(graph: str, split: str, kind: str, region: str | None = None) -> str:
+    """The script of a piece the correctness sentinel found mismatching: a split (kind: thunder) or a fusion region
+    (`region` "nvFusion0_forward"; kind: nvfuser, inductor)."""
+    if region is None:
+        return f"{split_dir(graph, split)}/{split_prefix(graph, split)}_repro_mismatch_{kind}.py"
+    return f"{fusions_dir(graph, split)}/{split_prefix(graph, split)}_{region}_repro_mismatch_{kind}.py"
+
+
+def mismatch_inputs_file(graph: str, split: str, region: str | None = None) -> str:
+    """The inputs (and outputs, or gradients) of a mismatching piece's first mismatching call."""
+    if region is None:
+        return f"{split_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_mismatch_inputs.pt"
+    return f"{fusions_dir(graph, split)}/{INPUTS_DIR}/{split_prefix(graph, split)}_{region}_mismatch_inputs.pt"
+
+
 def safe_relative(path: str) -> PurePosixPath:
     """Checks that a path read from a dump stays inside it: relative, no '..', plain names only.
 

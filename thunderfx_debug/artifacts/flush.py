@@ -20,7 +20,7 @@ from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts
 from thunderfx_debug.artifacts.report_builder import FileIndex, build_report
 from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
-from thunderfx_debug.recording.recorder import GraphSnapshot
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
 from thunderfx_debug.report import Report
 from thunderfx_debug.safety import ReportingFailures
@@ -103,7 +103,16 @@ def _sources(snapshot: GraphSnapshot) -> tuple[tuple, tuple]:
                     split.fwd_text is None, split.bwd_text is None, len(split.regions),
                     _captured_key(split.state.captured),
                     tuple((region, _captured_key(c)) for region, c in sorted(split.region_captures.items()))))
+        evidence = _evidence(split)  # a mismatch found since the last flush gets its script
+        objects += evidence
+        key.append(tuple(id(e) for e in evidence))
     return tuple(objects), tuple(key)
+
+
+def _evidence(split: SplitSnapshot) -> list:
+    """The evidence of the split's and its regions' first mismatches (`recording.check.Evidence`), where found."""
+    tallies = [split.state.check, *split.state.region_checks.values()]
+    return [t.evidence for t in tallies if t is not None and t.evidence is not None]
 
 
 def _captured_key(captured) -> tuple | None:
@@ -118,9 +127,10 @@ def _graph_artifacts(snapshot: GraphSnapshot, settings: ArtifactSettings, failur
     artifacts: list[Artifact] = []
     with failures.guard(f"collecting the traces of {snapshot.state.name}"):
         artifacts += trace_artifacts(snapshot)
-    if settings.repro or snapshot.state.error:
+    mismatches = any(_evidence(split) for split in snapshot.splits)
+    if settings.repro or snapshot.state.error or mismatches:
         with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
-            if settings.real_inputs:
+            if settings.real_inputs or mismatches:
                 _wait_for_host_copies()
             artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=on_piece)
     return artifacts

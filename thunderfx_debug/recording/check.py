@@ -72,14 +72,17 @@ class TimingBesideChecks:
 class Evidence:
     """The first mismatching call of a piece, for its mismatch script: the call and phase, host copies (`captured`,
     None where over the cap) of the inputs the piece received and, for a forward mismatch, what it returned; for a
-    gradient mismatch (`phase` "backward"), `gradients` holds the incoming gradients (as its `inputs`) and the
-    gradients the piece passed to its inputs that require one (as its `outputs`, None where not compared).
-    `findings` are the verdicts' lines."""
+    gradient mismatch, `gradients` holds the incoming gradients (as its `inputs`) and the gradients the piece
+    passed to its inputs that require one (as its `outputs`, None where not compared). `values` are the positions
+    the sentinel compared: of the outputs, or for gradients among the inputs that require one. `findings` are the
+    verdicts' lines. A mismatch of values that changed after they were returned keeps no values (`captured` None):
+    by the end of the trace the region's inputs are gone."""
 
     call: int
     phase: str
     captured: Captured | None
     findings: list[str]
+    values: tuple[int, ...] = ()
     gradients: Captured | None = None
 
 
@@ -161,28 +164,35 @@ class EvidenceKeeper:
     THUNDERFX_DEBUG_INPUTS_MAX_MB) for inputs and outputs together."""
 
     class _Holder:
+        """What `InputCapture` captures into (it fills `captured`)."""
+
         def __init__(self, name: str):
-            self.name, self.real_inputs = name, None
+            self.name, self.captured = name, None
 
     def __init__(self, max_mb: float, failures: ReportingFailures):
-        self._capture = InputCapture(max_mb, failures)
+        self._capture = InputCapture(real=True, max_mb=max_mb, failures=failures, statistics=False)
 
-    def keep(self, tally: CheckTally, name: str, call: int, phase: str, inputs: Sequence[Any], outputs: Any,
-             mismatches: Sequence[Judged], grad_outputs: Sequence[Any] | None = None) -> None:
+    def keep(self, tally: CheckTally, name: str, call: int, phase: str, inputs: Sequence[Any] | None, outputs: Any,
+             mismatches: Sequence[Judged], values: Sequence[int] = (),
+             grad_outputs: Sequence[Any] | None = None) -> None:
         """Keeps the evidence of `tally`'s first mismatch (nothing once it has one, or without `mismatches`).
-        With `grad_outputs` (a gradient mismatch), `outputs` are the gradients the piece passed on."""
+        With `grad_outputs` (a gradient mismatch), `outputs` are the gradients the piece passed on; without
+        `inputs`, only the findings are kept."""
         if tally.evidence is not None or not mismatches:
             return
-        holder = self._Holder(name)
-        self._capture.inputs(holder, list(inputs))
-        if grad_outputs is None:
-            self._capture.outputs(holder, outputs)
-        evidence = Evidence(call, phase, holder.real_inputs, describe_findings(mismatches))
+        captured = None
+        if inputs is not None:
+            holder = self._Holder(name)
+            self._capture.inputs(holder, list(inputs))
+            if grad_outputs is None:
+                self._capture.outputs(holder, outputs)
+            captured = holder.captured
+        evidence = Evidence(call, phase, captured, describe_findings(mismatches), tuple(values))
         if grad_outputs is not None:
             gradients = self._Holder(name)
             self._capture.inputs(gradients, list(grad_outputs))
             self._capture.outputs(gradients, list(outputs))
-            evidence.gradients = gradients.real_inputs
+            evidence.gradients = gradients.captured
         tally.evidence = evidence
 
 

@@ -161,7 +161,8 @@ class RegionCheck:
         judged = judge([self._output_label(reference.output_names, i) for i in range(len(values))], values,
                        expected, float64)
         mismatches = tally.add(call, judged)
-        self.evidence.keep(tally, f"{self.label}/{key}", call, self._phase, inputs, values, mismatches)
+        self.evidence.keep(tally, f"{self.label}/{key}", call, self._phase, inputs, values, mismatches,
+                           values=range(len(values)))
 
     @staticmethod
     def _output_label(names, i: int) -> str:
@@ -197,8 +198,8 @@ class RegionCheck:
             owner = "the split's " + entry.label if entry.key is None else f"{entry.label} of {entry.key}"
             if culprit is not None:
                 if difference > 0:  # blamed on the region that just ran; watched afresh for the regions after it
-                    self._tally(culprit).add(call, [_changed(f"{owner} changed while {culprit} ran (it is not an "
-                                                             f"output of {culprit})", difference)])
+                    self._note(culprit, call, [_changed(f"{owner} changed while {culprit} ran (it is not an output "
+                                                        f"of {culprit})", difference)])
                     self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone())
                     changed = True
                 continue
@@ -207,12 +208,24 @@ class RegionCheck:
             if difference > 0:
                 changed = True
                 done = "received" if entry.key is None else "returned"
-                tally.add(call, [_changed(f"{owner} changed after it was {done}, before {where}, with no write "
-                                          "PyTorch knows of (the region that wrote it is looked for on the next "
-                                          "checked call)", difference)])
+                judged = [_changed(f"{owner} changed after it was {done}, before {where}, with no write PyTorch "
+                                   "knows of (the region that wrote it is looked for on the next checked call)",
+                                   difference)]
+                if entry.key is None:
+                    mismatches = self.split_tally.add(call, judged)
+                    self.evidence.keep(self.split_tally, self.label, call, self._phase, None, None, mismatches)
+                else:
+                    self._note(entry.key, call, judged)
             elif entry.key is not None:
                 tally.add(call, [_changed(entry.label, 0.0)])
         return changed
+
+
+    def _note(self, key: str, call: int, judged: list[Judged]) -> None:
+        """A region's values that changed behind the program's back: a mismatch of the region, whose script is
+        then written from the findings (its inputs of that call are gone by now)."""
+        mismatches = self._tally(key).add(call, judged)
+        self.evidence.keep(self._tally(key), f"{self.label}/{key}", call, self._phase, None, None, mismatches)
 
 
 def _changed(label: str, difference: float) -> Judged:

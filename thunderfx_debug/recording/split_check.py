@@ -131,7 +131,7 @@ class SplitCheck:
         mismatches = self.tally.add(call, judged)
         if mismatches:
             self.evidence.keep(self.tally, self.label, call, "forward", _as_received(inputs, args), outputs,
-                               mismatches)
+                               mismatches, values=chosen)
 
     # ---- backward -------------------------------------------------------------------------------------------------
     def _arm_backward(self, call: int, args: tuple, inputs: list[Any], out: Any) -> None:
@@ -267,7 +267,8 @@ class _BackwardCheck:
         if mismatches:
             passed_on = [thunder[chosen.index(i)] if i in chosen else None for i in self.wanted]
             owner.evidence.keep(owner.tally, owner.label, call, "backward", _as_received(self.inputs, self.args),
-                                passed_on, mismatches, grad_outputs=self.incoming)
+                                passed_on, mismatches, values=[self.wanted.index(i) for i in chosen],
+                                grad_outputs=self.incoming)
 
     def _eager_gradients(self, inputs: list[Any], incoming: list, chosen: list[int], wide: bool) -> list:
         wanted = set(self.wanted)

@@ -9,6 +9,8 @@ THUNDERFX_DEBUG_REPRO asks (names in `layout`):
     graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_{nvfuser,inductor}.py
     graph0/inputs/graph0_inputs.pt, graph0/graph0_thunder_0/inputs/graph0_thunder_0_inputs.pt,
     graph0/graph0_thunder_0/fusions/inputs/graph0_thunder_0_nvFusion0_forward_inputs.pt       (INPUTS=real)
+    graph0/graph0_thunder_0/graph0_thunder_0_repro_mismatch_thunder.py, ..._nvFusion0_forward_repro_mismatch_nvfuser.py
+        and their inputs/..._mismatch_inputs.pt                       (pieces THUNDERFX_DEBUG_CHECK found mismatching)
 
 A graph that failed under Thunder always gets the scripts of the piece that failed (the split, or the whole graph
 when it failed to compile), whatever THUNDERFX_DEBUG_REPRO says. Each script is written independently: one that
@@ -31,6 +33,7 @@ from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
 from thunderfx_debug.config import ReproKind
 from thunderfx_debug.manifest import package_versions
 from thunderfx_debug.records import InputKind, InputMeta, SplitKind
+from thunderfx_debug.recording.check import Evidence
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
@@ -60,7 +63,8 @@ def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings) -> 
 def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
                       on_piece: Callable[[str], None] | None = None) -> list[Artifact]:
     """The repro scripts (and saved inputs) of one graph; see the module docstring. `on_piece(name)` is called
-    after each piece of `pieces_with_scripts` (for progress)."""
+    after each piece of `pieces_with_scripts` (for progress). The pieces the correctness sentinel found
+    mismatching get their mismatch scripts whatever THUNDERFX_DEBUG_REPRO says."""
     builder = ScriptBuilder(snapshot, settings, failures)
     for split, region in pieces_with_scripts(snapshot, settings):
         if split is None:
@@ -71,6 +75,7 @@ def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failu
             builder.fusion_scripts(split, region)
         if on_piece is not None:
             on_piece("/".join(p for p in (snapshot.state.name, split and split.state.name, region and region.key) if p))
+    builder.mismatch_scripts()
     return builder.artifacts
 
 
@@ -125,13 +130,36 @@ class ScriptBuilder:
     def _add(self, owner: str, label: str, path: str, content: str | bytes) -> None:
         self.artifacts.append(Artifact(owner, label, path, content))
 
-    def _write(self, owner: str, piece: ReproSubject, strategy: writers.Strategy, path: str) -> None:
-        with self.failures.guard(f"writing the {strategy.file_kind} repro of {piece.key}"):
-            text = writers.render(piece, strategy, path, self.versions)
+    def _write(self, owner: str, piece: ReproSubject, strategy: writers.Strategy, path: str,
+               evidence: Evidence | None = None) -> None:
+        what = f"the {strategy.file_kind} {'mismatch script' if evidence else 'repro'} of {piece.key}"
+        with self.failures.guard(f"writing {what}"):
+            mismatch = None
+            if evidence is not None:
+                mismatch = {"call": evidence.call, "phase": evidence.phase, "findings": evidence.findings,
+                            "compares": "gradients" if evidence.gradients is not None else "outputs",
+                            "values": list(evidence.values)}
+            text = writers.render(piece, strategy, path, self.versions, mismatch)
             if piece.real and piece.inputs_path not in self._saved_inputs:
-                self._add(owner, "inputs", piece.inputs_path, repro_inputs.saved_file(piece.captured))
+                content = (repro_inputs.saved_file(piece.captured) if evidence is None
+                           else repro_inputs.saved_file(piece.captured, evidence.gradients))
+                self._add(owner, "mismatch_inputs" if evidence else "inputs", piece.inputs_path, content)
                 self._saved_inputs.add(piece.inputs_path)
-            self._add(owner, f"repro_{strategy.file_kind}", path, text)
+            self._add(owner, f"repro_mismatch_{strategy.file_kind}" if evidence else f"repro_{strategy.file_kind}",
+                      path, text)
+
+    # ---- mismatches -----------------------------------------------------------------------------------------------
+    def mismatch_scripts(self) -> None:
+        """A script for each piece the correctness sentinel found mismatching (whatever THUNDERFX_DEBUG_REPRO says),
+        holding its first mismatching call (see `script_template.check_mismatch`)."""
+        for split in self.snapshot.splits:
+            tally = split.state.check
+            if tally is not None and tally.evidence is not None:
+                self.split_scripts(split, tally.evidence)
+            for region in split.regions:
+                region_tally = split.state.region_checks.get(region.key)
+                if region_tally is not None and region_tally.evidence is not None:
+                    self.fusion_scripts(split, region, region_tally.evidence)
 
     # ---- graphs ---------------------------------------------------------------------------------------------------
     def graph_scripts(self) -> None:
@@ -186,7 +214,8 @@ class ScriptBuilder:
         self._split_metas[name] = metas
         return metas
 
-    def split_scripts(self, split: SplitSnapshot) -> None:
+    def split_scripts(self, split: SplitSnapshot, evidence: Evidence | None = None) -> None:
+        """The split's scripts; with `evidence`, its mismatch script instead (Thunder, on the mismatching call)."""
         graph, state = self.state.name, split.state
         key = f"{graph}/{state.name}"
         with self.failures.guard(f"preparing the repro scripts of {key}"):
@@ -198,10 +227,12 @@ class ScriptBuilder:
                 description += f"\nWhy ThunderFX gave it to inductor: {reasons}"
             if state.error:
                 description += "\nIt FAILED in the run; the thunder script reproduces the failure."
+            if evidence is not None:
+                description += _mismatch_description(evidence)
             module = state.split.original_module
             piece = ReproSubject(
                 key=key,
-                title=f"{kind.value} split",
+                title=f"{kind.value} split" + (" that MISMATCHED eager in the run" if evidence else ""),
                 description=description,
                 definitions=_module_definitions(module),
                 callable_name=MODULE_CLASS,
@@ -214,6 +245,13 @@ class ScriptBuilder:
                 imports=self.fx_imports,
                 random_ops=fx_facts.random_ops(module),
             )
+            if evidence is not None:
+                piece.captured = evidence.captured
+                piece.inputs_path = layout.mismatch_inputs_file(graph, state.name)
+                strategy = writers.ThunderJit(self.thunder_options, self.executor_names)
+                self._write(key, piece, strategy, layout.mismatch_script(graph, state.name, strategy.file_kind),
+                            evidence)
+                return
             strategies: list[writers.Strategy] = [writers.Eager()]
             if kind is SplitKind.THUNDER:
                 strategies.append(writers.ThunderJit(self.thunder_options, self.executor_names))
@@ -222,7 +260,9 @@ class ScriptBuilder:
                 self._write(key, piece, strategy, layout.split_script(graph, state.name, strategy.file_kind))
 
     # ---- fusion regions -------------------------------------------------------------------------------------------
-    def fusion_scripts(self, split: SplitSnapshot, region: FusionRegion) -> None:
+    def fusion_scripts(self, split: SplitSnapshot, region: FusionRegion, evidence: Evidence | None = None) -> None:
+        """The region's scripts; with `evidence`, its mismatch script instead (nvFuser for an nvFusion region, else
+        torch.compile as Thunder's torch.compile executor runs it, on the mismatching call where it was saved)."""
         graph, split_name = self.state.name, split.state.name
         phase = region.phase.value
         key = f"{graph}/{split_name}/{region.key}"
@@ -240,13 +280,14 @@ class ScriptBuilder:
             metas = repro_inputs.with_index_bounds(metas, thunder_scripts.region_index_bounds(region.bsym))
             # Fusion regions run inside Thunder's traces, outside autograd: their inputs need no gradient.
             metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
+            description = (f"The {phase} fusion region {region.name} of the Thunder split {split_name} of {graph}: its "
+                           "ops, lowered to torch calls by Thunder's torch executor, as the function below (the eager "
+                           "reference).")
             piece = ReproSubject(
                 key=key,
-                title=f"{phase} fusion region {region.name} ({region.executor})",
-                description=(
-                    f"The {phase} fusion region {region.name} of the Thunder split {split_name} of {graph}: its ops, "
-                    "lowered to torch calls by Thunder's torch executor, as the function below (the eager reference)."
-                ),
+                title=f"{phase} fusion region {region.name} ({region.executor})"
+                      + (" that MISMATCHED its torch reference in the run" if evidence else ""),
+                description=description + (_mismatch_description(evidence) if evidence else ""),
                 definitions="\n".join(assignments) + "\n\n\n" + _strip_header(source),
                 callable_name=region.name,
                 is_module=False,
@@ -263,9 +304,27 @@ class ScriptBuilder:
             if region.executor == "nvfuser":
                 with self.failures.guard(f"reading nvFuser's fusion definition of {key}"):
                     strategies.insert(0, writers.NvFuserRegion(thunder_scripts.nvfuser_repro_source(region.bsym)))
+            if evidence is not None:
+                # the mismatching call's values where the sentinel kept them, else metadata (not another call's)
+                piece.captured = evidence.captured
+                piece.inputs_path = layout.mismatch_inputs_file(graph, split_name, region.key)
+                if evidence.captured is not None and evidence.captured.inputs is not None:
+                    piece.inputs_note = ""
+                strategy = strategies[0]  # nvFuser for an nvFusion region, else torch.compile
+                self._write(key, piece, strategy, layout.mismatch_script(graph, split_name, strategy.file_kind,
+                                                                        region.key), evidence)
+                return
             for strategy in strategies:
                 path = layout.fusion_script(graph, split_name, region.name, phase, strategy.file_kind)
                 self._write(key, piece, strategy, path)
+
+
+def _mismatch_description(evidence: Evidence) -> str:
+    findings = "\n".join(f"    {line}" for line in evidence.findings)
+    return (f"\nIn the run, on call {evidence.call} ({evidence.phase}), the correctness sentinel (THUNDERFX_DEBUG_CHECK) "
+            f"found it beyond the tolerance:\n{findings}\nThis script holds that call's inputs and what the run "
+            "produced (where they were within THUNDERFX_DEBUG_INPUTS_MAX_MB), compares them with eager, and runs the "
+            "piece again here to say whether the mismatch reproduces outside the run.")
 
 
 def _strip_header(source: str) -> str:

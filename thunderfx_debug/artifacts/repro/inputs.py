@@ -24,12 +24,17 @@ from thunderfx_debug.recording.capture import INPUTS_FORMAT, Captured
 _STORAGE_SLACK = 64 * 2**20
 
 
-def saved_file(captured: Captured) -> bytes:
-    """The bytes of the inputs file a real-input script loads with `torch.load(..., weights_only=True)`."""
+def saved_file(captured: Captured, gradients: Captured | None = None) -> bytes:
+    """The bytes of the inputs file a real-input script loads with `torch.load(..., weights_only=True)`; with
+    `gradients` (a mismatch script's gradient mismatch), also the incoming gradients ("grad_outputs") and those
+    the piece passed on ("grads")."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()  # the non-blocking host copies of `capture._host_copy` are complete from here on
     buffer = io.BytesIO()
-    torch.save({"format": INPUTS_FORMAT, "inputs": captured.inputs, "outputs": captured.outputs}, buffer)
+    content = {"format": INPUTS_FORMAT, "inputs": captured.inputs, "outputs": captured.outputs}
+    if gradients is not None:
+        content.update(grad_outputs=gradients.inputs, grads=gradients.outputs)
+    torch.save(content, buffer)
     return buffer.getvalue()
 
 

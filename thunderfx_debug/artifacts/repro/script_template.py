@@ -489,6 +489,111 @@ def _classify_failure(error, eager, inputs, backward):
     return Verdict(Outcome.CRASH, summary)
 
 
+# ---- mismatch scripts: a piece the correctness sentinel found mismatching during training ---------------------------
+
+
+def load_gradients(path, script):
+    """The gradients of a gradient mismatch, from the inputs file next to the script: those that came into the piece
+    (one per output, None where none came) and those it passed to its inputs that require one (None where the
+    sentinel did not compare them)."""
+    saved = torch.load(Path(script).resolve().parent / path, weights_only=True)
+    incoming, passed_on = saved.get("grad_outputs"), saved.get("grads")
+    return (None if incoming is None else [_rebuild(x) for x in incoming],
+            None if passed_on is None else [_rebuild(x) for x in passed_on])
+
+
+def _gradients(fn, inputs, incoming):
+    """The gradients of the inputs of `fn` that require one, for the given incoming gradients of its outputs."""
+    args = fresh(inputs)
+    torch.manual_seed(SEED)
+    outputs = tree_leaves(fn(*args))
+    wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+    pairs = [(o, g) for o, g in zip(outputs, list(incoming) + [None] * len(outputs))
+             if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)]
+    if not pairs or not wanted:
+        return [None] * len(wanted)
+    grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.device, o.dtype) for o, g in pairs],
+                                allow_unused=True)
+    return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wanted)]
+
+
+def _picked(values, indices):
+    """The values at `indices` (all of them without), leaving out those the run did not record (None)."""
+    indices = range(len(values)) if not indices else indices
+    return [values[i] for i in indices if i < len(values) and values[i] is not None]
+
+
+def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
+    """What the run produced on the piece's first mismatching call (saved with its inputs) against eager on those
+    inputs, then the piece run again here against eager: the values the sentinel compared (`mismatch["values"]`:
+    output positions, or for gradients positions among the inputs that require one). Returns (in the run, outside
+    the run) as words for the RESULT line."""
+    print(f"  in the run, call {mismatch.get('call')} ({mismatch.get('phase')}), the correctness sentinel found:")
+    for line in mismatch.get("findings", []):
+        print(f"    {line}")
+    picked = mismatch.get("values") or []
+    reference = eager()
+    if mismatch.get("compares") == "gradients":
+        if not mismatch.get("inputs_file"):
+            return "not saved", "not rerun (the incoming gradients were not saved)"
+        incoming, passed_on = load_gradients(mismatch["inputs_file"], script)
+        if incoming is None:
+            return "not saved", "not rerun (the incoming gradients were not saved)"
+        expected = _gradients(reference, inputs, incoming)
+        wide = _gradients(reference, _in_float64(inputs), [g.double() if isinstance(g, torch.Tensor)
+                                                          and g.is_floating_point() else g for g in incoming])
+        in_run = "not saved"
+        if passed_on is not None:
+            ok = compare("the run's gradients vs eager", _picked(passed_on, picked), _picked(expected, picked),
+                         _picked(expected, picked), _picked(wide, picked))
+            in_run = "within the tolerance here" if ok else "beyond the tolerance"
+        try:
+            again = _gradients(build(), inputs, incoming)
+        except Exception as error:
+            traceback.print_exc()
+            return in_run, f"not rerun ({type(error).__name__}: {str(error)[:300]})"
+        ok = compare("gradients rerun here vs eager", _picked(again, picked), _picked(expected, picked),
+                     _picked(expected, picked), _picked(wide, picked))
+        return in_run, "does not reproduce" if ok else "reproduces"
+    eager_outputs, _ = run(reference, inputs, backward=False)
+    fp64_outputs, _ = _run_float64(reference, inputs, backward=False)
+    fp64_outputs = fp64_outputs or []
+    in_run = "not saved"
+    if expected_outputs is not None:
+        ok = compare("the run's outputs vs eager", _picked(expected_outputs, picked), _picked(eager_outputs, picked),
+                     _picked(eager_outputs, picked), _picked(fp64_outputs, picked) or None)
+        in_run = "within the tolerance here" if ok else "beyond the tolerance"
+    try:
+        outputs, _ = run(build(), inputs, backward=False)
+    except Exception as error:
+        traceback.print_exc()
+        return in_run, f"not rerun ({type(error).__name__}: {str(error)[:300]})"
+    returned = _host_copies(outputs)
+    ok = compare("outputs rerun here vs eager", _picked(returned, picked), _picked(eager_outputs, picked),
+                 _picked(eager_outputs, picked), _picked(fp64_outputs, picked) or None)
+    ok &= unchanged_since_returned("outputs rerun here", outputs, returned)
+    return in_run, "does not reproduce" if ok else "reproduces"
+
+
+def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script):
+    """A mismatch script's `main`: always MISMATCH (exit 1), the mismatch happened in the run; the line says whether
+    the saved outputs differ from eager here too, and whether running the piece again reproduces it."""
+    print(f"{piece} [{executor}]  ({Path(script).name}): a mismatch found during training")
+    torch.manual_seed(SEED)
+    try:
+        inputs = make_inputs()
+        if callable(expected_outputs):
+            expected_outputs = expected_outputs()
+        in_run, outside = check_mismatch(build, eager, inputs, expected_outputs, mismatch, script)
+    except Exception as error:
+        traceback.print_exc()
+        in_run, outside = "not compared", f"not rerun ({type(error).__name__}: {str(error)[:300]})"
+    print(Verdict(Outcome.MISMATCH, f"in the run: {in_run}; outside the run, with {executor}: {outside}")
+          .line(backend))
+    sys.stdout.flush()
+    return int(Outcome.MISMATCH)
+
+
 # ---- timing ---------------------------------------------------------------------------------------------------------
 
 DEVICE_CALLS = 20  # calls per device-time measurement: queued behind one hold, well inside CUDA's launch queue
@@ -572,20 +677,24 @@ def _describe(timings):
 
 
 def main(*, piece, executor, backend, build, eager, make_inputs, expected_outputs=None, backward=True,
-         random_ops=(), refusal=None, argv=None, script=None):
+         random_ops=(), refusal=None, argv=None, script=None, mismatch=None):
     """Checks the piece, with `--benchmark` also times it, and returns the exit status (see `Outcome`).
 
     build: makes the piece's callable (compiling is done by its first call); eager: makes the eager reference;
     make_inputs: the inputs; expected_outputs: what the run's call returned (or a function that loads it), where
     saved; random_ops: the names of
     the random ops in the piece (reseeded runs; a difference is NOT COMPARABLE); refusal: inputs -> why the backend
-    cannot take them, or None."""
+    cannot take them, or None; mismatch: for the script of a piece the correctness sentinel found mismatching in
+    the run (its call, phase, findings, the values it compared, the inputs file), `check_mismatch` instead of the
+    check, and exit 1 whatever it finds."""
     script = script or sys.argv[0]
     parser = argparse.ArgumentParser(description=f"Repro of {piece} run with {executor} (written by thunderfx_debug)")
     parser.add_argument("--benchmark", action="store_true", help="also time forward (and backward) after the check")
     parser.add_argument("--json", metavar="PATH", help="write the verdict (and with --benchmark the figures) as JSON")
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timing per figure (default 0.5)")
     options = parser.parse_args(argv)
+    if mismatch is not None:
+        return _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script)
     print(f"{piece} [{executor}]  ({Path(script).name})")
     if random_ops:
         # Inductor draws random numbers with its own generator unless told to call eager's random ops.

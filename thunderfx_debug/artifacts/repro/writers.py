@@ -314,8 +314,12 @@ def _indent(code: str) -> str:
     return textwrap.indent(code, "    ")
 
 
-def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str) -> str:
-    """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`."""
+def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str,
+           mismatch: dict[str, Any] | None = None) -> str:
+    """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`.
+
+    `mismatch` makes it a mismatch script (`script_template.check_mismatch`): the call, phase, findings and values
+    of the first mismatching call the correctness sentinel saw; its inputs file is the piece's `inputs_path`."""
     file_name = posixpath.basename(script_path)
     metas = strategy.metas(piece)
     if piece.real:
@@ -348,6 +352,12 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
     else:
         check = ("checks its forward outputs against the run's and gradients against eager's" if saved_outputs
                  else "checks it against eager PyTorch (forward outputs and gradients)")
+    mismatch_argument = ""
+    if mismatch is not None:
+        check = ("compares what the run produced with eager, and runs the piece again to see whether the mismatch "
+                 "reproduces; exit 1 (the mismatch happened in the run)")
+        inputs_file = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path)) if piece.real else None
+        mismatch_argument = f"        mismatch={ {**mismatch, 'inputs_file': inputs_file}!r},\n"
     random_note = ""
     if piece.random_ops:
         random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): every run starts from the same seed (and inductor "
@@ -389,6 +399,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"        backward={piece.backward},\n"
         f"        random_ops={tuple(piece.random_ops)!r},\n"
         f"        refusal={strategy.refusal(piece)},\n"
+        + mismatch_argument +
         "    ))\n"
     )
     imports = "\n".join(dict.fromkeys(piece.imports))
