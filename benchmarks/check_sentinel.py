@@ -374,6 +374,7 @@ def main(argv=None) -> int:
             losses = {w.name.removeprefix("cost-"): ready[w.name]["losses"] for w in cost_workers}
             same = {name: losses[name] == losses["off"] for name in losses if name != "off"}
             results["cost"] = {"layers": cost_config.n_layer, "every": args.every, "block": args.block,
+                               "clock": "CUDA events" if cuda else "host perf_counter",
                                "mean_step_ms": means, "paired_ratios": ratios,
                                "ratio_of_means": {n: means[n] / means["off"] for n in means if n != "off"},
                                "warmup_losses_equal_off": same, "warmup_losses": losses, "findings": finished,
@@ -426,7 +427,7 @@ def _report_cost(results: dict) -> bool:
         return True
     ok = True
     print(f"\ncost: GPT {cost['layers']} layers, checking every {cost['every']} calls; blocks of {cost['block']} "
-          "steps; paired ratio = a block's mean step / the check-off block's of the same round (device clock)")
+          f"steps; paired ratio = a block's mean step / the check-off block's of the same round ({cost['clock']})")
     print(f"{'configuration':<14} {'mean ms':>9} {'paired median':>14} {'min':>7} {'max':>7} {'ratio of means':>15}  "
           "target")
     print(f"{'off':<14} {cost['mean_step_ms']['off']:9.3f}")

@@ -122,3 +122,21 @@ def test_flush_pause_benchmark_classifies_steps_by_the_flushes_they_overlap():
     assert result["step_ms"]["steps_overlapping_a_flush"] == 2
     assert result["step_ms"]["excess_worst"] == pytest.approx(29.0)
     assert flush_pause.check_cost_ns(rounds=1, calls=1000)["ns_per_call_with"] > 0
+
+
+def test_check_sentinel_pairs_each_block_with_the_check_off_block_of_its_round():
+    check_sentinel = _load("check_sentinel")
+    ratios = check_sentinel.paired_ratios({"off": [10.0, 20.0, 10.0], "split": [10.5, 20.0, 11.0],
+                                           "fusion": [12.0, 22.0, 10.0]})
+    assert ratios["split"]["per_round"] == [1.05, 1.0, 1.1]
+    assert (ratios["split"]["median"], ratios["split"]["min"], ratios["split"]["max"]) == (1.05, 1.0, 1.1)
+    assert ratios["fusion"]["median"] == pytest.approx(1.1) and "off" not in ratios
+
+
+def test_check_sentinel_refuses_steps_that_are_not_whole_blocks(capsys):
+    check_sentinel = _load("check_sentinel")
+    with pytest.raises(SystemExit) as exit_info:
+        check_sentinel.parse_args(["--steps", "120", "--block", "50"])
+    assert exit_info.value.code == 2 and "must be a multiple of --block" in capsys.readouterr().err
+    args = check_sentinel.parse_args(["--every", "25"])
+    assert (args.block, args.steps, args.cost_layers) == (25, 300, 12)  # a block holds one checked call

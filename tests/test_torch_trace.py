@@ -19,7 +19,7 @@ from torch._guards import CompileContext, CompileId, TraceId, compile_context
 from conftest import dump_fixtures
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts import torch_trace as artifacts
-from thunderfx_debug.records import SplitRecord
+from thunderfx_debug.records import Check
 from thunderfx_debug.thunder import torch_trace
 
 HERE = Path(__file__).parent
@@ -155,27 +155,16 @@ def test_flush_writes_only_what_changed_and_never_under_another_compile(written)
     assert [name for name, *_ in written] == ["thunderfx_debug_graph0_timing"]
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckedSplit(SplitRecord):
-    """A split record of a version that has correctness checks (the sentinel adds `check` to the records)."""
-
-    check: dict | None = None
-
-    def to_json(self):
-        return {**super().to_json(), "check": self.check}
-
-
 def test_checks_are_written_where_a_record_has_one():
     report = load_report(dump_fixtures() / "normal")
     graph = report.graphs[0]
     assert [name for name, _ in artifacts.summary_artifacts(graph)] == ["thunderfx_debug_graph0_timing"]
-    check = {"calls": 3, "mismatches": 1, "worst_abs_error": 0.5}
+    check = Check(calls=3, mismatches=1, worst_abs_error=0.5)
     split = graph.splits[0]
-    checked = dataclasses.replace(graph, splits=(CheckedSplit(**{f.name: getattr(split, f.name) for f in
-                                                                dataclasses.fields(split)}, check=check),
-                                                 *graph.splits[1:]))
+    checked = dataclasses.replace(graph, splits=(dataclasses.replace(split, check=check), *graph.splits[1:]))
     found = dict(artifacts.summary_artifacts(checked))
-    assert found["thunderfx_debug_graph0_check"]["splits"] == [{"name": split.name, "check": check, "fusions": []}]
+    assert found["thunderfx_debug_graph0_check"]["splits"] == [
+        {"name": split.name, "check": check.to_json(), "fusions": []}]
 
 
 def test_artifact_names_stay_file_names():
