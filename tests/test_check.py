@@ -83,7 +83,36 @@ def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tm
                                                                      ("graph0/thunder_2", "repro_mismatch_thunder")]
     script = rank_dir / next(path for _, label, path in scripts if label == "repro_mismatch_thunder")
     assert _run_mismatch_script(script, tmp_path) == (
-        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces")
+        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces; "
+        "a finding about Thunder, worth reporting upstream with this script")
+
+
+def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path, monkeypatch):
+    """A region flagged against a reference that is wrong (here on purpose): its script holds the region's inputs
+    and outputs of that call, finds the run's outputs right against the true reference, and exits 1 saying that
+    the mismatch does not reproduce."""
+    torch.manual_seed(0)
+    backend = ReportingBackend(dump_dir=tmp_path, check="fusion", check_every=1, strict=True, executors=cpu_executors())
+    compiled = torch.compile(ThreeSplits(), backend=backend)
+    compiled(torch.randn(4, 8)).backward()
+    references = backend.recorder.graphs[0].split_gm.thunder_2.check.regions.references
+    real_get = references.get
+
+    def off_by_one(key):
+        reference = real_get(key)
+        return dataclasses.replace(reference, fn=lambda *a: [x + 1 for x in reference.fn(*a)])
+
+    monkeypatch.setattr(references, "get", off_by_one)
+    compiled(torch.randn(4, 8)).backward()
+    monkeypatch.undo()
+    region = next(f for f in backend.report().graphs[0].split("thunder_2").fusions if f.phase.value == "forward")
+    assert (region.check.mismatches, region.check.first_mismatch_call) == (1, 2)
+    split = load_report(backend.flush()).graphs[0].split("thunder_2")
+    files = next(f for f in split.fusions if f.name == region.name and f.phase is region.phase).files
+    assert files["repro_mismatch_inductor"].endswith(f"graph0_thunder_2_{region.name}_forward_repro_mismatch_inductor.py")
+    assert _run_mismatch_script(tmp_path / "rank0" / files["repro_mismatch_inductor"], tmp_path) == (
+        "RESULT MISMATCH (exit 1): in the run: within the tolerance here; outside the run, with inductor: does not "
+        "reproduce; seen in the run only, so report it with the run's dump, not this script alone")
 
 
 def _run_mismatch_script(script: Path, tmp_path: Path) -> str:
@@ -120,7 +149,8 @@ def test_wrong_gradients_are_flagged_and_their_script_exits_1(tmp_path):
     split = load_report(backend.flush()).graphs[0].splits[0]
     script = backend.flush() / split.files["repro_mismatch_thunder"]
     assert _run_mismatch_script(script, tmp_path) == (
-        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces")
+        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces; "
+        "a finding about Thunder, worth reporting upstream with this script")
 
 
 def test_a_checked_call_whose_backward_never_runs_frees_its_graph():

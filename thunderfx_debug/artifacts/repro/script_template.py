@@ -588,8 +588,12 @@ def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected
     except Exception as error:
         traceback.print_exc()
         in_run, outside = "not compared", f"not rerun ({type(error).__name__}: {str(error)[:300]})"
-    print(Verdict(Outcome.MISMATCH, f"in the run: {in_run}; outside the run, with {executor}: {outside}")
-          .line(backend))
+    detail = f"in the run: {in_run}; outside the run, with {executor}: {outside}"
+    if outside == "reproduces":
+        print(Verdict(Outcome.MISMATCH, detail).line(backend))
+    else:  # seen in the run only: what differed there (memory layout, other work in flight) is part of the finding
+        print(f"RESULT MISMATCH (exit {int(Outcome.MISMATCH)}): {detail}; seen in the run only, so report it with "
+              "the run's dump, not this script alone")
     sys.stdout.flush()
     return int(Outcome.MISMATCH)
 

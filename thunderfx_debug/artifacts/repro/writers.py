@@ -358,6 +358,9 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
                  "reproduces; exit 1 (the mismatch happened in the run)")
         inputs_file = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path)) if piece.real else None
         mismatch_argument = f"        mismatch={ {**mismatch, 'inputs_file': inputs_file}!r},\n"
+        if piece.real:
+            note = (f"the values the run passed on call {mismatch.get('call')} of this piece (the first it "
+                    "mismatched on), loaded from the file next to this script.")
     random_note = ""
     if piece.random_ops:
         random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): every run starts from the same seed (and inductor "
@@ -375,12 +378,14 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         support = ("\n# ==== Thunder support: the workarounds the installed versions need "
                    "(thunderfx_debug/thunder/script_support.py) ====\n" + _module_body(script_support))
     expected = "saved_outputs" if saved_outputs else "None"
+    benchmark_line = "" if mismatch is not None else (
+        f"    python {file_name} --benchmark [--json PATH]  # and times it (forward{', backward' if piece.backward else ''})\n")
     header = (
         f'"""{piece.key}: {piece.title}, run with {strategy.description}.\n\n'
         f"{piece.description}\n\n"
         f"Written by thunderfx_debug at the end of a training run; needs {requirements} (not thunderfx_debug):\n"
         f"    python {file_name}                            # {check}\n"
-        f"    python {file_name} --benchmark [--json PATH]  # and times it (forward{', backward' if piece.backward else ''})\n"
+        + benchmark_line +
         f"{EXIT_STATUS.format(backend=strategy.backend)}\n"
         f"Inputs: {textwrap.fill(note, 110, subsequent_indent='    ')}{random_note}\n"
         '"""\n'
