@@ -14,15 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from thunderfx_debug.records import Phase
-from thunderfx_debug.thunder.scripts import region_torch_function
+from thunderfx_debug.thunder.scripts import region_random_ops, region_torch_function
 from thunderfx_debug.thunder.traces import final_traces
-
-#: Symbols that draw random numbers or read the random state, by name, besides those Thunder tags RANDOM_OP
-#: (Thunder's prims.uniform_philox, which nvFuser's dropout becomes, carries no tag).
-_RANDOM_NAMES = frozenset({
-    "uniform", "uniform_philox", "randn", "rand", "randint", "randperm", "bernoulli", "multinomial", "normal",
-    "get_and_update_rng_state", "dropout", "native_dropout", "exponential", "poisson",
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +52,6 @@ def _walk(bsym):
     for sub in bsym.subsymbols:
         yield sub
         yield from _walk(sub)
-
-
-def _random_ops(bsym) -> tuple[str, ...]:
-    from thunder.core.prims import OpTags
-
-    found = []
-    for sub in _walk(bsym):
-        tags = sub.sym.tags or ()
-        if OpTags.RANDOM_OP in tags or sub.sym.name in _RANDOM_NAMES:
-            found.append(sub.sym.name)
-    return tuple(dict.fromkeys(found))
 
 
 def _mutates_inputs(bsym) -> bool:
@@ -125,7 +107,7 @@ def build_reference(bsym, key: str) -> RegionReference:
     return RegionReference(
         key=key,
         fn=namespace[name],
-        random_ops=_random_ops(bsym),
+        random_ops=region_random_ops(bsym),
         mutates_inputs=_mutates_inputs(bsym),
         output_names=tuple(getattr(o, "name", repr(o)) for o in bsym.flat_outs),
         input_shapes=tuple(_shape(a) for a in bsym.flat_args),

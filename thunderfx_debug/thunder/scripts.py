@@ -89,7 +89,8 @@ def nvfuser_repro_source(bsym) -> str:
 
 _RANDOM_SYMBOLS = frozenset({
     "uniform", "uniform_philox", "randn", "rand", "randint", "bernoulli", "multinomial", "normal", "dropout",
-    "get_and_update_rng_state", "randn_like", "rand_like", "randint_like", "philox_rand",
+    "get_and_update_rng_state", "randn_like", "rand_like", "randint_like", "philox_rand", "randperm", "exponential",
+    "poisson", "native_dropout",
 })
 
 

@@ -16,51 +16,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-_RANDOM = frozenset({
-    "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
-    "normal", "normal_", "uniform_", "random_", "multinomial", "exponential_", "geometric_", "cauchy_", "log_normal_",
-    "poisson", "rrelu", "native_dropout",
-})
-_DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"})
-
-
-def _name(node: torch.fx.Node) -> str:
-    target = node.target
-    if node.op == "call_method":
-        return str(target)
-    return getattr(target, "__name__", None) or str(target).rsplit(".", 1)[-1]
-
-
-def _argument(node: torch.fx.Node, position: int, keyword: str, default=None):
-    if keyword in node.kwargs:
-        return node.kwargs[keyword]
-    return node.args[position] if len(node.args) > position else default
-
-
-def _draws(node: torch.fx.Node) -> bool:
-    name = _name(node)
-    if name in _RANDOM:
-        return True
-    if name in _DROPOUT:  # F.dropout(input, p=0.5, training=True): random only when training with p > 0
-        p, training = _argument(node, 1, "p", 0.5), _argument(node, 2, "training", True)
-        return not isinstance(p, (int, float)) or (p > 0 and training is not False)
-    if name == "scaled_dot_product_attention":
-        p = _argument(node, 4, "dropout_p", 0.0)
-        return not isinstance(p, (int, float)) or p > 0
-    return False
+from thunderfx_debug.recording.piece_facts import op_base_name, split_facts
 
 
 def random_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:
-    """The names of the ops of `gm` (and of its nested graph modules) that draw random numbers, in graph order."""
-    found: list[str] = []
-    for module in gm.modules():
-        graph = getattr(module, "graph", None)
-        if not isinstance(graph, torch.fx.Graph):
-            continue
-        for node in graph.nodes:
-            if node.op in ("call_function", "call_method") and _draws(node):
-                found.append(_name(node))
-    return tuple(dict.fromkeys(found))
+    """The names of the ops of `gm` (and of its nested graph modules) that draw random numbers, in graph order: the
+    correctness sentinel's reading of them (`recording.piece_facts`)."""
+    return split_facts(gm).random_ops
 
 
 def _shape(node, placeholder_shapes: Mapping[int, Sequence[int]], positions: Mapping[str, int]):
@@ -96,7 +58,7 @@ def index_bounds(gm: torch.fx.GraphModule, placeholder_shapes: Mapping[int, Sequ
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        name = _name(node)
+        name = op_base_name(node)
         args = node.args
         if name == "embedding" and len(args) >= 2:
             note(args[0], args[1], 0)
