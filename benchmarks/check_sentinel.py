@@ -13,11 +13,11 @@ every step (a run that the fault kills still leaves its findings):
   torchcompile   --clean-executors (default torchcompile,sdpa,torchcompile_xentropy): every checked piece clean.
 Cost (--cost-layers, default 12; --cost-executors, default those of torchcompile, because nvFuser computes this GPT
 wrongly there): three worker processes, ReportingBackend with the check off, at `split` and at `fusion`, checking
-every --every calls (default 50). After --warmup steps, rounds of one --block-step block per configuration (one
-worker at a time, order rotated each round; a block of 50 steps holds exactly one checked call), step boundaries as
-CUDA events (host clock on CPU), the device synchronised at the end of a block only. The cost of a configuration is
-its paired ratio per round, its block's mean step over the check-off block's of the same round: the median over
-rounds is the headline, with its range and the ratio of means over all steps. Target: split <= 1.05x.
+every --every calls (default 50; --tiny 5). After --warmup steps, rounds of one --block-step block per configuration
+(one worker at a time, order rotated each round; a block of --every steps holds exactly one checked call), step
+boundaries as CUDA events (host clock on CPU), the device synchronised at the end of a block only. The cost of a
+configuration is its paired ratio per round, its block's mean step over the check-off block's of the same round: the
+median over rounds is the headline, with its range and the ratio of means over all steps. Target: split <= 1.05x.
 The warm-up losses of split and fusion must equal the check-off run's bit for bit (the check changes nothing).
 
 All workers start at once (their compiles overlap); the cost is measured once the proof workers are done, so that
@@ -67,11 +67,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default 12)")
     parser.add_argument("--cost-executors", default=None, help="Thunder executors of the cost runs (default: "
                         "--clean-executors; on CPU, torchcompile first)")
-    parser.add_argument("--every", type=int, default=50, help="THUNDERFX_DEBUG_CHECK_EVERY of the cost runs (50)")
+    parser.add_argument("--every", type=int, default=None, help="THUNDERFX_DEBUG_CHECK_EVERY of the cost runs "
+                        "(default 50; tiny 5)")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured steps of the cost runs (default 10)")
     parser.add_argument("--steps", type=int, default=None, help="measured steps per cost configuration "
                         "(default 300; tiny 20)")
-    parser.add_argument("--block", type=int, default=None, help="steps per block (default --every; tiny 5)")
+    parser.add_argument("--block", type=int, default=None, help="steps per block (default --every)")
     parser.add_argument("--script-timeout", type=float, default=240.0, help="seconds per mismatch script (240)")
     parser.add_argument("--worker-timeout", type=float, default=600.0, help="seconds to wait for any reply (600)")
     parser.add_argument("--out", type=Path, default=None, help="where the proof runs' dumps go (default: a temp dir)")
@@ -80,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.batch = args.batch or (4 if args.tiny else 8)
     args.steps = args.steps or (20 if args.tiny else 300)
-    args.block = args.block or (5 if args.tiny else args.every)
+    args.every = args.every or (5 if args.tiny else 50)
+    args.block = args.block or args.every  # a block holds exactly one checked call
     args.cost_layers = args.cost_layers or (TINY.n_layer if args.tiny else GPT_12_LAYER.n_layer)
     if args.steps % args.block:
         parser.error(f"--steps ({args.steps}) must be a multiple of --block ({args.block})")

@@ -220,7 +220,6 @@ class RegionCheck:
                 tally.add(call, [_changed(entry.label, 0.0)])
         return changed
 
-
     def _note(self, key: str, call: int, judged: list[Judged]) -> None:
         """A region's values that changed behind the program's back: a mismatch of the region, whose script is
         then written from the findings (its inputs of that call are gone by now)."""
