@@ -59,9 +59,13 @@ def _splits(report) -> dict[str, SplitRecord]:
 
 
 def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tmp_path):
+    import thunder
+
     torch.manual_seed(0)
-    backend = ReportingBackend(dump_dir=tmp_path, check="fusion", check_every=2, strict=True,
-                               executors=[wrong_sin_executor(), *cpu_executors()])
+    # Thunder's default executors (no fusion regions on CPU: the regions' check is tested below), so that the
+    # script's rerun compiles nothing
+    backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=2, strict=True,
+                               executors=[wrong_sin_executor(), *thunder.get_default_executors()])
     _train(ThreeSplits(), backend, steps=3)
     splits = _splits(backend.report())
     assert splits["graph0/inductor_1"].check is None  # inductor's, not Thunder's: not checked
@@ -71,9 +75,6 @@ def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tm
     assert wrong.worst_output == "forward output 0" and wrong.worst_ratio > 100
     assert wrong.reference == "float64 eager" and wrong.rtol == 1e-4
     assert wrong.mismatched_values == ("forward output 0",)  # its gradients are right: Thunder's cos is
-    # the wrong sin runs outside the fusion regions, which all check clean
-    regions = [f.check for s in splits.values() for f in s.fusions]
-    assert regions and all(c.calls == 2 and c.mismatches == 0 and c.compared for c in regions)
 
     rank_dir = backend.flush()
     report = load_report(rank_dir)
@@ -88,13 +89,15 @@ def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tm
 
 
 def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path, monkeypatch):
-    """A region flagged against a reference that is wrong (here on purpose): its script holds the region's inputs
-    and outputs of that call, finds the run's outputs right against the true reference, and exits 1 saying that
-    the mismatch does not reproduce."""
+    """Real fusion regions check clean; a region flagged against a reference that is wrong (here on purpose): its
+    script holds the region's inputs and outputs of that call, finds the run's outputs right against the true
+    reference, and exits 1 saying that the mismatch does not reproduce."""
     torch.manual_seed(0)
     backend = ReportingBackend(dump_dir=tmp_path, check="fusion", check_every=1, strict=True, executors=cpu_executors())
     compiled = torch.compile(ThreeSplits(), backend=backend)
     compiled(torch.randn(4, 8)).backward()
+    regions = [f.check for s in backend.report().graphs[0].splits for f in s.fusions]
+    assert len(regions) == 4 and all(c.calls == 1 and c.mismatches == 0 and c.compared for c in regions)
     references = backend.recorder.graphs[0].split_gm.thunder_2.check.regions.references
     real_get = references.get
 
@@ -105,8 +108,11 @@ def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path,
     monkeypatch.setattr(references, "get", off_by_one)
     compiled(torch.randn(4, 8)).backward()
     monkeypatch.undo()
-    region = next(f for f in backend.report().graphs[0].split("thunder_2").fusions if f.phase.value == "forward")
+    graph = backend.report().graphs[0]
+    region = next(f for f in graph.split("thunder_2").fusions if f.phase.value == "forward")
     assert (region.check.mismatches, region.check.first_mismatch_call) == (1, 2)
+    assert all(f.check.mismatches == 0 for f in graph.split("thunder_0").fusions)  # another split's references
+    assert [s.check.mismatches for s in graph.splits if s.check] == [0, 0]  # the splits against eager: right
     split = load_report(backend.flush()).graphs[0].split("thunder_2")
     files = next(f for f in split.fusions if f.name == region.name and f.phase is region.phase).files
     assert files["repro_mismatch_inductor"].endswith(f"graph0_thunder_2_{region.name}_forward_repro_mismatch_inductor.py")
@@ -130,9 +136,12 @@ def _run_mismatch_script(script: Path, tmp_path: Path) -> str:
 
 
 def test_wrong_gradients_are_flagged_and_their_script_exits_1(tmp_path):
+    import thunder
+
     torch.manual_seed(0)
+    # Thunder's default executors: a split check needs no fusion region, and its script then compiles nothing
     backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=1, strict=True,
-                               executors=[wrong_cos_executor(), *cpu_executors()])
+                               executors=[wrong_cos_executor(), *thunder.get_default_executors()])
 
     class Sine(nn.Module):
         def __init__(self):
