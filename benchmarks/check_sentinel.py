@@ -130,6 +130,10 @@ class Trainer:
         from thunderfx_debug import ReportingBackend
 
         self.job, self.cuda = job, job.device.startswith("cuda")
+        if not self.cuda:
+            # one intra-op thread: with more, MKL picks a thread count by the machine's load, and the workers' losses
+            # then differ in their last bit with the check on and off alike
+            torch.set_num_threads(1)
         torch.manual_seed(0)
         dtype = torch.bfloat16 if self.cuda else torch.float32
         self.model = GPT(job.config).to(device=job.device, dtype=dtype)
