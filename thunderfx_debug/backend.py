@@ -15,7 +15,7 @@ from thunder.dynamo import ThunderCompiler
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
-from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, load_config
+from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config
 from thunderfx_debug.dump import check_writable
 from thunderfx_debug.flusher import DumpFlusher, FlushStats
 from thunderfx_debug.manifest import run_facts
@@ -28,6 +28,7 @@ from thunderfx_debug.recording.wrap import wrap_graph
 from thunderfx_debug.report import Report
 from thunderfx_debug.runs import this_run
 from thunderfx_debug.sigterm import chain_sigterm
+from thunderfx_debug.triage import TriageSettings
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import describe_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled
@@ -82,7 +83,8 @@ class ReportingBackend(ThunderCompiler):
         # that fails), what their values were where repro scripts are asked for, the tensors themselves with
         # THUNDERFX_DEBUG_INPUTS=real.
         self._capture = InputCapture(self.config.inputs is Inputs.REAL, self.config.inputs_max_mb,
-                                     self.recorder.failures, statistics=bool(self.config.repro))
+                                     self.recorder.failures,
+                                     statistics=bool(self.config.repro) or self.config.triage is not TriageLevel.OFF)
         flush = self.flush if self.config.dump_dir is not None else None
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None
@@ -99,7 +101,8 @@ class ReportingBackend(ThunderCompiler):
             check_writable(self.config.dump_dir)
             on_report = self._torch_trace.flushed if self._torch_trace is not None else None
             self._flusher = DumpFlusher(lambda: self.config.dump_dir, self.recorder, self._artifact_settings,
-                                        lambda: self.rank, self._run_facts, self._run.process_uid, on_report)
+                                        lambda: self.rank, self._run_facts, self._run.process_uid, on_report,
+                                        TriageSettings(self.config.triage, self.config.deviation))
             if self.config.flush_every > 0:
                 self._periodic = PeriodicFlush(self.config.flush_every, self._flush_periodically)
             chain_sigterm(self._on_sigterm)

@@ -55,6 +55,14 @@ class CheckLevel(enum.IntEnum):
     FUSION = 2
 
 
+class TriageLevel(enum.IntEnum):
+    """What the flush-time triage times against inductor: nothing, each Thunder split, or its fusion regions too."""
+
+    OFF = 0
+    SPLIT = 1
+    FUSION = 2
+
+
 class ReproKind(str, enum.Enum):
     """The pieces repro scripts are written for."""
 
@@ -80,6 +88,8 @@ class Config:
     flush_every: float = 600.0  # seconds between automatic flushes during training; 0: none
     check: CheckLevel = CheckLevel.OFF
     check_every: int = 50
+    triage: TriageLevel = TriageLevel.OFF
+    deviation: float = 1.2  # Thunder/inductor time ratio beyond which a triaged piece deviates
 
     def records_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -101,6 +111,8 @@ class Config:
             "flush_every": self.flush_every,
             "check": self.check.name.lower(),
             "check_every": self.check_every,
+            "triage": self.triage.name.lower(),
+            "deviation": self.deviation,
         }
 
 
@@ -160,6 +172,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _ratio_above_one(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("allowed: a time ratio > 1, such as 1.2") from None
+    if not 1 < value < float("inf"):
+        raise ValueError("allowed: a time ratio > 1, such as 1.2")
+    return value
+
+
 def _parse_ranks(text: str) -> frozenset[int] | None:
     if text.strip().lower() == "all":
         return None
@@ -204,6 +226,8 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "flush_every": ("THUNDERFX_DEBUG_FLUSH_EVERY", _seconds),
     "check": ("THUNDERFX_DEBUG_CHECK", _choice({c.name.lower(): c for c in CheckLevel})),
     "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
+    "triage": ("THUNDERFX_DEBUG_TRIAGE", _choice({t.name.lower(): t for t in TriageLevel})),
+    "deviation": ("THUNDERFX_DEBUG_DEVIATION", _ratio_above_one),
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)
@@ -236,7 +260,7 @@ def _from_argument(field: str, value: Any) -> Any:
     if field == "ranks" and isinstance(value, (list, tuple, set, frozenset)):
         value = ",".join(str(v) for v in value)
     if isinstance(value, enum.Enum):
-        value = value.name.lower() if isinstance(value, TimingLevel | CheckLevel) else value.value
+        value = value.name.lower() if isinstance(value, TimingLevel | CheckLevel | TriageLevel) else value.value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):

@@ -37,6 +37,7 @@ from thunderfx_debug.dump import DumpWriter, move_earlier_run_aside
 from thunderfx_debug.records import GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.report import Report
+from thunderfx_debug.triage import Triager, TriageSettings, deviating
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -81,7 +82,8 @@ class DumpFlusher:
 
     def __init__(self, dump_dir: Callable[[], Path], recorder: Recorder, settings: Callable[[], ArtifactSettings],
                  rank: Callable[[], int], meta: Callable[[int, FlushStats | None], dict[str, Any]], process_uid: str,
-                 on_report: Callable[[tuple[GraphRecord, ...]], None] | None = None):
+                 on_report: Callable[[tuple[GraphRecord, ...]], None] | None = None,
+                 triage: TriageSettings | None = None):
         self._dump_dir, self.recorder, self._settings = dump_dir, recorder, settings
         self._on_report = on_report
         self._rank, self._meta, self._process_uid = rank, meta, process_uid
@@ -89,6 +91,8 @@ class DumpFlusher:
         self.flushes = 0
         self.history: collections.deque[FlushStats] = collections.deque(maxlen=256)
         self._cache = ArtifactCache()
+        self._triage_settings = triage or TriageSettings()
+        self._triager = Triager()
         self._writers: dict[Path, DumpWriter] = {}
         self._lock = threading.Lock()  # one flush at a time; a periodic one hands it to its writer thread
         self._holder: int | None = None  # the thread in a flush's first half, while it holds the lock
@@ -122,7 +126,7 @@ class DumpFlusher:
         with self._flushing():
             started, started_s = time.perf_counter(), time.monotonic()
             with self.failures.guard("writing the dump"):
-                prepared = self._prepare(wait_for_device)
+                prepared = self._prepare(wait_for_device, triage=wait_for_device)
                 written, unchanged = prepared.writer.write(report_files(prepared.report, prepared.artifacts,
                                                                         self.failures))
                 elapsed_ms = (time.perf_counter() - started) * 1e3
@@ -185,8 +189,10 @@ class DumpFlusher:
         return True
 
     # ---- the two halves -------------------------------------------------------------------------------------------
-    def _prepare(self, wait_for_device: bool) -> _Prepared:
-        """The training thread's half: records and artifacts, no serialisation."""
+    def _prepare(self, wait_for_device: bool, triage: bool = False) -> _Prepared:
+        """The training thread's half: records and artifacts, no serialisation. With `triage` (a flush that waits,
+        not a periodic one nor SIGTERM's), the pieces not triaged yet are timed against inductor first (see
+        `thunderfx_debug.triage`); other flushes carry the results found so far."""
         rank, dump_dir = self._rank(), self._dump_dir()
         rank_dir = dump_dir / layout.rank_dir_name(rank)
         self.flushes += 1
@@ -197,9 +203,15 @@ class DumpFlusher:
                 log.info("thunderfx_debug: the earlier run's dump in %s moved to %s", rank_dir, moved)
             writer = self._writers[rank_dir] = DumpWriter(rank_dir)
         snapshots = self.recorder.snapshot(wait=wait_for_device)
-        artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0)
+        triaged = self._triager.known()
+        if triage:
+            with self.failures.guard("triaging the pieces against inductor"):
+                triaged = self._triager.triage(snapshots, self._triage_settings, self.failures)
+        artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
+                                          deviating=deviating(triaged))
         last = self.history[-1] if self.history else None
-        report = build_report(snapshots, file_index(artifacts), self._meta(self.flushes, last), self.failures)
+        report = build_report(snapshots, file_index(artifacts), self._meta(self.flushes, last), self.failures,
+                              triaged)
         if self._on_report is not None:
             with self.failures.guard("writing the TORCH_TRACE artifacts"):
                 self._on_report(report.graphs)

@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.txt"
+TRIAGE = "triage.md"  # the flush-time triage against inductor (THUNDERFX_DEBUG_TRIAGE)
 CHROME_TRACE = "trace.json"
 GRAPH_JSON = "graph.json"
 INPUTS_DIR = "inputs"

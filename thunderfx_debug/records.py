@@ -718,6 +718,71 @@ def _check_or_none(data: Mapping[str, Any], where: str) -> Check | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Triage:
+    """A piece timed against inductor at flush, in the training process, on the inputs of a recorded call.
+
+    `thunder_ms` and `inductor_ms` are ms per call on `clock` (median of the rounds; a split's forward and backward
+    together, a fusion region's call), `ratio` Thunder's time over inductor's with its 95% interval
+    [`ratio_low`, `ratio_high`] (Yuen's trimmed t on the rounds' log times, the two sides interleaved), `deviates`
+    when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `ms_per_step` is the
+    time Thunder loses there per training step against inductor, (thunder_ms - inductor_ms) x `calls_per_step`
+    (negative: it gains). `inputs` says where the inputs came from ("real": the run's tensors; "meta": rebuilt from
+    the recorded metadata). `error` says why a piece could not be judged (then no figures)."""
+
+    clock: ClockKind = ClockKind.HOST
+    thunder_ms: float | None = None
+    inductor_ms: float | None = None
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    deviation: float = 1.2
+    deviates: bool = False
+    calls_per_step: float = 1.0
+    rounds: int = 0
+    inputs: str = "meta"
+    error: str | None = None
+
+    @property
+    def ms_per_step(self) -> float:
+        if self.thunder_ms is None or self.inductor_ms is None:
+            return 0.0
+        return (self.thunder_ms - self.inductor_ms) * self.calls_per_step
+
+    @property
+    def why(self) -> str | None:
+        """"slower_than_inductor" or "faster_than_inductor" for a deviating piece (its scripts' names say so)."""
+        if not self.deviates or self.ratio is None:
+            return None
+        return "slower_than_inductor" if self.ratio > 1 else "faster_than_inductor"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clock": self.clock.value, "thunder_ms": self.thunder_ms, "inductor_ms": self.inductor_ms,
+                "ratio": self.ratio, "ratio_low": self.ratio_low, "ratio_high": self.ratio_high,
+                "deviation": self.deviation, "deviates": self.deviates, "calls_per_step": self.calls_per_step,
+                "ms_per_step": self.ms_per_step, "rounds": self.rounds, "inputs": self.inputs, "error": self.error}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Triage:
+        def number(key, default=None):
+            value = _get(data, key, (int, float), where, default=default)
+            return None if value is None else float(value)
+
+        return cls(
+            clock=_enum(ClockKind, _get(data, "clock", str, where, default="host"), f"{where}.clock"),
+            thunder_ms=number("thunder_ms"), inductor_ms=number("inductor_ms"), ratio=number("ratio"),
+            ratio_low=number("ratio_low"), ratio_high=number("ratio_high"), deviation=number("deviation", 1.2),
+            deviates=_get(data, "deviates", bool, where, default=False),
+            calls_per_step=number("calls_per_step", 1.0), rounds=_get(data, "rounds", int, where, default=0),
+            inputs=_get(data, "inputs", str, where, default="meta"), error=_get(data, "error", str, where, default=None),
+        )
+
+
+def _triage_or_none(data: Mapping[str, Any], where: str) -> Triage | None:
+    value = _get(data, "triage", dict, where, default=None)
+    return None if value is None else Triage.from_json(value, f"{where}.triage")
+
+
+@dataclasses.dataclass(frozen=True)
 class FusionRecord:
     """A fusion region of a Thunder trace: `nvFusionN` (nvFuser) or `TorchCompileN` (Thunder's torch.compile executor).
 
@@ -735,6 +800,7 @@ class FusionRecord:
     timing: Timing | None = None
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     check: Check | None = None
+    triage: Triage | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -752,6 +818,7 @@ class FusionRecord:
             "timing": _timing_json(self.timing),
             "files": dict(self.files),
             "check": None if self.check is None else self.check.to_json(),
+            **({} if self.triage is None else {"triage": self.triage.to_json()}),
         }
 
     @classmethod
@@ -767,6 +834,7 @@ class FusionRecord:
             timing=_timing_or_none(data, "timing", where),
             files=_files(data, where),
             check=_check_or_none(data, where),
+            triage=_triage_or_none(data, where),
         )
 
 
@@ -812,6 +880,7 @@ class SplitRecord:
     op_groups: tuple[OpGroup, ...] = ()
     compile_cost: CompileCost | None = None
     check: Check | None = None  # Thunder splits only
+    triage: Triage | None = None
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -836,6 +905,7 @@ class SplitRecord:
             "op_groups": [g.to_json() for g in self.op_groups],
             "compile_cost": None if self.compile_cost is None else self.compile_cost.to_json(),
             "check": None if self.check is None else self.check.to_json(),
+            **({} if self.triage is None else {"triage": self.triage.to_json()}),
         }
 
     @classmethod
@@ -864,6 +934,7 @@ class SplitRecord:
             op_groups=_records(data, "op_groups", where, OpGroup.from_json),
             compile_cost=_cost_or_none(data, where),
             check=_check_or_none(data, where),
+            triage=_triage_or_none(data, where),
         )
 
 

@@ -22,23 +22,27 @@ from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
+from thunderfx_debug.render.flush_triage import render_triage_md
 from thunderfx_debug.report import Report
 from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.triage import TriageIndex, deviating
 
 DumpFiles = list[tuple[str, str | bytes]]
 
 
 def dump_files(snapshots: list[GraphSnapshot], meta: Mapping[str, Any], settings: ArtifactSettings,
                failures: ReportingFailures, show_progress: bool = False,
-               cache: ArtifactCache | None = None) -> tuple[Report, DumpFiles]:
+               cache: ArtifactCache | None = None, triage: TriageIndex | None = None) -> tuple[Report, DumpFiles]:
     """The report and the files of a dump: traces, repro scripts (as `settings` ask; a graph that failed under
     Thunder gets the scripts of its failing piece regardless), graph.json per graph, summary.txt, trace.json and
     manifest.json. A piece whose artifacts cannot be made is a reporting failure; the others are still made.
     `show_progress`: progress of the scripts (`progress`: a bar on a terminal, log lines otherwise) where making
     them takes more than a second. `cache` (one per dump being written) keeps the traces and scripts of earlier
-    flushes."""
-    artifacts = (cache or ArtifactCache()).artifacts(snapshots, settings, failures, show_progress)
-    report = build_report(snapshots, file_index(artifacts), meta, failures)
+    flushes. `triage` (owner -> its triage, see `thunderfx_debug.triage`) goes into the records, and the pieces it
+    found deviating get their scripts."""
+    artifacts = (cache or ArtifactCache()).artifacts(snapshots, settings, failures, show_progress,
+                                                     deviating(triage or {}))
+    report = build_report(snapshots, file_index(artifacts), meta, failures, triage)
     return report, report_files(report, artifacts, failures)
 
 
@@ -55,6 +59,9 @@ def report_files(report: Report, artifacts: list[Artifact], failures: ReportingF
     files: DumpFiles = [(a.path, a.content) for a in artifacts]
     files += [(f"{layout.graph_dir(g.name)}/{layout.GRAPH_JSON}", _json(g.to_json())) for g in report.graphs]
     files.append((layout.SUMMARY, str(report)))
+    if any(s.triage is not None for g in report.graphs for s in g.splits):
+        with failures.guard("rendering triage.md"):
+            files.append((layout.TRIAGE, render_triage_md(report)))
     with failures.guard("rendering trace.json"):
         files.append((layout.CHROME_TRACE, _event_lines(chrome_trace(report))))
     files.append((layout.MANIFEST, _json(manifest_json(report))))
@@ -74,29 +81,38 @@ class ArtifactCache:
         self._settings: ArtifactSettings | None = None
 
     def artifacts(self, snapshots: list[GraphSnapshot], settings: ArtifactSettings, failures: ReportingFailures,
-                  show_progress: bool = False) -> list[Artifact]:
-        """The artifacts of every graph of `snapshots`, in their order; `show_progress` as in `dump_files`."""
+                  show_progress: bool = False, deviating: Mapping[str, str] | None = None) -> list[Artifact]:
+        """The artifacts of every graph of `snapshots`, in their order; `show_progress` as in `dump_files`;
+        `deviating` (owner -> why) the pieces the triage found deviating, which get scripts too."""
         if settings != self._settings:  # other scripts asked for: none of the cached ones is right
             self._graphs, self._settings = {}, settings
-        keys = {snapshot.state.index: _sources(snapshot) for snapshot in snapshots}
+        deviating = deviating or {}
+        keys = {snapshot.state.index: _sources(snapshot, _of_graph(deviating, snapshot.state.name))
+                for snapshot in snapshots}
         stale = [s for s in snapshots if (cached := self._graphs.get(s.state.index)) is None
                  or cached[1] != keys[s.state.index][1]]
         pieces = 0
         with failures.guard("counting the pieces that get repro scripts"):
-            pieces = sum(len(pieces_with_scripts(s, settings)) for s in stale if settings.repro or s.state.error)
+            pieces = sum(len(pieces_with_scripts(s, settings, deviating)) for s in stale
+                         if settings.repro or s.state.error or _of_graph(deviating, s.state.name))
         with progress(pieces, "writing repro scripts", unit="piece", enabled=show_progress) as step:
             for snapshot in stale:
                 sources, key = keys[snapshot.state.index]
-                self._graphs[snapshot.state.index] = (sources, key, _graph_artifacts(snapshot, settings, failures,
-                                                                                     step))
+                self._graphs[snapshot.state.index] = (sources, key, _graph_artifacts(
+                    snapshot, settings, failures, step, _of_graph(deviating, snapshot.state.name)))
         return [artifact for snapshot in snapshots for artifact in self._graphs[snapshot.state.index][2]]
 
 
-def _sources(snapshot: GraphSnapshot) -> tuple[tuple, tuple]:
+def _of_graph(deviating: Mapping[str, str], graph: str) -> dict[str, str]:
+    return {owner: why for owner, why in deviating.items() if owner.startswith(f"{graph}/")}
+
+
+def _sources(snapshot: GraphSnapshot, deviating: Mapping[str, str]) -> tuple[tuple, tuple]:
     """The objects a graph's artifacts are made from, and the key (ids and texts) that changes when one does."""
     state = snapshot.state
     objects = [state.captured]
-    key: list[Any] = [state.error, state.failed_split, state.fallback, _captured_key(state.captured)]
+    key: list[Any] = [state.error, state.failed_split, state.fallback, _captured_key(state.captured),
+                      tuple(sorted(deviating.items()))]
     for split in snapshot.splits:
         objects += [split.fwd_trace, split.bwd_trace, split.state.captured, *split.region_captures.values()]
         key.append((split.state.name, split.state.error, id(split.fwd_trace), id(split.bwd_trace),
@@ -123,16 +139,16 @@ def _captured_key(captured) -> tuple | None:
 
 
 def _graph_artifacts(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
-                     on_piece) -> list[Artifact]:
+                     on_piece, deviating: Mapping[str, str]) -> list[Artifact]:
     artifacts: list[Artifact] = []
     with failures.guard(f"collecting the traces of {snapshot.state.name}"):
         artifacts += trace_artifacts(snapshot)
     mismatches = any(_evidence(split) for split in snapshot.splits)
-    if settings.repro or snapshot.state.error or mismatches:
+    if settings.repro or snapshot.state.error or mismatches or deviating:
         with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
             if settings.real_inputs or mismatches:
                 _wait_for_host_copies()
-            artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=on_piece)
+            artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=on_piece, deviating=deviating)
     return artifacts
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord
+from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord, Triage
 from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
@@ -20,11 +20,12 @@ FileIndex = Mapping[str, Mapping[str, str]]
 
 
 def build_report(snapshots: list[GraphSnapshot], files: FileIndex, meta: Mapping[str, Any],
-                 failures: ReportingFailures) -> Report:
+                 failures: ReportingFailures, triage: Mapping[str, Triage] | None = None) -> Report:
+    """`triage`: owner key -> the piece's flush-time triage (see `thunderfx_debug.triage`)."""
     graphs = []
     for snap in snapshots:
         with failures.guard(f"building the record of {snap.state.name}"):
-            graphs.append(_graph_record(snap, files))
+            graphs.append(_graph_record(snap, files, triage or {}))
     return Report(graphs=tuple(graphs), meta=dict(meta))
 
 
@@ -42,7 +43,8 @@ def _check(tally: CheckTally | None):
     return None if tally is None else tally.record()
 
 
-def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int) -> SplitRecord:
+def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int,
+                  triage: Mapping[str, Triage]) -> SplitRecord:
     split = snap.state
     key = f"{graph}/{split.name}"
     fusions = tuple(
@@ -57,6 +59,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             timing=_timing(split.region_series.get(r.key)),
             files=files.get(f"{key}/{r.key}", {}),
             check=_check(split.region_checks.get(r.key)),
+            triage=triage.get(f"{key}/{r.key}"),
         )
         for r in snap.regions
     )
@@ -81,10 +84,11 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         op_groups=_op_groups(split),
         compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
         check=_check(split.check),
+        triage=triage.get(key),
     )
 
 
-def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
+def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:
     state, facts = snap.state, snap.state.facts
     origin_ns = state.origin_ns
     return GraphRecord(
@@ -96,7 +100,7 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex) -> GraphRecord:
         recompile_reason=facts.recompile_reason,
         node_count=sum(1 for n in state.gm.graph.nodes if n.op not in ("placeholder", "output")),
         input_meta=snap.input_meta,
-        splits=tuple(_split_record(state.name, split, files, origin_ns) for split in snap.splits),
+        splits=tuple(_split_record(state.name, split, files, origin_ns, triage) for split in snap.splits),
         unattributed_reasons=tuple(state.unattributed_reasons),
         calls=state.calls,
         timing=state.forward.timing(),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from thunderfx_debug.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel
+from thunderfx_debug.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
 from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
@@ -86,7 +86,8 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             if split.split.kind is not SplitKind.THUNDER:
                 continue
             observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
-            if ReproKind.FUSION in config.repro:
+            if ReproKind.FUSION in config.repro or config.triage >= TriageLevel.FUSION:  # triage times regions on
+                # the inputs of their first call
                 capture_regions = RegionCapture(f"{state.name}/{split.name}", config.inputs is Inputs.REAL,
                                                 config.inputs_max_mb, failures)
                 split.region_captures = capture_regions.captures

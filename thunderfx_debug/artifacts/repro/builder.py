@@ -20,7 +20,7 @@ cannot be written is recorded as a reporting failure and the others are still wr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -45,28 +45,39 @@ from thunderfx_debug.thunder.traces import FusionRegion
 Piece = tuple[SplitSnapshot | None, FusionRegion | None]
 
 
-def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings) -> list[Piece]:
-    """The pieces of one graph that get scripts, as THUNDERFX_DEBUG_REPRO asks (and the failing piece)."""
+def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings,
+                        deviating: Mapping[str, str] | None = None) -> list[Piece]:
+    """The pieces of one graph that get scripts, as THUNDERFX_DEBUG_REPRO asks (and the failing piece), and those
+    the triage found deviating (`deviating`: owner key -> why, see `triage.deviating`)."""
+    deviating = deviating or {}
     state = snapshot.state
     failed_split = state.failed_split if state.error else None
     pieces: list[Piece] = []
     if ReproKind.GRAPH in settings.repro or (state.error and failed_split is None):
         pieces.append((None, None))
     for split in snapshot.splits:
-        if ReproKind.SPLIT in settings.repro or split.state.name == failed_split:
+        key = f"{state.name}/{split.state.name}"
+        if ReproKind.SPLIT in settings.repro or split.state.name == failed_split or key in deviating:
             pieces.append((split, None))
-        if ReproKind.FUSION in settings.repro:
-            pieces += [(split, region) for region in split.regions]
+        pieces += [(split, region) for region in split.regions
+                   if ReproKind.FUSION in settings.repro or f"{key}/{region.key}" in deviating]
     return pieces
 
 
 def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
-                      on_piece: Callable[[str], None] | None = None) -> list[Artifact]:
+                      on_piece: Callable[[str], None] | None = None,
+                      deviating: Mapping[str, str] | None = None) -> list[Artifact]:
     """The repro scripts (and saved inputs) of one graph; see the module docstring. `on_piece(name)` is called
     after each piece of `pieces_with_scripts` (for progress). The pieces the correctness sentinel found
-    mismatching get their mismatch scripts whatever THUNDERFX_DEBUG_REPRO says."""
+    mismatching get their mismatch scripts whatever THUNDERFX_DEBUG_REPRO says. The scripts of a piece the triage
+    found deviating and that REPRO did not ask for say why in their names
+    (`..._thunder_0_slower_than_inductor_repro_thunder.py`)."""
     builder = ScriptBuilder(snapshot, settings, failures)
-    for split, region in pieces_with_scripts(snapshot, settings):
+    deviating = deviating or {}
+    for split, region in pieces_with_scripts(snapshot, settings, deviating):
+        key = "/".join(p for p in (snapshot.state.name, split and split.state.name, region and region.key) if p)
+        asked = ReproKind.FUSION in settings.repro if region is not None else ReproKind.SPLIT in settings.repro
+        builder.why = None if asked else deviating.get(key)
         if split is None:
             builder.graph_scripts()
         elif region is None:
@@ -124,6 +135,7 @@ class ScriptBuilder:
         self.fx_imports = tuple(thunder_scripts.fx_builtin_imports())
         self.artifacts: list[Artifact] = []
         self._saved_inputs: set[str] = set()
+        self.why: str | None = None  # the current piece's scripts are there because it deviates (see `_named`)
         self._split_metas: dict[str, tuple[InputMeta, ...]] = {}
 
     # ---- artifacts ------------------------------------------------------------------------------------------------
@@ -132,6 +144,8 @@ class ScriptBuilder:
 
     def _write(self, owner: str, piece: ReproSubject, strategy: writers.Strategy, path: str,
                evidence: Evidence | None = None) -> None:
+        if evidence is None:
+            path = _named(path, self.why)
         what = f"the {strategy.file_kind} {'mismatch script' if evidence else 'repro'} of {piece.key}"
         with self.failures.guard(f"writing {what}"):
             mismatch = None
@@ -325,6 +339,12 @@ def _mismatch_description(evidence: Evidence) -> str:
             f"found it beyond the tolerance:\n{findings}\nThis script holds that call's inputs and what the run "
             "produced (where they were within THUNDERFX_DEBUG_INPUTS_MAX_MB), compares them with eager, and runs the "
             "piece again here to say whether the mismatch reproduces outside the run.")
+def _named(path: str, why: str | None) -> str:
+    """`path` with `why` before its "_repro_" part: graph0_thunder_0_slower_than_inductor_repro_thunder.py."""
+    if why is None or "_repro_" not in path:
+        return path
+    head, _, tail = path.rpartition("_repro_")
+    return f"{head}_{why}_repro_{tail}"
 
 
 def _strip_header(source: str) -> str:

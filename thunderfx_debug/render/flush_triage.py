@@ -1,0 +1,165 @@
+"""The flush-time triage (records' `triage`, see `thunderfx_debug.triage`) rendered: triage.md, the summary's lines and
+the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
+its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
+ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits
+are the same in both), beside the run's own step time."""
+
+from __future__ import annotations
+
+import dataclasses
+import html as _html
+
+from thunderfx_debug.records import RankRecord, SplitKind, Triage
+from thunderfx_debug.render import digest
+from thunderfx_debug.render.text import ms, plural
+
+#: Pieces listed in the summary.
+SUMMARY_TOP = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class TriagedPiece:
+    path: str  # "graph0/thunder_0" or "graph0/thunder_0/nvFusion0 forward"
+    level: str  # "split" or "fusion"
+    executor: str  # what Thunder ran it with
+    split: str  # "graph0/thunder_0"
+    triage: Triage
+    scripts: tuple[str, ...]
+
+
+def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
+    """Every triaged piece, those where Thunder loses most per step first, unjudged ones last."""
+    pieces = []
+    for graph in report.graphs:
+        for split in graph.splits:
+            if split.kind is not SplitKind.THUNDER:
+                continue
+            where = f"{graph.name}/{split.name}"
+            if split.triage is not None:
+                pieces.append(TriagedPiece(where, "split", "thunder", where, split.triage,
+                                           tuple(v for k, v in sorted(split.files.items()) if k.startswith("repro"))))
+            for fusion in split.fusions:
+                if fusion.triage is not None:
+                    pieces.append(TriagedPiece(f"{where}/{fusion.name} {fusion.phase.value}", "fusion",
+                                               fusion.executor, where, fusion.triage,
+                                               tuple(v for k, v in sorted(fusion.files.items())
+                                                     if k.startswith("repro"))))
+    return sorted(pieces, key=lambda p: (p.triage.error is not None, -p.triage.ms_per_step, p.path))
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's step."""
+
+    splits: int
+    lost_ms: float
+    gained_ms: float
+    step_ms: float | None  # the run's own step (graph timing), on `clock`
+    clock: str
+
+    @property
+    def net_ms(self) -> float:
+        return self.lost_ms + self.gained_ms
+
+
+def totals(report: RankRecord) -> Totals:
+    judged = [p.triage for p in triaged_pieces(report) if p.level == "split" and p.triage.error is None]
+    return Totals(len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
+                  sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.step_ms(report),
+                  getattr(digest.clock(report), "value", "host"))
+
+
+def outside_regions(report: RankRecord) -> list[tuple[str, float, float]]:
+    """(split, its ms lost per step, its regions' ms lost per step) for the splits whose regions were triaged."""
+    rows = []
+    pieces = triaged_pieces(report)
+    for split in [p for p in pieces if p.level == "split" and p.triage.error is None]:
+        regions = [p for p in pieces if p.level == "fusion" and p.split == split.path and p.triage.error is None]
+        if regions:
+            rows.append((split.path, split.triage.ms_per_step, sum(p.triage.ms_per_step for p in regions)))
+    return rows
+
+
+def _ratio(t: Triage) -> str:
+    return f"{t.ratio:.2f}x [{t.ratio_low:.2f}, {t.ratio_high:.2f}]" if t.ratio is not None else "-"
+
+
+def _verdict(t: Triage) -> str:
+    if t.error is not None:
+        return "not judged"
+    return t.why.replace("_", " ") if t.why else "within"
+
+
+def totals_line(report: RankRecord) -> str:
+    t = totals(report)
+    step = (f"; the run's step: {ms(t.step_ms)} ms ({t.clock} clock)" if t.step_ms is not None else "")
+    return (f"totals over {plural(t.splits, 'thunder split')}: Thunder loses {ms(t.lost_ms)} ms and gains "
+            f"{ms(-t.gained_ms)} ms per step against inductor, net {ms(t.net_ms)} ms: what a ThunderFX step should "
+            f"take longer than an inductor step of the same model{step}")
+
+
+def render_triage_md(report: RankRecord, title: str = "") -> str:
+    """triage.md of a dump whose pieces were triaged at flush."""
+    pieces = triaged_pieces(report)
+    judged = [p for p in pieces if p.triage.error is None]
+    deviating = [p for p in judged if p.triage.deviates]
+    clocks = sorted({p.triage.clock.value for p in judged})
+    deviation = pieces[0].triage.deviation if pieces else 1.2
+    lines = [f"# ThunderFX against inductor, in the training process{': ' + title if title else ''}", "",
+             f"{plural(len(judged), 'piece')} timed ({sum(p.level == 'split' for p in judged)} Thunder splits, "
+             f"{sum(p.level == 'fusion' for p in judged)} fusion regions), {len(deviating)} deviate beyond "
+             f"{deviation:g}x either way, {len(pieces) - len(judged)} could not be judged. Each piece ran in the "
+             "training process on the inputs of a recorded call against the same piece compiled by inductor, the two "
+             "interleaved round by round; ms per call on the " + (", ".join(clocks) or "host") + " clock (a split's "
+             "forward and backward together), the ratio Thunder/inductor with its 95% interval; a piece deviates when "
+             "the whole interval lies beyond the threshold. \"lost ms per step\" is (Thunder - inductor) x calls per "
+             "step (negative: Thunder gains).", "",
+             "| # | piece | level | Thunder runs it with | Thunder ms | inductor ms | ratio [95%] | lost ms per step "
+             "| calls per step | verdict | inputs | scripts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, p in enumerate(judged, 1):
+        t = p.triage
+        lines.append(f"| {i} | {p.path} | {p.level} | {p.executor} | {ms(t.thunder_ms)} | {ms(t.inductor_ms)} | "
+                     f"{_ratio(t)} | {ms(t.ms_per_step)} | {t.calls_per_step:g} | {_verdict(t)} | {t.inputs} | "
+                     + (", ".join(f"`{s}`" for s in p.scripts) or "-") + " |")
+    explained = outside_regions(report)
+    if explained:
+        lines += ["", "## How much of each split's gap lies outside its fusion regions", "",
+                  "| split | split lost ms per step | its regions | outside its regions |", "|---|---|---|---|"]
+        lines += [f"| {s} | {ms(split)} | {ms(regions)} | {ms(split - regions)} |" for s, split, regions in explained]
+    lines += ["", "## Totals", "", totals_line(report) + "."]
+    failed = [p for p in pieces if p.triage.error is not None]
+    if failed:
+        lines += ["", "## Not judged", ""] + [f"- {p.path}: {p.triage.error}" for p in failed]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(report: RankRecord) -> list[str]:
+    """The summary's triage section (empty where nothing was triaged)."""
+    pieces = triaged_pieces(report)
+    if not pieces:
+        return []
+    judged = [p for p in pieces if p.triage.error is None]
+    lines = ["", f"triage against inductor ({plural(len(judged), 'piece')} timed in the training process, "
+                 f"{sum(p.triage.deviates for p in judged)} deviate; see triage.md):"]
+    for i, p in enumerate(judged[:SUMMARY_TOP], 1):
+        t = p.triage
+        lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}")
+    lines.append("  " + totals_line(report))
+    return lines
+
+
+def html_section(report: RankRecord) -> str:
+    """The HTML page's triage section (empty where nothing was triaged)."""
+    pieces = triaged_pieces(report)
+    if not pieces:
+        return ""
+    esc = _html.escape
+    rows = "".join(
+        f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td class=\"num\">{ms(p.triage.thunder_ms)}</td>"
+        f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
+        f"<td class=\"num\">{ms(p.triage.ms_per_step)}</td><td>{esc(_verdict(p.triage))}</td></tr>"
+        for p in pieces if p.triage.error is None)
+    return ("<h3>Triage against inductor</h3><table><tr><th>piece</th><th>level</th><th>Thunder ms</th>"
+            "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>verdict</th></tr>" + rows
+            + f"</table><p>{esc(totals_line(report))}</p>")
