@@ -523,6 +523,7 @@ class InputMeta:
     sentinel_fraction: float | None = None
     true_fraction: float | None = None
     index_bound: int | None = None
+    parameter: bool = False  # an nn.Parameter in the run (compiled code may guard on the type)
 
     def __post_init__(self):
         object.__setattr__(self, "kind", InputKind(self.kind))  # "tensor" given as text is the same kind
@@ -540,6 +541,8 @@ class InputMeta:
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["kind"], data["shape"], data["stride"] = self.kind.value, list(self.shape), list(self.stride)
+        if not self.parameter:
+            del data["parameter"]  # written only where it is one
         return data
 
     @classmethod
@@ -568,6 +571,7 @@ class InputMeta:
             sentinel_fraction=_get(data, "sentinel_fraction", (int, float), where, default=None),
             true_fraction=_get(data, "true_fraction", (int, float), where, default=None),
             index_bound=_get(data, "index_bound", int, where, default=None),
+            parameter=_get(data, "parameter", bool, where, default=False),
         )
 
 

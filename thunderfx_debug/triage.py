@@ -143,7 +143,14 @@ def rebuilt_inputs(metas: Sequence[InputMeta], names: Sequence[str] = ()) -> lis
     namespace: dict[str, Any] = {"torch": torch, "tensor": script_template.tensor}
     exec(compile(source, "<triage inputs>", "exec"), namespace)
     torch.manual_seed(script_template.SEED)
-    return namespace["make_inputs"]()
+    return _as_parameters(namespace["make_inputs"](), metas)
+
+
+def _as_parameters(values: Sequence[Any], metas: Sequence[InputMeta]) -> list[Any]:
+    """Parameters where the run passed parameters: compiled regions guard on the type (a plain tensor would make
+    them compile again)."""
+    return [torch.nn.Parameter(v, requires_grad=v.requires_grad) if m.parameter and isinstance(v, torch.Tensor) else v
+            for v, m in zip(values, metas)]
 
 
 def _unresolvable(metas: Sequence[InputMeta]) -> str | None:
@@ -158,7 +165,7 @@ def _inputs(captured, metas: Sequence[InputMeta], names: Sequence[str]) -> tuple
     if captured is not None and captured.inputs is not None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
-        return [script_template._rebuild(x) for x in captured.inputs], "real"
+        return _as_parameters([script_template._rebuild(x) for x in captured.inputs], captured.observed), "real"
     why = _unresolvable(metas)
     if why is not None:
         raise ValueError(why)
@@ -271,9 +278,10 @@ class Triager:
 
     @staticmethod
     def _region(split: SplitSnapshot, region, settings: TriageSettings, per_step: float) -> Triage:
+        # requires_grad stays as the run passed it (under no_grad): the torch.compile executor's regions guard on
+        # it, and inputs without it would make them compile again.
         metas = repro_inputs.with_index_bounds(split.region_metas(region),
                                                thunder_scripts.region_index_bounds(region.bsym))
-        metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
         try:
             args, kind = _inputs(split.region_captures.get(region.key), metas, region.inputs)
             thunder = counterparts.region_callable(region)

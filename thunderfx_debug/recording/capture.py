@@ -56,6 +56,7 @@ def value_meta(value: Any) -> InputMeta:
             dtype=str(t.dtype),
             device=str(t.device),
             requires_grad=bool(value.requires_grad),
+            parameter=isinstance(value, torch.nn.Parameter),
         )
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         return InputMeta(kind=InputKind.SYMINT, value=value.node.hint)
