@@ -149,3 +149,34 @@ def test_bad_triage_settings_are_refused_before_training():
         load_config(environ={"THUNDERFX_DEBUG_DEVIATION": "1"})
     with pytest.raises(ConfigError, match="THUNDERFX_DEBUG_TRIAGE='graph'.*allowed: off, split, fusion"):
         load_config(environ={"THUNDERFX_DEBUG_TRIAGE": "graph"})
+
+
+def test_bench_runs_the_scripts_in_one_process_and_a_crashing_one_alone(tmp_path):
+    from thunderfx_debug import bench_worker
+
+    rank_dir = tmp_path / "rank0"
+    (rank_dir / "g").mkdir(parents=True)
+    # Each script writes its pid: all but the crashing one share the worker's process.
+    write = ("import json, os, sys\nassert sys.argv[1:3] == ['--benchmark', '--json']\n"
+             "json.dump({'forward_ms': {ms}, 'backward_ms': None, 'pid': os.getpid()}, open(sys.argv[3], 'w'))\n")
+    (rank_dir / "g" / "a_repro_thunder.py").write_text(write.replace("{ms}", "1.5"))
+    (rank_dir / "g" / "b_repro_inductor.py").write_text("import sys\nsys.exit('inductor failed: out of memory')\n")
+    (rank_dir / "g" / "c_repro_thunder.py").write_text("import os\nos.abort()\n")
+    (rank_dir / "g" / "d_repro_inductor.py").write_text(write.replace("{ms}", "0.5") + "print('MISMATCH')\n"
+                                                                                   "raise SystemExit(1)\n")
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    scripts = ["g/a_repro_thunder.py", "g/b_repro_inductor.py", "g/c_repro_thunder.py", "g/d_repro_inductor.py",
+               "../escape.py"]
+    results = bench_worker.run_in_one_process(rank_dir, scripts, results_dir, timeout_s=60)
+    a, b, c, d, escape = (results[s] for s in scripts)
+    assert (a.forward_ms, a.error) == (1.5, None)
+    assert b.error and "out of memory" in b.error
+    assert c.error and "exit status" in c.error  # run alone after it took the worker down
+    assert d.forward_ms == 0.5 and d.error is None and "exit status 1" in d.note
+    assert escape.error
+    import json
+
+    pids = {json.loads((results_dir / name).read_text())["pid"] for name in ("a_repro_thunder.json",
+                                                                            "d_repro_inductor.json")}
+    assert len(pids) == 2  # a ran in the first worker; d in the one started after c crashed it

@@ -149,6 +149,16 @@ def _script_path(rank_dir: Path, script: str) -> Path:
     return path
 
 
+def script_path(rank_dir: Path, script: str) -> Path:
+    """`_script_path`, for the one-process runner (`bench_worker`)."""
+    return _script_path(rank_dir, script)
+
+
+def device_env(device: str | None) -> dict[str, str] | None:
+    """`_env`, for the one-process runner (`bench_worker`)."""
+    return _env(device)
+
+
 def _env(device: str | None) -> dict[str, str] | None:
     """The environment of a script pinned to `device` (a CUDA_VISIBLE_DEVICES entry), or None: inherit ours."""
     return None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}

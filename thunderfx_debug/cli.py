@@ -255,7 +255,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      + (f": {result.error}" if result.error else ""))
                 return result
 
-            results = {**kept, **bench.run_all(scripts, run_one, devices)}
+            def done(script: str, result: bench.ScriptResult) -> None:
+                step(Path(script).name + (f": {result.error}" if result.error else ""))
+
+            if args.process_per_script:
+                results = {**kept, **bench.run_all(scripts, run_one, devices)}
+            else:
+                from thunderfx_debug.bench_worker import run_per_device
+
+                results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
     ranked = bench.rank(comparisons, results, args.tolerance)
     out = Path(args.output) if args.output else rank_dir / "triage.md"
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
@@ -412,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--match", metavar="TEXT",
                        help="only the pieces whose name contains TEXT (e.g. graph0/thunder_0, nvFusion3)")
     bench.add_argument("--timeout", type=_positive_int, default=600, help="seconds per script (default: 600)")
+    bench.add_argument("--process-per-script", action="store_true",
+                       help="run each script in a process of its own (default: all of them in one process per GPU, "
+                            "a script that crashes that process alone in its own)")
     bench.add_argument("--jobs", type=_positive_int, default=1,
                        help="first run every script once without timing, N at a time, so that the timed runs (one "
                             "at a time) find inductor's and Triton's compiled code in their on-disk caches "
