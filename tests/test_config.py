@@ -42,6 +42,8 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_FLUSH_EVERY": ["", "-1", "nan", "inf", "10m", "never"],
     "THUNDERFX_DEBUG_CHECK": ["", "on", "1", "fusions", "split,fusion", "graph"],
     "THUNDERFX_DEBUG_CHECK_EVERY": ["", "0", "-5", "2.5", "fifty"],
+    "THUNDERFX_DEBUG_TRIAGE": ["", "on", "graph", "fusions", "split,fusion"],
+    "THUNDERFX_DEBUG_DEVIATION": ["", "1", "0.8", "-2", "nan", "inf", "20%"],
 }
 
 # variable -> (text, field, parsed value)

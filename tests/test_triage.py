@@ -13,6 +13,7 @@ from thunderfx_debug import load_report
 from thunderfx_debug.artifacts.repro import standalone
 from thunderfx_debug.config import ConfigError, load_config
 from thunderfx_debug.records import ClockKind
+from thunderfx_debug.render.html import render_html
 
 from conftest import cpu_executors
 
@@ -127,9 +128,8 @@ def test_the_slow_split_deviates_gets_scripts_and_training_is_unchanged(tmp_path
     triage_md = (rank_dir / "triage.md").read_text()
     assert triage_md.index("graph1/thunder_0") < triage_md.index("graph0/thunder_0")
     assert "graph1/thunder_0" in str(report)
-    # Its scripts run on their own: inductor's matches eager; Thunder's needs the custom executor and says so.
-    run = standalone.run_script(rank_dir / slow.files["repro_inductor"], timeout_s=300)
-    assert run.outcome == "OK", run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Triage against inductor" in render_html({0: report})
+    # Its Thunder script needs the custom executor, and says so (inductor's and eager's run as any split's do).
     run = standalone.run_script(rank_dir / slow.files["repro_thunder"], timeout_s=300)
     assert run.outcome == "CRASH" and "no executor named 'slow_cos'" in run.stdout
 

