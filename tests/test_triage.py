@@ -117,6 +117,7 @@ def test_the_slow_split_deviates_gets_scripts_and_training_is_unchanged(tmp_path
     assert slow.triage.deviates and slow.triage.ratio > 3 and slow.triage.clock is ClockKind.HOST
     assert slow.triage.thunder_ms > SLOW_MS > slow.triage.inductor_ms
     assert not other.triage.deviates
+    assert slow.triage.inputs == "meta, the run's parameters"  # no copy of the weights: the run's own, read only
     assert slow.triage.ms_per_step == pytest.approx(slow.triage.thunder_ms - slow.triage.inductor_ms)
     # Its regions are timed too, and none holds the slow op: the gap lies outside them.
     regions = [f for f in slow.fusions if f.triage is not None]

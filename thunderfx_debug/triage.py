@@ -161,15 +161,25 @@ def _unresolvable(metas: Sequence[InputMeta]) -> str | None:
 
 
 def _inputs(captured, metas: Sequence[InputMeta], names: Sequence[str]) -> tuple[list[Any], str]:
-    """(inputs, "real" | "meta"): the captured tensors where the run kept them, else rebuilt from `metas`."""
+    """(inputs, "real" | "meta" | "meta, run's parameters"): the captured tensors where the run kept them, else
+    rebuilt from `metas`; the run's own parameters wherever they are still alive and laid out as when captured."""
     if captured is not None and captured.inputs is not None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
-        return _as_parameters([script_template._rebuild(x) for x in captured.inputs], captured.observed), "real"
-    why = _unresolvable(metas)
-    if why is not None:
-        raise ValueError(why)
-    return rebuilt_inputs(metas, names), "meta"
+        values, kind = _as_parameters([script_template._rebuild(x) for x in captured.inputs], captured.observed), "real"
+    else:
+        why = _unresolvable(metas)
+        if why is not None:
+            raise ValueError(why)
+        values, kind = rebuilt_inputs(metas, names), "meta"
+    live = 0
+    for i, ref in (captured.parameters.items() if captured is not None else ()):
+        parameter, made = ref(), values[i] if i < len(values) else None
+        if (parameter is not None and isinstance(made, torch.Tensor) and parameter.shape == made.shape
+                and parameter.stride() == made.stride() and parameter.dtype == made.dtype):
+            values[i] = parameter  # read only: the split's backward goes through autograd.grad, not .grad
+            live += 1
+    return values, kind if not live or kind == "real" else f"{kind}, the run's parameters"
 
 
 # ---- the pieces -----------------------------------------------------------------------------------------------------

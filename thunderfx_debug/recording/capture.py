@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -142,6 +143,9 @@ class Captured:
     nbytes: int = 0
     max_mb: float = 0.0
     skipped: str | None = None
+    # input index -> weak reference to the nn.Parameter passed there (kept for the flush-time triage, which then times
+    # the piece on the run's own parameters without copying them)
+    parameters: dict[int, Any] = dataclasses.field(default_factory=dict)
     _resolved: tuple[InputMeta, ...] | None = None
 
     @property
@@ -163,13 +167,15 @@ class Captured:
         return self._resolved
 
 
-def observe(values: Sequence[Any], statistics: bool = True) -> Captured:
+def observe(values: Sequence[Any], statistics: bool = True, parameters: bool = False) -> Captured:
     """The metadata of `values` and, with `statistics`, what their values were, queued on the device (see the module
-    docstring)."""
+    docstring); with `parameters`, weak references to the nn.Parameters among them."""
     captured = Captured()
     on_cuda = False
-    for value in values:
+    for i, value in enumerate(values):
         captured.observed.append(value_meta(value))
+        if parameters and isinstance(value, torch.nn.Parameter):
+            captured.parameters[i] = weakref.ref(value)
         numbers = _statistics(value) if statistics and isinstance(value, torch.Tensor) else None
         captured.pending.append(numbers)
         on_cuda |= numbers is not None and numbers.device.type == "cuda"
@@ -280,13 +286,15 @@ class InputCapture:
     and outputs within `max_mb` each. A failure is logged (`failures`) and loses what was being captured of that
     piece only."""
 
-    def __init__(self, real: bool, max_mb: float, failures: ReportingFailures, statistics: bool = True):
+    def __init__(self, real: bool, max_mb: float, failures: ReportingFailures, statistics: bool = True,
+                 parameters: bool = False):
         self.real, self.max_mb, self.failures, self.statistics = real, max_mb, failures, statistics
+        self.parameters = parameters  # keep weak references to parameter inputs (the triage's)
 
     def inputs(self, state, args) -> None:
         """`state`: a `GraphState` or `SplitState` (anything with `name` and `captured`)."""
         with self.failures.guard(f"capturing the inputs of {state.name}"):
-            captured = observe(args, self.statistics)
+            captured = observe(args, self.statistics, self.parameters)
             if self.real:
                 _add_inputs(captured, args, self.max_mb)
             state.captured = captured
@@ -305,8 +313,9 @@ class RegionCapture:
 
     `captures` maps region keys ("nvFusion0_forward") to what was captured."""
 
-    def __init__(self, label: str, real: bool, max_mb: float, failures: ReportingFailures):
+    def __init__(self, label: str, real: bool, max_mb: float, failures: ReportingFailures, parameters: bool = False):
         self.label, self.real, self.max_mb, self.failures = label, real, max_mb, failures
+        self.parameters = parameters
         self.captures: dict[str, Captured] = {}
         self._awaiting_outputs: str | None = None
 
@@ -317,7 +326,7 @@ class RegionCapture:
         if key in self.captures:
             return
         with self.failures.guard(f"capturing the inputs of {self.label}/{key}"):
-            captured = observe(inputs)
+            captured = observe(inputs, parameters=self.parameters)
             if self.real:
                 _add_inputs(captured, inputs, self.max_mb)
             self.captures[key] = captured
