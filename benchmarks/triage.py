@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--inputs", default="real", choices=("real", "meta"),
                         help="the pieces' inputs for the triage: the run's tensors (default; up to 4 GB per piece) or "
                              "rebuilt from their metadata")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="start no further model after this many seconds (a lent machine's limit)")
     parser.add_argument("--json", help="write the figures here")
     return parser.parse_args(argv)
 
@@ -138,7 +140,12 @@ def main(argv=None) -> int:
     import thunderfx_debug  # noqa: F401  (before thunder)
 
     results = []
+    started = time.perf_counter()
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        if args.deadline_s is not None and time.perf_counter() - started > args.deadline_s:
+            print(f"\n== {name}: skipped, past --deadline-s {args.deadline_s:g}")
+            results.append({"model": name, "skipped": f"past --deadline-s {args.deadline_s:g}"})
+            continue
         results.append(run_model(name, args))
         if args.json:  # after each model: a run cut short keeps what it measured
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
