@@ -148,9 +148,19 @@ def rebuilt_inputs(metas: Sequence[InputMeta], names: Sequence[str] = ()) -> lis
 
 def _as_parameters(values: Sequence[Any], metas: Sequence[InputMeta]) -> list[Any]:
     """Parameters where the run passed parameters: compiled regions guard on the type (a plain tensor would make
-    them compile again)."""
-    return [torch.nn.Parameter(v, requires_grad=v.requires_grad) if m.parameter and isinstance(v, torch.Tensor) else v
-            for v, m in zip(values, metas)]
+    them compile again). A tensor that requires grad and is a view of a storage made for it (how inputs are rebuilt)
+    becomes a tensor of its own with the same strides: inside a Thunder split such a view reaches the regions without
+    requires_grad, and the torch.compile executor's regions, which guard on it, would compile again."""
+    out = []
+    for v, m in zip(values, metas):
+        if isinstance(v, torch.Tensor) and v.requires_grad and v._base is not None:
+            own = v.detach().clone(memory_format=torch.preserve_format)
+            if own.stride() == v.stride():  # dense views keep their layout; others stay as they are
+                v = own.requires_grad_()
+        if m.parameter and isinstance(v, torch.Tensor):
+            v = torch.nn.Parameter(v, requires_grad=v.requires_grad)
+        out.append(v)
+    return out
 
 
 def _unresolvable(metas: Sequence[InputMeta]) -> str | None:
