@@ -86,6 +86,7 @@ def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failu
             builder.fusion_scripts(split, region)
         if on_piece is not None:
             on_piece("/".join(p for p in (snapshot.state.name, split and split.state.name, region and region.key) if p))
+    builder.why = None
     builder.mismatch_scripts()
     return builder.artifacts
 
