@@ -181,3 +181,26 @@ def test_bench_runs_the_scripts_in_one_process_and_a_crashing_one_alone(tmp_path
     pids = {json.loads((results_dir / name).read_text())["pid"] for name in ("a_repro_thunder.json",
                                                                             "d_repro_inductor.json")}
     assert len(pids) == 2  # a ran in the first worker; d in the one started after c crashed it
+
+
+def test_regions_lowered_to_torch_calls_each_compile_as_themselves():
+    """The inductor counterparts of a model's regions are exec'd functions compiled one by one: each must reach the
+    compiler as itself. Without a source file for them, torch 2.11 (pytorch/pytorch#124269) runs them through one
+    shared wrapper whose cache fills after 8, and the rest silently run eagerly: the triage then compares Thunder
+    with eager and says "not judged"."""
+    from thunderfx_debug.thunder.workarounds import exec_as_source_file
+
+    compiled_graphs = []
+
+    def counting_backend(gm, example_inputs):
+        compiled_graphs.append(gm)
+        return gm.forward
+
+    regions = 12
+    x = torch.randn(4)
+    for i in range(regions):
+        namespace = {"torch": torch}
+        exec_as_source_file(f"def region_{i}(t):\n    return torch.sin(t) * {i + 1}\n", f"<region {i}>", namespace)
+        out = torch.compile(namespace[f"region_{i}"], backend=counting_backend, fullgraph=True)(x)
+        assert torch.equal(out, torch.sin(x) * (i + 1))
+    assert len(compiled_graphs) == regions

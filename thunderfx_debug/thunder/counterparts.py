@@ -8,12 +8,16 @@ what the run called (nvFuser's FusionDefinitionWrapper, or the torch.compile exe
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from thunderfx_debug.thunder.scripts import region_torch_function
+from thunderfx_debug.thunder.workarounds import exec_as_source_file
+
+_sources = itertools.count()
 
 
 def cache_misses(compiled: Callable) -> int | None:
@@ -41,5 +45,6 @@ def inductor_region(region) -> Callable:
     name = f"{region.name}_{region.phase.value}"
     source, ctx = region_torch_function(region.bsym, name)
     namespace: dict[str, Any] = dict(ctx)
-    exec(compile(source, f"<{name} as torch calls>", "exec"), namespace)
+    # A file name of its own: regions of different splits share names, and linecache holds one source per name.
+    exec_as_source_file(source, f"<{name} as torch calls #{next(_sources)}>", namespace)
     return torch.compile(namespace[name], fullgraph=True)

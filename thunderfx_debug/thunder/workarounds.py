@@ -81,3 +81,19 @@ def lazy_inductor_compile_seconds(split_module) -> float | None:
     inductor split in a module whose `fn` it is (thunder/dynamo/splitter.py, `ModuleWrapper`)."""
     inner = getattr(split_module, "fn", split_module)
     return inner.compile_seconds if isinstance(inner, LazyInductorModule) else None
+
+
+def exec_as_source_file(source: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Executes generated `source` into `namespace` with `filename` registered in linecache, so that
+    `inspect.getsourcefile` finds the functions it defines.
+
+    torch.compile of a function without a source file wraps it in `external_utils.wrap_inline`, whose `inner` code
+    object all such functions then share: Dynamo caches every one of them under that one code object, and after
+    `recompile_limit` (8) functions it stops compiling them (pytorch/pytorch#124269; seen on torch 2.11, fixed in
+    2.13, which traces exec'd functions directly). With a linecache entry each function is traced as itself, on
+    every torch; the entry also gives Dynamo's messages the source lines."""
+    import linecache
+
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)  # mtime None: checkcache never drops it
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102  (Thunder's lowering of a region)
