@@ -258,7 +258,7 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
     rank_dir = backend.flush()
     code, text, err = run(capsys, "bench", str(rank_dir), "--match", "graph0/thunder_0", "--timeout", "300")
     assert code == 0, err
-    assert (rank_dir / "triage.md").read_text() == text
+    assert (rank_dir / "bench.md").read_text() == text
     results = sorted(p.name for p in (rank_dir / "bench").glob("*.json"))
     assert any("nvFusion" in name and name.endswith("_repro_nvfuser.json") for name in results), results
     measured = [json.loads((rank_dir / "bench" / name).read_text()) for name in results]

@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from thunderfx_debug.config import ConfigError
+from thunderfx_debug.layout import BENCH as BENCH_REPORT
 from thunderfx_debug.progress import progress
 from thunderfx_debug.records import DumpError
 from thunderfx_debug.render.text import plural
@@ -265,7 +266,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
                 results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
     ranked = bench.rank(comparisons, results, args.tolerance)
-    out = Path(args.output) if args.output else rank_dir / "triage.md"
+    out = Path(args.output) if args.output else rank_dir / BENCH_REPORT
     prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
     # Scripts as the reader of the report finds them: relative to it when it lies beside the dump, else absolute.
     prefix = "" if prefix == "." else str(rank_dir.resolve()) + "/" if prefix.startswith("..") else prefix + "/"
@@ -413,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tolerance", type=_fraction, default=0.10,
                        help="report pieces whose ThunderFX time differs from inductor's by more than this "
                             "(default: 0.10, i.e. 10%%)")
-    bench.add_argument("-o", "--output", help="the triage report to write (default: <rank dir>/triage.md)")
+    bench.add_argument("-o", "--output",
+                       help="the report to write (default: <rank dir>/bench.md; the flush-time triage writes triage.md)")
     bench.add_argument("--results-dir", help="where the scripts write their JSON results (default: <rank dir>/bench)")
     bench.add_argument("--results", metavar="DIR",
                        help="run nothing: triage the JSON results an earlier bench wrote into DIR")

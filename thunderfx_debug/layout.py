@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 MANIFEST = "manifest.json"
 SUMMARY = "summary.txt"
 TRIAGE = "triage.md"  # the flush-time triage against inductor (THUNDERFX_DEBUG_TRIAGE)
+BENCH = "bench.md"  # `thunderfx-debug bench`: the dumped scripts timed against each other
 CHROME_TRACE = "trace.json"
 GRAPH_JSON = "graph.json"
 INPUTS_DIR = "inputs"
