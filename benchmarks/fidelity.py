@@ -90,18 +90,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _executor_options(cuda: bool) -> dict:
+    """On CPU, Thunder's torch.compile executor first (its default executors fuse nothing there)."""
+    if cuda:
+        return {}
+    import thunder
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
+
+
+def _profiled(step, warmup: int, steps: int, cuda: bool):
+    """Runs `warmup` unprofiled steps, then `steps` steps under torch.profiler; returns the profiler's events."""
+    for i in range(warmup):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        for i in range(steps):
+            step(warmup + i)
+        if cuda:
+            torch.cuda.synchronize()
+    return profile.events()
+
+
 def profiled_run(args, config: GPTConfig):
     """Trains under the backend; returns (report, {range name: [profiler time of each occurrence, ms]},
     {range name: [GPU span of each occurrence, ms]}, {range name: [attributed kernel time, ms]}, profiled calls)."""
     from thunderfx_debug import ReportingBackend
 
     cuda = args.device.startswith("cuda")
-    options = {}
-    if not cuda:
-        import thunder
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        options["executors"] = [torch_compile_ex, *thunder.get_default_executors()]
+    options = _executor_options(cuda)
     backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=args.warmup, nvtx=True, **options)
     torch.manual_seed(0)
     model = GPT(config).to(device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
@@ -116,22 +136,12 @@ def profiled_run(args, config: GPTConfig):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for i in range(args.warmup):
-        step(i)
-    if cuda:
-        torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities) as profile:
-        for i in range(args.steps):
-            step(args.warmup + i)
-        if cuda:
-            torch.cuda.synchronize()
+    events = _profiled(step, args.warmup, args.steps, cuda)
     profiled_calls = set(range(args.warmup + 1, args.warmup + args.steps + 1))
 
     # Region ranges only ("graph0/thunder_0/nvFusion3_forward"; the trace ranges have a space). The CPU event of a
     # range carries the kernels launched inside it; with CUDA, the profiler also lays the range on the GPU timeline
     # (a user annotation with a device type), from its first kernel's start to its last kernel's end.
-    events = profile.events()
     device_work = sorted(
         (e.time_range.start, e.time_range.end) for e in events
         if e.device_type != torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False)
@@ -329,12 +339,7 @@ def step_profiled_run(args):
     from thunderfx_debug import ReportingBackend
 
     cuda = args.device.startswith("cuda")
-    options = {}
-    if not cuda:
-        import thunder
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        options["executors"] = [torch_compile_ex, *thunder.get_default_executors()]
+    options = _executor_options(cuda)
     # Every call after the first is sampled, so that the device hold has learned the host's pace when profiling starts.
     backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=1, **options)
     model, batches, loss_of, described = build_model(args)
@@ -356,17 +361,7 @@ def step_profiled_run(args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for i in range(args.warmup):
-        step(i)
-    if cuda:
-        torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities) as profile:
-        for i in range(args.steps):
-            step(args.warmup + i)
-        if cuda:
-            torch.cuda.synchronize()
-    events = profile.events()
+    events = _profiled(step, args.warmup, args.steps, cuda)
     work = sorted((e.time_range.start, e.time_range.end) for e in events
                   if e.device_type != torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False)
                   and SLEEP_KERNEL not in e.name and not _is_our_range(e.name))
