@@ -34,6 +34,20 @@ def _last_line(text: str, limit: int = 300) -> str:
     return lines[-1][:limit] if lines else ""
 
 
+
+def _phase_timing_lines(piece, left_out, indent: str) -> list[str]:
+    """A graph's or split's forward and backward timing lines, each followed by its time series where it has one."""
+    lines = []
+    for label, timing, host in (("forward", piece.timing, piece.host_timing),
+                                ("backward", piece.backward_timing, piece.host_backward_timing)):
+        line = _timing_line(label, timing, left_out, host)
+        if line:
+            lines.append(f"{indent}{line}")
+            series = _time_series_line(timing)
+            if series:
+                lines.append(f"{indent}  {series}")
+    return lines
+
 def _timing_line(label: str, timing: Timing | None, left_out=(), host: Timing | None = None) -> str | None:
     """Headline statistics of a timing (see `headline`), naming its clock, with the host wall time beside device
     time where it was recorded, and a flag for too few samples or too much spread."""
@@ -270,14 +284,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
     if graph.recompile_reason:
         lines.append(f"  recompiled because: {_first_line(graph.recompile_reason)}")
     left_out = left_out_calls(graph)
-    for label, timing, host in (("forward", graph.timing, graph.host_timing),
-                                ("backward", graph.backward_timing, graph.host_backward_timing)):
-        line = _timing_line(label, timing, left_out, host)
-        if line:
-            lines.append(f"  {line}")
-            series = _time_series_line(timing)
-            if series:
-                lines.append(f"    {series}")
+    lines += _phase_timing_lines(graph, left_out, "  ")
     cost = _cost_line(graph.compile_cost)
     if cost:
         lines.append(f"  {cost}")
@@ -292,14 +299,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
             line += (f", fusions: {len(split.fusions_in(Phase.FORWARD))} forward, "
                      f"{len(split.fusions_in(Phase.BACKWARD))} backward")
         lines.append(line)
-        for label, timing, host in (("forward", split.timing, split.host_timing),
-                                    ("backward", split.backward_timing, split.host_backward_timing)):
-            line = _timing_line(label, timing, left_out, host)
-            if line:
-                lines.append(f"    {line}")
-                series = _time_series_line(timing)
-                if series:
-                    lines.append(f"      {series}")
+        lines += _phase_timing_lines(split, left_out, "    ")
         cost = _cost_line(split.compile_cost)
         if cost:
             lines.append(f"    {cost}")
