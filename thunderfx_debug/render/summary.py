@@ -34,7 +34,6 @@ def _last_line(text: str, limit: int = 300) -> str:
     return lines[-1][:limit] if lines else ""
 
 
-
 def _phase_timing_lines(piece, left_out, indent: str) -> list[str]:
     """A graph's or split's forward and backward timing lines, each followed by its time series where it has one."""
     lines = []
@@ -47,6 +46,7 @@ def _phase_timing_lines(piece, left_out, indent: str) -> list[str]:
             if series:
                 lines.append(f"{indent}  {series}")
     return lines
+
 
 def _timing_line(label: str, timing: Timing | None, left_out=(), host: Timing | None = None) -> str | None:
     """Headline statistics of a timing (see `headline`), naming its clock, with the host wall time beside device
