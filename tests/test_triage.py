@@ -119,6 +119,9 @@ def test_the_slow_split_deviates_gets_scripts_and_training_is_unchanged(tmp_path
     assert not other.triage.deviates
     assert slow.triage.inputs == "meta, the run's parameters"  # no copy of the weights: the run's own, read only
     assert slow.triage.ms_per_step == pytest.approx(slow.triage.thunder_ms - slow.triage.inductor_ms)
+    # The backend's own report carries what the flush timed, as the dump does.
+    in_process = {f"{g.name}/{s.name}": s.triage for g in backend.report().graphs for s in g.splits}
+    assert in_process["graph1/thunder_0"] == slow.triage and in_process["graph0/thunder_0"] == other.triage
     # Its regions are timed too, and none holds the slow op: the gap lies outside them.
     regions = [f for f in slow.fusions if f.triage is not None]
     assert regions and all(f.triage.error is None and not f.triage.deviates for f in regions)

@@ -168,7 +168,8 @@ class ReportingBackend(ThunderCompiler):
         device: timing samples whose events are not complete yet are left for later."""
         snapshots = self.recorder.snapshot(wait=False)
         flushes = self._flusher.flushes if self._flusher is not None else 0
-        return build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures)
+        triaged = self._flusher.triaged if self._flusher is not None else None  # what the last flushes timed
+        return build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures, triaged)
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump

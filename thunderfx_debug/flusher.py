@@ -168,6 +168,11 @@ class DumpFlusher:
             self._run_deferred()
 
     @property
+    def triaged(self) -> dict[str, Any]:
+        """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.triage`)."""
+        return self._triager.known()
+
+    @property
     def in_its_process(self) -> bool:
         """False in a forked child of the process that built it (which writes nothing)."""
         return os.getpid() == self._pid
