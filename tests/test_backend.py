@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.config import ConfigError
 from thunderfx_debug.records import Phase, SplitKind
 
 STEPS = 4
@@ -163,3 +165,27 @@ def test_without_warmup_the_first_call_is_sampled_and_its_real_inputs_and_output
         assert graph.timing.calls == (1, 3) and graph.backward_timing.calls == (1, 3), graph.name
         for split in graph.splits:
             assert split.timing.calls == (1, 3) and split.backward_timing.calls == (1, 3), (graph.name, split.name)
+
+
+def test_a_near_miss_of_an_own_option_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"timing_evry=.*did you mean timing_every"):
+        ReportingBackend(timing_evry=5)
+
+
+def test_an_option_nothing_reads_is_named_after_the_first_compile_and_one_thunder_reads_is_not():
+    def f(x):
+        return torch.sin(x) * 2
+
+    x = torch.randn(4, requires_grad=True)
+    for options, named in (({"not_an_option": 3, "executorz": 1}, True), ({"nv_enable_linear": True}, False)):
+        torch._dynamo.reset()
+        backend = ReportingBackend(executors=cpu_executors(), strict=True, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(f, backend=backend)(x).sum().backward()
+        said = [str(w.message) for w in caught if "nothing read them" in str(w.message)]
+        if named:
+            assert len(said) == 1 and "'not_an_option'" in said[0] and "'executorz' (did you mean 'executors'?)" in said[0]
+        else:
+            assert not said
+    torch._dynamo.reset()

@@ -172,20 +172,24 @@ def _timing_charts(report: RankRecord) -> str:
     for level, title in levels:
         chosen = [p for p in pieces if p.level is level]
         bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level is not PieceLevel.GRAPH else p.phase,
-                    note=f"{100 * p.ms_per_step / step:.1f}%" if step else "") for p in chosen]
+                    note=f"{100 * p.ms_per_step / step:.1f}% of compiled" if step else "") for p in chosen]
         if bars:
             html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(
                 bars, unit="ms", title=title, axis_label=f"ms per step (median per call x calls per step, "
                                                           f"{digest.clock(report).value} clock)")
     top = digest.top_regions(report, 15)
     if top:
+        wall = accounting.wall_step_ms(report)
         rows = [[str(i), esc(p.label), esc(p.executor), ms(p.headline.median_ms), ms(p.headline.p10_ms),
                  ms(p.headline.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%",
-                 esc(p.headline.flag or "")]
+                 *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
-        html += f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4>" + _table(
-            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step", "note"], rows,
-            {0, 3, 4, 5, 6, 7})
+        whole = f"the compiled graphs' {ms(step)} ms per step" if step else "the compiled graphs' time per step"
+        html += (f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4><p>Shares of {esc(whole)}"
+                 + (f" and of the {ms(wall)} ms wall-clock step (which also holds eager code, the optimizer and "
+                    "data loading)" if wall else "") + ".</p>") + _table(
+            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of compiled",
+             *(["share of wall step"] if wall else []), "note"], rows, {0, 3, 4, 5, 6, 7, 8} if wall else {0, 3, 4, 5, 6, 7})
     series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
                                                          p.timing.samples_ms)))
               for p in pieces if p.level is PieceLevel.GRAPH]
