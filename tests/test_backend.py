@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
 import warnings
 
@@ -189,3 +191,17 @@ def test_an_option_nothing_reads_is_named_after_the_first_compile_and_one_thunde
         else:
             assert not said
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
+                    reason="transformer_engine is installed: Thunder does not warn")
+def test_thunders_missing_transformer_engine_warning_is_left_out_of_this_packages_import_only():
+    """Where the package imports Thunder (ReportingBackend), Thunder's warning that transformer_engine is not
+    installed is not shown on every run; the user's own `import thunder` still shows it (Thunder is untouched)."""
+    ours = "import thunderfx_debug; thunderfx_debug.ReportingBackend"
+    theirs = "import thunderfx_debug, thunder"
+    for code, warned in ((ours, False), (theirs, True)):
+        done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("transformer_engine module not found" in done.stderr) == warned, (code, done.stderr[-2000:])

@@ -204,9 +204,15 @@ def test_demo_writes_where_dir_says_and_points_to_the_next_commands(tmp_path, ca
     assert code == 0, err
     assert not (tmp_path / "from_env").exists()
     report = load_report(tmp_path / "asked")
-    assert out.rstrip("\n") == str(report).rstrip("\n")
+    # stdout: the summary, what the demo did (on CPU: the executor it added, which a plain backend lacks), and the
+    # commands to try next; stderr: progress and warnings only.
+    assert out.startswith(str(report).rstrip("\n") + "\n")
+    on_cpu = not __import__("torch").cuda.is_available()
+    assert f"trained 2 steps on {'cpu' if on_cpu else 'cuda'}" in out
+    assert ("ReportingBackend(executors=[torch_compile_ex" in out) == on_cpu
+    assert "next, try:" not in err and "trained" not in err
     assert f"--dir asked overrides THUNDERFX_DEBUG_DIR={tmp_path / 'from_env'}" in err
-    next_commands = err[err.index("next, try:"):].splitlines()[1:]
+    next_commands = out[out.index("next, try:"):].splitlines()[1:]
     commands = [line.split("#")[0].split() for line in next_commands]
     assert [c[1] for c in commands] == ["html", "demo", "diff", "bench"]
     assert commands[0] == ["thunderfx-debug", "html", "asked"]

@@ -67,7 +67,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank_dir = run_demo(steps=args.steps, dump_dir=args.dir, device=device, show_progress=not args.no_progress)
     if rank_dir is not None:
-        print(_next_commands(rank_dir.parent, on_cuda=device == "cuda"), file=sys.stderr)
+        print(_next_commands(rank_dir.parent, on_cuda=device == "cuda"))
     return 0
 
 
