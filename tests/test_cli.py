@@ -81,7 +81,7 @@ def test_diff_between_runs(capsys):
     assert code == 0 and "SLOWER" not in same and "FASTER" not in same and "WITHIN NOISE" in same
 
 
-def test_bench_triages_earlier_results(tmp_path, capsys):
+def test_bench_triages_earlier_results(tmp_path, capsys, monkeypatch):
     """--results: no script runs, so no GPU needed; the dump gets the script names the results belong to."""
     dump = tmp_path / "dump"
     shutil.copytree(NORMAL, dump)
@@ -100,6 +100,11 @@ def test_bench_triages_earlier_results(tmp_path, capsys):
     assert code == 0 and out.read_text() == text
     losses = text.split("## Where ThunderFX loses time")[1]
     assert "graph0/thunder_0/nvFusion0 forward" in losses and "graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py" in losses
+    # The scripts to hand over, as the user types them here: below the current directory, relative to it.
+    script = "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
+    monkeypatch.chdir(tmp_path)
+    code, text, _ = run(capsys, "bench", "dump", "--results", str(FIXTURES / "bench_results"), "-o", str(out))
+    assert code == 0 and f"`python dump/rank0/{script} --benchmark`" in text
     code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
                        "--tolerance", "60%")
     assert code == 0 and "nvFusion0 forward" not in out.read_text().split("## Where ThunderFX loses time")[1].split("##")[0]
