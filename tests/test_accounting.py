@@ -55,7 +55,7 @@ def test_the_headline_leaves_out_the_first_sampled_call_and_disturbed_calls_and_
     assert headline(wild).flag.startswith("noisy (p90")
     assert headline(timing(1.0)).flag is None
     lone = headline(Timing((7.0,), (6,)))
-    assert lone.count == 0 and lone.median_ms == 7.0 and lone.flag == "too few samples (0)"
+    assert lone.count == 0 and lone.median_ms == 7.0 and lone.flag == "too few samples (1)"
 
 
 def test_a_graphs_disturbed_calls_leave_every_piece_of_it():

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.config import ConfigError
 from thunderfx_debug.records import Phase, SplitKind
 
 STEPS = 4
@@ -163,3 +167,41 @@ def test_without_warmup_the_first_call_is_sampled_and_its_real_inputs_and_output
         assert graph.timing.calls == (1, 3) and graph.backward_timing.calls == (1, 3), graph.name
         for split in graph.splits:
             assert split.timing.calls == (1, 3) and split.backward_timing.calls == (1, 3), (graph.name, split.name)
+
+
+def test_a_near_miss_of_an_own_option_is_refused_before_training():
+    with pytest.raises(ConfigError, match=r"timing_evry=.*did you mean timing_every"):
+        ReportingBackend(timing_evry=5)
+
+
+def test_an_option_nothing_reads_is_named_after_the_first_compile_and_one_thunder_reads_is_not():
+    def f(x):
+        return torch.sin(x) * 2
+
+    x = torch.randn(4, requires_grad=True)
+    for options, named in (({"not_an_option": 3, "executorz": 1}, True), ({"nv_enable_linear": True}, False)):
+        torch._dynamo.reset()
+        backend = ReportingBackend(executors=cpu_executors(), strict=True, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(f, backend=backend)(x).sum().backward()
+        said = [str(w.message) for w in caught if "nothing read them" in str(w.message)]
+        if named:
+            assert len(said) == 1 and "'not_an_option'" in said[0] and "'executorz' (did you mean 'executors'?)" in said[0]
+        else:
+            assert not said
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
+                    reason="transformer_engine is installed: Thunder does not warn")
+def test_thunders_missing_transformer_engine_warning_is_left_out_of_this_packages_import_only():
+    """Where the package imports Thunder (ReportingBackend), Thunder's warning that transformer_engine is not
+    installed is not shown on every run; the user's own `import thunder` still shows it (Thunder is untouched)."""
+    ours = "import thunderfx_debug; thunderfx_debug.ReportingBackend"
+    theirs = "import thunderfx_debug, thunder"
+    for code, warned in ((ours, False), (theirs, True)):
+        done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("transformer_engine module not found" in done.stderr) == warned, (code, done.stderr[-2000:])

@@ -81,7 +81,7 @@ def test_diff_between_runs(capsys):
     assert code == 0 and "SLOWER" not in same and "FASTER" not in same and "WITHIN NOISE" in same
 
 
-def test_bench_triages_earlier_results(tmp_path, capsys):
+def test_bench_triages_earlier_results(tmp_path, capsys, monkeypatch):
     """--results: no script runs, so no GPU needed; the dump gets the script names the results belong to."""
     dump = tmp_path / "dump"
     shutil.copytree(NORMAL, dump)
@@ -100,6 +100,11 @@ def test_bench_triages_earlier_results(tmp_path, capsys):
     assert code == 0 and out.read_text() == text
     losses = text.split("## Where ThunderFX loses time")[1]
     assert "graph0/thunder_0/nvFusion0 forward" in losses and "graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py" in losses
+    # The scripts to hand over, as the user types them here: below the current directory, relative to it.
+    script = "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
+    monkeypatch.chdir(tmp_path)
+    code, text, _ = run(capsys, "bench", "dump", "--results", str(FIXTURES / "bench_results"), "-o", str(out))
+    assert code == 0 and f"`python dump/rank0/{script} --benchmark`" in text
     code, _, err = run(capsys, "bench", str(dump), "--results", str(FIXTURES / "bench_results"), "-o", str(out),
                        "--tolerance", "60%")
     assert code == 0 and "nvFusion0 forward" not in out.read_text().split("## Where ThunderFX loses time")[1].split("##")[0]
@@ -204,9 +209,15 @@ def test_demo_writes_where_dir_says_and_points_to_the_next_commands(tmp_path, ca
     assert code == 0, err
     assert not (tmp_path / "from_env").exists()
     report = load_report(tmp_path / "asked")
-    assert out.rstrip("\n") == str(report).rstrip("\n")
+    # stdout: the summary, what the demo did (on CPU: the executor it added, which a plain backend lacks), and the
+    # commands to try next; stderr: progress and warnings only.
+    assert out.startswith(str(report).rstrip("\n") + "\n")
+    on_cpu = not __import__("torch").cuda.is_available()
+    assert f"trained 2 steps on {'cpu' if on_cpu else 'cuda'}" in out
+    assert ("ReportingBackend(executors=[torch_compile_ex" in out) == on_cpu
+    assert "next, try:" not in err and "trained" not in err
     assert f"--dir asked overrides THUNDERFX_DEBUG_DIR={tmp_path / 'from_env'}" in err
-    next_commands = err[err.index("next, try:"):].splitlines()[1:]
+    next_commands = out[out.index("next, try:"):].splitlines()[1:]
     commands = [line.split("#")[0].split() for line in next_commands]
     assert [c[1] for c in commands] == ["html", "demo", "diff", "bench"]
     assert commands[0] == ["thunderfx-debug", "html", "asked"]

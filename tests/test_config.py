@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import re
 
+from pathlib import Path
+
 import pytest
 
 from faults import read_only_or_skip
@@ -240,6 +242,15 @@ def test_backend_fails_fast_on_a_dump_dir_that_cannot_be_created(tmp_path, monke
     monkeypatch.setenv("THUNDERFX_DEBUG_DIR", str(blocker / "dump"))
     with pytest.raises(ConfigError, match=r"THUNDERFX_DEBUG_DIR.*a_file/dump.*cannot be written"):
         _backend()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_dump_dir_in_a_virtual_filesystem_is_refused_for_what_it_is():
+    """mkdir under /proc says "No such file or directory" of a folder whose parent plainly exists: the error says
+    what that means instead."""
+    with pytest.raises(ConfigError, match=r"/proc/thunderfx_debug_dump.*no directory can be made in /proc .*not an "
+                                          r"ordinary writable folder"):
+        _backend(dump_dir="/proc/thunderfx_debug_dump")
 
 
 def test_backend_fails_fast_on_a_read_only_dump_dir(tmp_path):

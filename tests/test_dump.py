@@ -189,6 +189,8 @@ def _damage(dump: Path, kind: str) -> None:
     manifest, graph = dump / "rank0" / "manifest.json", dump / "rank0" / "graph0" / "graph.json"
     if kind == "truncated manifest":
         manifest.write_text(manifest.read_text()[:40])
+    elif kind == "manifest cut in a string":
+        manifest.write_text('{"schema_version": 2, "run_id": "abc')
     elif kind == "manifest is a list":
         manifest.write_text("[1, 2]")
     elif kind == "binary manifest":
@@ -231,6 +233,7 @@ def _damage(dump: Path, kind: str) -> None:
 
 DAMAGE = {
     "truncated manifest": r"manifest.json is damaged: not valid JSON \(.* at line 1, column \d+\)",
+    "manifest cut in a string": r"not valid JSON \(Unterminated string starting at line 1, column 33\)",
     "manifest is a list": r"manifest.json is damaged: expected a JSON object",
     "binary manifest": r"manifest.json cannot be read",
     "deeply nested": r"manifest.json is damaged: its JSON is nested too deeply",

@@ -129,3 +129,30 @@ def test_screenshot_is_not_blank(pages, tmp_path):
     blank_shot = tmp_path / "blank.png"
     chromium(blank, f"--screenshot={blank_shot}", "--window-size=900,900", cwd=tmp_path)
     assert colours(blank_shot.read_bytes())[1] < 0.001  # the measure tells a blank page from ours
+
+
+#: A laptop's screen: the page must fit its width (a chart or table wider than this is cut off at the right edge).
+LAPTOP_WIDTH = 1366
+
+
+def right_edge_colour(png: bytes, margin: int = 10) -> float:
+    """The fraction of the screenshot's rows whose last `margin` pixels are not all white: something drawn there
+    (content that runs past the right edge of the window is cut there)."""
+    width, _, rows = decode_png(png)
+    bpp = len(rows[0]) // width
+    hit = sum(any(row[x:x + 3] != b"\xff\xff\xff" for x in range((width - margin) * bpp, width * bpp, bpp))
+              for row in rows)
+    return hit / len(rows)
+
+
+@pytest.mark.parametrize("name", ["normal", "two_rank"])
+def test_at_a_laptops_width_nothing_runs_past_the_right_edge(pages, name, tmp_path):
+    shot = tmp_path / "laptop.png"
+    chromium(pages[name], f"--screenshot={shot}", f"--window-size={LAPTOP_WIDTH},5000", "--hide-scrollbars",
+             cwd=tmp_path)
+    assert right_edge_colour(shot.read_bytes()) == 0
+    wide = tmp_path / "wide.html"  # the measure catches a page that is too wide
+    wide.write_text('<!DOCTYPE html><html><body><table style="width:2400px"><tr><td style="background:#4e79a7">'
+                    'x</td></tr></table></body></html>')
+    chromium(wide, f"--screenshot={shot}", f"--window-size={LAPTOP_WIDTH},600", "--hide-scrollbars", cwd=tmp_path)
+    assert right_edge_colour(shot.read_bytes()) > 0

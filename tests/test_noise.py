@@ -159,8 +159,57 @@ def test_diff_of_identical_fake_runs_flags_nothing_and_a_slowdown_is_named():
     a = _record(fake_run(rng, base, 15, GPU))
     same = diff_reports(a, _record(fake_run(rng, base, 15, GPU)))
     assert same.significant_timings == []
-    assert "no timing change beyond noise" in render_diff(same)
+    assert "no piece changed beyond noise" in render_diff(same)
     slowed = diff_reports(a, _record(fake_run(rng, base, 15, GPU, slower={7: 1.5})))
     assert [(t.path, t.change.verdict) for t in slowed.significant_timings] == [("graph0/thunder_7", Verdict.SLOWER)]
     text = render_diff(slowed)
     assert "graph0/thunder_7 forward" in text and "SLOWER" in text and "device time (cuda clock)" in text
+
+
+def _scaled(run: list[list[float]], factors: dict[int, float], default: float) -> list[list[float]]:
+    return [[x * factors.get(k, default) for x in samples] for k, samples in enumerate(run)]
+
+
+def test_a_whole_run_ten_times_slower_is_news_not_noise():
+    rng = random.Random(5)
+    base = [math.exp(rng.uniform(math.log(0.05), math.log(5))) for _ in range(12)]
+    a = fake_run(rng, base, 15, GPU)
+    b = _scaled(fake_run(rng, base, 15, GPU), {}, 10.0)
+    d = diff_reports(_record(a), _record(b))
+    text = render_diff(d)
+    assert 8 < d.shift < 12 and d.significant_timings == []
+    assert "THE WHOLE RUN CHANGED" in text and "x slower)" in text, text
+    assert "no piece changed beyond noise relative to that shift" in text
+    assert "no timing change" not in text
+
+
+def test_a_piece_judged_against_the_shift_says_so_where_its_own_ratio_reads_otherwise():
+    """Every piece 2.5x faster in B but one, only 1.6x faster: that one is slower than the run as a whole, and its
+    line says so beside its own ratio below 1 (the words and the ratio do not contradict each other)."""
+    rng = random.Random(7)
+    base = [math.exp(rng.uniform(math.log(0.05), math.log(5))) for _ in range(12)]
+    a = fake_run(rng, base, 20, GPU)
+    b = _scaled(fake_run(rng, base, 20, GPU), {4: 1 / 1.6}, 1 / 2.5)
+    d = diff_reports(_record(a), _record(b))
+    [flagged] = d.significant_timings
+    assert flagged.path == "graph0/thunder_4" and flagged.change.verdict is Verdict.SLOWER and flagged.change.ratio < 1
+    line = next(line for line in render_diff(d).splitlines() if "graph0/thunder_4 forward" in line)
+    assert "SLOWER THAN THE RUN AS A WHOLE" in line and "x the run-wide shift of 0.4" in line, line
+    assert "B 2.5x faster" in render_diff(d)
+
+
+def test_a_short_run_says_nothing_could_be_judged_and_why():
+    rng = random.Random(3)
+    base = [1.0, 2.0, 3.0]
+    a, b = fake_run(rng, base, 3, GPU), _scaled(fake_run(rng, base, 3, GPU), {}, 4.0)
+    text = render_diff(diff_reports(_record(a), _record(b)))
+    assert "no piece could be judged" in text and "no piece had the samples to tell" in text, text
+    assert "beyond noise" not in text.split("Beyond noise means")[0]
+    assert "sample more often, THUNDERFX_DEBUG_TIMING_EVERY, or train longer" in text
+
+
+def test_a_resolution_beyond_belief_is_not_printed_as_a_figure():
+    a = [[1.0, 50.0, 0.02, 3.0, 900.0, 0.5]] * 10
+    b = [[0.5, 40.0, 0.05, 200.0, 1.0, 7.0]] * 10
+    text = render_diff(diff_reports(_record(a), _record(b)), show_all=True)
+    assert "could not tell a 100x change from noise" in text and "could tell 4" not in text

@@ -217,7 +217,7 @@ def test_diff_flags_a_slowdown_beyond_noise_only(normal):
     other = dataclasses.replace(base, samples_ms=tuple(1.0 + 0.05 * rng.random() for _ in range(30)))
     b = dataclasses.replace(a, graphs=(dataclasses.replace(graph, splits=(dataclasses.replace(graph.splits[0], timing=other),)),))
     assert not diff_reports(a, b).significant_timings
-    assert "no timing change beyond noise" in render_diff(diff_reports(a, b))
+    assert "no piece changed beyond noise" in render_diff(diff_reports(a, b))
 
 
 # ---- HTML -------------------------------------------------------------------------------------------------------
@@ -290,14 +290,32 @@ def test_timeline_marks_an_outlier_instead_of_stretching_its_axis():
     assert 'class="outlier"' not in svg.timeline([svg.Series("graph0 forward", steady)])
 
 
-def test_bar_chart_has_a_value_axis_and_a_legend():
-    page = svg.bar_chart([svg.Bar("graph0 forward", 12.5, "forward"), svg.Bar("graph0 backward", 20.1, "backward")],
-                         unit="ms", axis_label="ms per step")
+def test_bar_chart_has_a_value_axis_and_a_legend_that_says_what_the_labels_do_not():
+    bars = [svg.Bar("graph0/thunder_0 forward", 12.5, "nvfuser"), svg.Bar("graph0/thunder_2 forward", 20.1, "torch"),
+            svg.Bar("graph0/thunder_4 forward", 2.0, "nvfuser")]
+    page = svg.bar_chart(bars, unit="ms", axis_label="ms per step")
     assert 'class="axis-label"' in page and ">ms per step<" in page
     legend = re.findall(r'<g class="legend">.*?<text[^>]*>([^<]*)</text></g>', page)
-    assert legend == ["forward", "backward"]
+    assert legend == ["nvfuser", "torch"]
     ticks = [float(t) for t in re.findall(r'text-anchor="middle">([0-9.]+)</text>', page)]
     assert ticks[0] == 0 and ticks[-1] >= 20.1
+    # Where every label already names its colour's key, or each colour is one bar's own, a legend would only repeat
+    # the labels.
+    named = svg.bar_chart([svg.Bar("graph0 forward", 12.5, "forward"), svg.Bar("graph1 forward", 2.0, "forward"),
+                           svg.Bar("graph0 backward", 20.1, "backward")])
+    own = svg.bar_chart([svg.Bar("Thunder tracing", 1.0, "tracing"), svg.Bar("inductor compiling", 2.0, "inductor")])
+    assert '<g class="legend">' not in named and '<g class="legend">' not in own
+
+
+def test_chart_labels_are_broken_between_words_never_inside_one():
+    long = "MISSING_OP_SUPPORT EXCEPTION_META_THUNDER torch.nn.functional.scaled_dot_product_attention x2"
+    page = svg.bar_chart([svg.Bar(long, 3, "MISSING_OP_SUPPORT"), svg.Bar("short", 1, "other")])
+    shown = re.findall(r"<tspan[^>]*>([^<]*)</tspan>", page)
+    words = set(re.split(r"[\s_./]+", long)) | {"short"}
+    for line in shown:
+        pieces = [p for p in re.split(r"[\s_./…]+", line) if p]
+        assert all(p in words for p in pieces), (line, shown)  # every piece shown is a whole word of the label
+    assert f"<title>{long}: 3.000 </title>" in page  # the whole label in the tooltip
 
 
 def test_counts_are_worded_in_the_right_number(normal):

@@ -6,6 +6,7 @@ import atexit
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from thunder.dynamo import ThunderCompiler
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
-from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config
+from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config, misspelt_option
 from thunderfx_debug.dump import check_writable
 from thunderfx_debug.flusher import DumpFlusher, FlushStats
 from thunderfx_debug.manifest import run_facts
@@ -25,12 +26,13 @@ from thunderfx_debug.recording.fallback import GraphFailureHandler
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.recording.wrap import wrap_graph
+from thunderfx_debug.records import SplitKind
 from thunderfx_debug.report import Report
 from thunderfx_debug.runs import this_run
 from thunderfx_debug.sigterm import chain_sigterm
 from thunderfx_debug.triage import TriageSettings
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
-from thunderfx_debug.thunder.options import describe_options
+from thunderfx_debug.thunder.options import THUNDERFX_OWN_OPTIONS, describe_options, jit_arguments, unread_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled
 from thunderfx_debug.thunder.workarounds import make_inductor_compile
 
@@ -76,6 +78,14 @@ class ReportingBackend(ThunderCompiler):
         if dump_dir is not None:
             own["dump_dir"] = dump_dir
         self.config: Config = load_config(own)
+        # Options for Thunder are Thunder's to read, at its first compile: a near miss of one of ours is certain
+        # enough to refuse now; others are named after the first call if nothing read them (`_check_options`).
+        self._unchecked_options = set(options) - jit_arguments() - THUNDERFX_OWN_OPTIONS
+        for name in sorted(self._unchecked_options):
+            ours = misspelt_option(name)
+            if ours is not None:
+                raise ConfigError(f"ReportingBackend({name}=...) is neither a thunderfx_debug option nor one Thunder "
+                                  f"takes: did you mean {ours}=...?")
         _current_rank()  # a malformed RANK / LOCAL_RANK fails here, before training, not at the first compile
         super().__init__(**options)
         self.recorder = Recorder(self.config)
@@ -155,12 +165,33 @@ class ReportingBackend(ThunderCompiler):
             return self._on_graph_error(state, e, sample_args)
         self.subgraph_infos.append(info)
         self.recorder.graph_compiled(state, info, split_gm, time.perf_counter() - started)
-        after_first_call = None
         if self._torch_trace is not None:
             self._torch_trace.graph_compiled(state)
-            after_first_call = self._torch_trace.graph_ran
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          after_first_call, self._periodic)
+                          self._after_first_call, self._periodic)
+
+    def _after_first_call(self, state) -> None:
+        """Once a graph's first call has returned (Thunder has compiled its splits)."""
+        if self._torch_trace is not None:
+            self._torch_trace.graph_ran(state)
+        self._check_options(state)
+
+    def _check_options(self, state) -> None:
+        """Warns once about options passed for Thunder that neither it nor ThunderFX read in compiling the first
+        graph's Thunder splits (a typo, or an option of another Thunder version), with the closest known name."""
+        if not self._unchecked_options:
+            return
+        compiled = [split.split.compiled for split in state.splits if split.split.kind is SplitKind.THUNDER]
+        if not compiled:
+            return
+        options, self._unchecked_options = {k: self.thunder_options[k] for k in self._unchecked_options}, set()
+        unread = unread_options(options, compiled, known=OWN_OPTIONS)
+        if unread:
+            named = ", ".join(f"{name!r}" + (f" (did you mean {close!r}?)" if close else "")
+                              for name, close in unread.items())
+            warnings.warn(f"thunderfx_debug: ReportingBackend passed these options to Thunder and nothing read them "
+                          f"in compiling {state.name}: {named}; they have no effect with this Thunder version",
+                          UserWarning, stacklevel=2)
 
     # ---- report -------------------------------------------------------------------------------------------------
     def report(self) -> Report:

@@ -67,18 +67,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank_dir = run_demo(steps=args.steps, dump_dir=args.dir, device=device, show_progress=not args.no_progress)
     if rank_dir is not None:
-        print(_next_commands(rank_dir.parent, on_cuda=device == "cuda"), file=sys.stderr)
+        print(_next_commands(rank_dir.parent, on_cuda=device == "cuda"))
     return 0
+
+
+def _typed_path(path: Path) -> str:
+    """`path` as the user can type it here: relative to the current directory where it lies below it, else
+    absolute."""
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:  # another drive
+        return str(Path(path).resolve())
+    return str(Path(path).resolve()) if shown.startswith("..") else shown
 
 
 def _next_commands(dump_dir: Path, on_cuda: bool) -> str:
     """What to try after the demo, with the directory as the user can type it (relative where it is below here)."""
-    try:
-        shown = os.path.relpath(dump_dir)
-    except ValueError:  # another drive
-        shown = str(dump_dir)
-    if shown.startswith(".."):
-        shown = str(dump_dir)
+    shown = _typed_path(dump_dir)
     other = shlex.quote(shown.rstrip("/") + "_b")
     shown = shlex.quote(shown)
     bench = f"thunderfx-debug bench {shown}" + ("" if on_cuda else " --allow-cpu")
@@ -267,9 +272,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
     ranked = bench.rank(comparisons, results, args.tolerance)
     out = Path(args.output) if args.output else rank_dir / BENCH_REPORT
-    prefix = os.path.relpath(rank_dir.resolve(), out.parent.resolve())
-    # Scripts as the reader of the report finds them: relative to it when it lies beside the dump, else absolute.
-    prefix = "" if prefix == "." else str(rank_dir.resolve()) + "/" if prefix.startswith("..") else prefix + "/"
+    # Scripts as the user who ran bench types them: relative to the current directory where the dump lies below
+    # it, else absolute (the same text goes to the terminal and into the report).
+    prefix = _typed_path(rank_dir) + "/"
     text = render_triage(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix,
                          outside_in_run=bench.outside_in_run(report))
     _write(out, text, "triage report")

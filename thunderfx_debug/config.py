@@ -246,6 +246,13 @@ def unknown_variables(environ: Mapping[str, str]) -> dict[str, str | None]:
     return {name: closest(name) for name in sorted(environ) if name.startswith(ENV_PREFIX) and name not in known}
 
 
+def misspelt_option(name: str) -> str | None:
+    """The thunderfx_debug option `name` is a near miss of (a constructor argument that is neither ours nor a
+    `thunder.jit` argument, but for one letter or two ours), None where it is no near miss."""
+    match = difflib.get_close_matches(name, sorted(OWN_OPTIONS), n=1, cutoff=0.8)
+    return match[0] if match else None
+
+
 def _from_argument(field: str, value: Any) -> Any:
     """Normalises a constructor argument: text goes through the same parser as the environment variable."""
     variable, parse = _SETTINGS[field]

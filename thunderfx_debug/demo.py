@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +110,15 @@ def run_demo(steps: int = 30, dump_dir: str | os.PathLike | None = None, device:
     elapsed = time.perf_counter() - started
     rank_dir = backend.flush()
     print(backend.report() if rank_dir is None else (rank_dir / "summary.txt").read_text())
-    print(f"trained {plural(steps, 'step')} on {device} in {elapsed:.1f} s; dump written to {rank_dir}",
-          file=sys.stderr)
+    print(f"trained {plural(steps, 'step')} on {device} in {elapsed:.1f} s; dump written to {rank_dir}")
+    if device == "cpu":
+        print(CPU_FUSIONS_NOTE)
     return rank_dir
+
+
+#: What the demo's CPU run does that a plain ReportingBackend() does not (said after its summary).
+CPU_FUSIONS_NOTE = (
+    "fusions on CPU: Thunder's default executors fuse nothing on CPU, so a plain ReportingBackend() there reports 0 "
+    "fusion regions; this demo adds Thunder's torch.compile executor, as your training script can:\n"
+    "  from thunder.executors.torch_compile import torch_compile_ex\n"
+    "  backend = ReportingBackend(executors=[torch_compile_ex, *thunder.get_default_executors()])")

@@ -43,9 +43,18 @@ def check_writable(dump_dir: Path) -> None:
             pass
     except OSError as e:
         raise ConfigError(
-            f"THUNDERFX_DEBUG_DIR / dump_dir {str(dump_dir)!r} cannot be written ({e.strerror or e}); "
+            f"THUNDERFX_DEBUG_DIR / dump_dir {str(dump_dir)!r} cannot be written ({_why_not_writable(dump_dir, e)}); "
             "choose a writable directory or unset THUNDERFX_DEBUG_DIR"
         ) from None
+
+
+def _why_not_writable(dump_dir: Path, error: OSError) -> str:
+    """What the OS said, or, where it says "No such file or directory" of a folder whose parent exists (mkdir in a
+    virtual filesystem such as /proc or /sys), what that means."""
+    existing = next((p for p in [dump_dir, *dump_dir.parents] if p.exists()), None)
+    if isinstance(error, FileNotFoundError) and existing is not None and existing != dump_dir:
+        return f"no directory can be made in {existing} ({error.strerror}): it is not an ordinary writable folder"
+    return error.strerror or str(error)
 
 
 def _umask() -> int:
@@ -271,7 +280,9 @@ def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DumpError(f"{path} is damaged: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        # json's messages may end in "at" themselves ("Unterminated string starting at").
+        raise DumpError(f"{path} is damaged: not valid JSON ({e.msg.removesuffix(' at')} at line {e.lineno}, column "
+                        f"{e.colno})") from None
     except RecursionError:
         raise DumpError(f"{path} is damaged: its JSON is nested too deeply to be a dump") from None
 

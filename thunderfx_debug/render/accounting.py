@@ -166,6 +166,12 @@ def step_account(report: RankRecord) -> StepAccount | None:
     return StepAccount(kind, wall, busy, wall_graph, _host_pieces(report) if kind is ClockKind.CUDA else ())
 
 
+def wall_step_ms(report: RankRecord) -> float | None:
+    """The step's wall time (host clock) where it was measured, else None."""
+    account = step_account(report)
+    return account.wall_ms if account is not None else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     """One part of a split's time in a phase: a fusion region, an op group, or what lies outside its trace."""

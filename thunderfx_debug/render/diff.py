@@ -181,25 +181,39 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
         lines += [f"  MISMATCH {line}" for _, line in d.new_mismatches]
     step_a, step_b = d.step_ms
     clocks = {t.clock for t in (*(c.a for c in d.timings), *(c.b for c in d.timings)) if t is not None}
-    words = " and ".join(sorted(f"{digest.time_word(c)} time ({c.value} clock)" for c in clocks)) or "time"
+    words = " and ".join(sorted(_clock_words(c) for c in clocks)) or "time"
     lines += ["", f"timing ({words}; headline medians in ms; ratio B/A above 1 means B is slower):"]
-    if step_a and step_b:
-        lines.append(f"  step: {ms(step_a)} -> {ms(step_b)} ms of compiled time per step, ratio {step_b / step_a:.3f}")
-    if d.shift is not None and abs(d.shift - 1) >= 0.05:
-        lines.append(f"  B ran {abs(d.shift - 1):.0%} {'slower' if d.shift > 1 else 'faster'} than A across all "
-                     "pieces (the median of their ratios): the machine, or a change that touches everything; the "
-                     "pieces below are judged against that shift")
-    shown = d.timings if show_all else d.significant_timings
-    if not shown:
-        lines.append("  no timing change beyond noise" if d.timings else "  neither run has timing samples")
-    for t in shown:
-        lines.append("  " + _timing_line(t))
     verdicts = Counter(t.change.verdict for t in d.timings)
+    judged = verdicts[Verdict.WITHIN_NOISE] + verdicts[Verdict.SLOWER] + verdicts[Verdict.FASTER]
+    if step_a and step_b:
+        line = f"  step: {ms(step_a)} -> {ms(step_b)} ms of compiled time per step, {_ratio_words(step_b / step_a)}"
+        if not judged and not _within(step_b / step_a, NOISY_RESOLUTION - 1):
+            line += ("; no piece had the samples to tell whether this is the code or noise (each needs "
+                     f"{MIN_SAMPLES} headline samples in both runs)")
+        lines.append(line)
+    big_shift = d.shift is not None and not _within(d.shift, NOISY_RESOLUTION - 1)
+    if d.shift is not None and not _within(d.shift, 0.05):
+        lines.append(f"  {'THE WHOLE RUN CHANGED: ' if big_shift else ''}across all pieces (the median of their "
+                     f"ratios) B/A is {_ratio_words(d.shift)}: the machine (another device, its clocks, a busy "
+                     "neighbour), or a change that touches everything (a setting, a version); each piece below is "
+                     "judged against that shift")
+    shown = d.timings if show_all else d.significant_timings
+    if not d.timings:
+        lines.append("  neither run has timing samples")
+    elif not shown and judged:
+        lines.append("  no piece changed beyond noise" + (" relative to that shift" if d.shift is not None else ""))
+    elif not shown:
+        lines.append("  no piece could be judged")
+    for t in shown:
+        lines.append("  " + _timing_line(t, d.shift))
     if not show_all:
         counted = [f"{verdicts[v]} {v.value}" for v in (Verdict.WITHIN_NOISE, Verdict.TOO_NOISY, Verdict.TOO_FEW,
                                                         Verdict.NOT_COMPARABLE) if verdicts[v]]
         if counted:
-            lines.append(f"  other timed pieces: {', '.join(counted)} (--all lists them)")
+            lines.append(f"  {'other ' if shown else ''}timed pieces: {', '.join(counted)} (--all lists them)")
+    if verdicts[Verdict.TOO_FEW]:
+        lines.append(f"  (too few samples: fewer than {MIN_SAMPLES} headline samples in a run; sample more often, "
+                     "THUNDERFX_DEBUG_TIMING_EVERY, or train longer)")
     lines += [
         "",
         f"Beyond noise means: Yuen's test of 20%-trimmed means of log time, against changes of up to {MIN_EFFECT:.0%} "
@@ -212,17 +226,51 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     return "\n".join(lines) + "\n"
 
 
-def _timing_line(t: TimingChange) -> str:
+#: A resolution beyond this is said as "could not tell a 100x change" (a bigger figure reads as a measurement).
+RESOLUTION_SHOWN = 100.0
+
+
+def _clock_words(clock) -> str:
+    return "host clock" if digest.time_word(clock) == "host" else f"{digest.time_word(clock)} time ({clock.value} clock)"
+
+
+def _within(ratio: float, share: float) -> bool:
+    return 1 / (1 + share) < ratio < 1 + share
+
+
+def _ratio_words(ratio: float) -> str:
+    """A ratio B/A with words that say the same: "ratio 1.120 (B 12% slower)", "ratio 0.009 (B 111x faster)".
+
+    Example:
+        >>> _ratio_words(4.075), _ratio_words(0.88), _ratio_words(1.02)
+        ('ratio 4.075 (B 4.1x slower)', 'ratio 0.880 (B 12% faster)', 'ratio 1.020 (B 2% slower)')
+    """
+    if ratio >= 2:
+        words = f"B {ratio:.1f}x slower"
+    elif ratio <= 0.5:
+        words = f"B {1 / ratio:.1f}x faster"
+    elif ratio >= 1:
+        words = f"B {ratio - 1:.0%} slower"
+    else:
+        words = f"B {1 - ratio:.0%} faster"
+    return f"ratio {ratio:.3f} ({words})"
+
+
+def _timing_line(t: TimingChange, shift: float | None = None) -> str:
     change = t.change
     a, b = ms(t.median_a), ms(t.median_b)
     ratio = "-" if change.ratio is None else f"{change.ratio:.3f}"
+    verdict = change.verdict.value.upper()
     details = []
-    if change.relative_ratio is not None and abs(change.relative_ratio - change.ratio) > 5e-4:
-        details.append(f"{change.relative_ratio:.3f} against the run-wide shift")
+    if change.relative_ratio is not None and shift is not None and abs(change.relative_ratio - change.ratio) > 5e-4:
+        # The verdict judges the piece against the run as a whole: say so where the raw ratio alone reads otherwise.
+        if change.significant:
+            verdict += " THAN THE RUN AS A WHOLE"
+        details.append(f"{change.relative_ratio:.3f}x the run-wide shift of {shift:.3f}")
     if change.p_value is not None:
         details.append(f"p={change.p_value:.2g} before correction")
     if change.resolution is not None and change.verdict is not Verdict.WITHIN_NOISE:
-        details.append(f"could tell {change.resolution:.2f}x")
+        details.append(f"could tell {change.resolution:.2f}x" if change.resolution <= RESOLUTION_SHOWN
+                       else f"could not tell a {RESOLUTION_SHOWN:.0f}x change from noise")
     label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level is digest.PieceLevel.OUTSIDE_FUSIONS else "")
-    return (f"{label}: {a} -> {b}  ratio {ratio}  {change.verdict.value.upper()}"
-            + (f" ({', '.join(details)})" if details else ""))
+    return f"{label}: {a} -> {b}  ratio {ratio}  {verdict}" + (f" ({', '.join(details)})" if details else "")

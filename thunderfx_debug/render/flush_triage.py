@@ -155,6 +155,13 @@ def html_section(report: RankRecord) -> str:
     if not pieces:
         return ""
     esc = _html.escape
+    failed = [p for p in pieces if p.triage.error is not None]
+    not_judged = ("<details><summary>" + esc(f"not judged: {plural(len(failed), 'piece')}") + "</summary><ul>"
+                  + "".join(f"<li>{esc(p.path)}: <code>{esc(_last_line(p.triage.error))}</code></li>" for p in failed)
+                  + "</ul></details>") if failed else ""
+    if len(failed) == len(pieces):
+        return (f"<h3>Triage against inductor</h3><p>No piece could be judged ({plural(len(failed), 'piece')} "
+                "tried; why, for each, below and in triage.md).</p>" + not_judged)
     rows = "".join(
         f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td class=\"num\">{ms(p.triage.thunder_ms)}</td>"
         f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
@@ -162,4 +169,9 @@ def html_section(report: RankRecord) -> str:
         for p in pieces if p.triage.error is None)
     return ("<h3>Triage against inductor</h3><table><tr><th>piece</th><th>level</th><th>Thunder ms</th>"
             "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>verdict</th></tr>" + rows
-            + f"</table><p>{esc(totals_line(report))}</p>")
+            + f"</table><p>{esc(totals_line(report))}</p>" + not_judged)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text

@@ -133,7 +133,7 @@ class Headline:
     def flag(self) -> str | None:
         """"too few samples (2)", "noisy (p90 3.1x p10)", or None."""
         if self.few:
-            return f"too few samples ({self.count})"
+            return f"too few samples ({self.basis if self.fallback else self.count})"
         if self.noisy:
             return f"noisy (p90 {self.spread:.1f}x p10)"
         return None

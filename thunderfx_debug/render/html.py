@@ -81,6 +81,15 @@ def _step(report: RankRecord) -> str:
     return html
 
 
+def _without_empty(header: list[str], rows: list[list[str]], numeric: set[int], optional: set[int]):
+    """The table without those of the `optional` columns that hold nothing but "-" (e.g. host wall time, which CPU
+    runs do not record beside their host-clock timings)."""
+    empty = {i for i in optional if rows and all(row[i] == "-" for row in rows)}
+    keep = [i for i in range(len(header)) if i not in empty]
+    return ([header[i] for i in keep], [[row[i] for i in keep] for row in rows],
+            {keep.index(i) for i in numeric if i in keep})
+
+
 def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
     """Cells are HTML already (escape before calling)."""
     head = "".join(f"<th>{h}</th>" for h in header)
@@ -176,16 +185,21 @@ def _timing_charts(report: RankRecord) -> str:
         if bars:
             html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(
                 bars, unit="ms", title=title, axis_label=f"ms per step (median per call x calls per step, "
-                                                          f"{digest.clock(report).value} clock)")
+                                                          f"{digest.clock(report).value} clock); % of the compiled "
+                                                          "graphs' time per step")
     top = digest.top_regions(report, 15)
     if top:
+        wall = accounting.wall_step_ms(report)
         rows = [[str(i), esc(p.label), esc(p.executor), ms(p.headline.median_ms), ms(p.headline.p10_ms),
                  ms(p.headline.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%",
-                 esc(p.headline.flag or "")]
+                 *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
-        html += f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4>" + _table(
-            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of step", "note"], rows,
-            {0, 3, 4, 5, 6, 7})
+        whole = f"the compiled graphs' {ms(step)} ms per step" if step else "the compiled graphs' time per step"
+        html += (f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4><p>Shares of {esc(whole)}"
+                 + (f" and of the {ms(wall)} ms wall-clock step (which also holds eager code, the optimizer and "
+                    "data loading)" if wall else "") + ".</p>") + _table(
+            ["#", "region", "executor", "median ms", "p10", "p90", "ms per step", "share of compiled",
+             *(["share of wall step"] if wall else []), "note"], rows, {0, 3, 4, 5, 6, 7, 8} if wall else {0, 3, 4, 5, 6, 7})
     series = [Series(f"{p.path} {p.phase}", tuple(zip(p.timing.calls or range(1, p.timing.count + 1),
                                                          p.timing.samples_ms)))
               for p in pieces if p.level is PieceLevel.GRAPH]
@@ -199,20 +213,32 @@ def _timing_charts(report: RankRecord) -> str:
     return html
 
 
+#: Graph phases drawn in "Time over the run" (one small chart each, the costliest first).
+TIME_OVER_THE_RUN_CHARTS = 4
+
+
 def _time_over_the_run(pieces: list[digest.TimedPiece], clock: ClockKind | None) -> str:
-    """The graphs' time series: median and p90 per window of consecutive samples, at the window's middle call."""
-    series = []
-    for p in pieces:
-        if p.level is PieceLevel.GRAPH and len(p.timing.windows) >= 2:
-            for label, value in (("median", lambda w: w.median_ms), ("p90", lambda w: w.p90_ms)):
-                series.append(Series(f"{p.path} {p.phase} {label}", tuple(
-                    ((w.first_call + w.last_call) / 2, value(w)) for w in p.timing.windows)))
-    if not series:
+    """The graphs' time series, one small chart per graph and phase (so that lines do not hide each other): median
+    and p90 per window of consecutive samples, at the window's middle call; the axis follows the median, a p90 far
+    above it is marked at the top edge with its value."""
+    chosen = sorted((p for p in pieces if p.level is PieceLevel.GRAPH and len(p.timing.windows) >= 2),
+                    key=lambda p: -p.ms_per_step)
+    if not chosen:
         return ""
-    return ("<h4>Time over the run</h4><p>Median and 90th percentile of each window of consecutive samples "
-            "(estimated from a sample of the window where it holds many), at the window's middle call.</p>"
-            + timeline(series, x_label="call of the graph (middle of the window)",
-                       y_label=f"ms ({clock.value if clock else '?'} clock)", title="time over the run"))
+    html = ("<h4>Time over the run</h4><p>Median and 90th percentile of each window of consecutive samples "
+            "(estimated from a sample of the window where it holds many), at the window's middle call"
+            + (f"; the {TIME_OVER_THE_RUN_CHARTS} costliest of {len(chosen)} graph phases" if len(chosen)
+               > TIME_OVER_THE_RUN_CHARTS else "") + ".</p>")
+    for p in chosen[:TIME_OVER_THE_RUN_CHARTS]:
+        middle = [(w.first_call + w.last_call) / 2 for w in p.timing.windows]
+        series = [Series("median", tuple(zip(middle, (w.median_ms for w in p.timing.windows))))]
+        if any(w.p90_ms != w.median_ms for w in p.timing.windows):  # windows of one sample: p90 is the median
+            series.append(Series("p90", tuple(zip(middle, (w.p90_ms for w in p.timing.windows)))))
+        html += f"<h5>{esc(p.path)} {esc(p.phase)}</h5>" + timeline(
+            series, x_label="call of the graph (middle of the window)",
+            y_label=f"ms ({clock.value if clock else '?'} clock)", title=f"{p.path} {p.phase} over the run",
+            axis_from=("median",))
+    return html
 
 
 def _graph(graph: GraphRecord, prefix: str | None) -> str:
@@ -232,8 +258,9 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
                      ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
                      ms(_median(s.host_timing, left_out)), ms(_median(s.host_backward_timing, left_out)), first,
                      reasons, _links(s.files, prefix)])
-    html += _table(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms", "fwd host wall",
-                    "bwd host wall", "first call", "split reasons", "files"], rows, {2, 3, 4, 5, 6, 7})
+    html += _table(*_without_empty(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms",
+                                    "fwd host wall", "bwd host wall", "first call", "split reasons", "files"], rows,
+                                   {2, 3, 4, 5, 6, 7}, optional={6, 7}))
     for s in graph.splits:
         if s.kind is not SplitKind.THUNDER:
             continue

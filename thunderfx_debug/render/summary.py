@@ -62,8 +62,9 @@ def _timing_line(label: str, timing: Timing | None, left_out=(), host: Timing | 
     else:
         kept = f", {head.left_out} more kept raw (first or disturbed)" if head.left_out else ""
         over = f"over {plural(head.basis, 'sample')}{kept}"
-    line = (f"{label}: median {_ms(head.median_ms)}, p10 {_ms(head.p10_ms)}, p90 {_ms(head.p90_ms)} {over} "
-            f"({digest.time_word(timing.clock)} time, {timing.clock.value} clock{sampled})")
+    clock = ("host clock" if timing.clock is not ClockKind.CUDA
+             else f"{digest.time_word(timing.clock)} time, {timing.clock.value} clock")
+    line = f"{label}: median {_ms(head.median_ms)}, p10 {_ms(head.p10_ms)}, p90 {_ms(head.p90_ms)} {over} ({clock}{sampled})"
     if host is not None and host.count:
         line += f"; host wall median {_ms(headline(host, left_out).median_ms)}"
     return line + (f"  [{head.flag}]" if head.flag else "")
@@ -147,8 +148,8 @@ def step_lines(report: RankRecord) -> list[str]:
     wall = f"step: {_ms(account.wall_ms)} wall time (host clock, from {account.wall_graph}'s sampled calls)"
     if account.clock is not ClockKind.CUDA:
         return [f"{wall}; {_ms(account.busy_ms)} ({100 * account.busy_share:.0f} %) of it in the compiled graphs "
-                f"(host clock: on CPU, device time is host time); the rest is eager code between graphs, the "
-                f"optimizer, data loading ({steps})"]
+                f"(on CPU, device time is host time); the rest is eager code between graphs, the optimizer, data "
+                f"loading ({steps})"]
     lines = [f"{wall}; the compiled graphs keep the GPU busy {_ms(account.busy_ms)} of it (cuda clock, an upper "
              f"bound): the GPU idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
     if account.host_bound:
@@ -243,14 +244,7 @@ def render_overview(report: RankRecord) -> list[str]:
             for group in members:
                 lines.append(f"    {group.count} x {group.op}  in " + ", ".join(sorted(set(group.places))))
                 lines += [f"      exception: {e}" for e in group.exceptions]
-    top = digest.top_regions(report, TOP_REGIONS)
-    if top:
-        word = digest.time_word(digest.clock(report))
-        lines += ["", f"top regions by {word} time (headline median per call x calls per step, share of the step):"]
-        rows = [[f"{i}.", piece.label, piece.executor, _ms(piece.ms_per_step),
-                 "-" if share is None else f"{100 * share:.1f}%", piece.headline.flag or ""]
-                for i, (piece, share) in enumerate(top, 1)]
-        lines += ["  " + line for line in _table(rows, right={0, 3, 4})]
+    lines += _top_region_lines(report)
     correctness = render_correctness(report)
     if correctness:
         lines += ["", *correctness]
@@ -261,6 +255,29 @@ def render_overview(report: RankRecord) -> list[str]:
         if isinstance(failure, Mapping):
             lines.append(f"reporting failure while {failure.get('what')}: {failure.get('error')}")
     return lines
+
+
+def _top_region_lines(report: RankRecord) -> list[str]:
+    """The costliest regions with two shares, each saying what it is a share of: the compiled graphs' time per step
+    (what the regions add up to) and, where it was measured, the step's wall time (which also holds eager code,
+    the optimizer and data loading)."""
+    top = digest.top_regions(report, TOP_REGIONS)
+    if not top:
+        return []
+    word = digest.time_word(digest.clock(report))
+    wall = accounting.wall_step_ms(report)
+    whole = "of the compiled graphs' time per step" + (f" ({_ms(digest.step_ms(report))})" if digest.step_ms(report) else "")
+    if wall:
+        whole += f", and of the {_ms(wall)} wall-clock step"
+    lines = ["", f"top regions by {word} time (headline median per call x calls per step; share {whole}):"]
+    header = ["", "region", "executor", "ms per step", "of compiled"] + (["of wall step"] if wall else []) + [""]
+    rows = [header]
+    for i, (piece, share) in enumerate(top, 1):
+        row = [f"{i}.", piece.label, piece.executor, _ms(piece.ms_per_step), "-" if share is None else f"{100 * share:.1f}%"]
+        if wall:
+            row.append(f"{100 * piece.ms_per_step / wall:.1f}%")
+        rows.append(row + [piece.headline.flag or ""])
+    return lines + ["  " + line for line in _table(rows, right={0, 3, 4, 5} if wall else {0, 3, 4})]
 
 
 def _by_type(groups: list[digest.ReasonGroup]) -> dict[str, list[digest.ReasonGroup]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -31,9 +32,11 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 OUTLIER_COLOUR = "#c0392b"
 
 ROW = 20  # px per bar
+LINE = 13  # px per line of a label that takes two
 LABEL_WIDTH = 320
+LABEL_CHARS = 46  # characters of a bar's label per line (12 px sans-serif in LABEL_WIDTH)
 BAR_WIDTH = 420
-VALUE_WIDTH = 130
+VALUE_WIDTH = 170
 LEGEND_ROW = 18
 
 
@@ -45,8 +48,47 @@ def colour(key: str, index: int = 0) -> str:
     return COLOURS.get(key, PALETTE[index % len(PALETTE)])
 
 
+def label_lines(text: str, limit: int, max_lines: int = 2) -> list[str]:
+    """`text` in lines of at most `limit` characters, broken after spaces, underscores, dots and slashes (names such
+    as `EXCEPTION_META_THUNDER_sdpa` or `graph0/thunder_0` break there), never inside a word; where it needs more
+    than `max_lines`, the last line ends with "…" after a whole word (the full text is in the chart's tooltip).
+    Only a single word longer than `limit` is cut inside.
+
+    Example:
+        >>> label_lines("kernel compiles seen by Dynamo (torch.compile, inductor backward)", 30)
+        ['kernel compiles seen by ', 'Dynamo (torch.compile,…']
+        >>> label_lines("EXCEPTION_META_THUNDER torch.nn.functional.scaled_dot_product_attention", 40)
+        ['EXCEPTION_META_THUNDER torch.nn.', 'functional.scaled_dot_product_attention']
+    """
+    if len(text) <= limit:
+        return [text]
+    # Words end at spaces; a word longer than a line ends at its underscores, dots and slashes too.
+    words = [piece for word in re.findall(r"\S+\s*|\s+", text)
+             for piece in ([word] if len(word) <= limit else re.findall(r"[^_./]+[_./]*|[_./]+", word))]
+    lines: list[str] = []
+    current = ""
+    for word in words:
+        if len(current) + len(word) <= limit or not current:
+            current += word
+        else:
+            lines.append(current)
+            current = word
+    lines.append(current)
+    lines = [line if len(line) <= limit else line[: limit - 1] + "…" for line in lines]
+    if len(lines) <= max_lines:
+        return lines
+    kept, last = lines[: max_lines - 1], lines[max_lines - 1]
+    fitted = ""
+    for word in re.findall(r"[^\s_./]+[\s_./]*|[\s_./]+", last):
+        if len(fitted) + len(word) + 1 > limit:
+            break
+        fitted += word
+    return kept + [(fitted or last[: limit - 1]).rstrip() + "…"]
+
+
 def _short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit // 2 - 1] + "…" + text[-(limit - limit // 2):]
+    """`text` on one line of at most `limit` characters, cut after a whole word (see `label_lines`)."""
+    return label_lines(text, limit, max_lines=1)[0]
 
 
 def nice_ticks(low: float, high: float, count: int = 6, min_step: float = 0.0) -> list[float]:
@@ -110,9 +152,17 @@ def bar_chart(bars: Sequence[Bar], unit: str = "", title: str = "", value_format
     ticks = nice_ticks(0.0, max(b.value for b in bars) or 1.0, count=5, min_step=1.0 if whole else 0.0)
     top = ticks[-1]
     keys = list(dict.fromkeys(bar.key for bar in bars))
-    legend = [(key, colour(key, i)) for i, key in enumerate(keys) if key]
-    plot_h = ROW * len(bars) + 4
-    width = LABEL_WIDTH + BAR_WIDTH + VALUE_WIDTH
+    # A legend says what the colours mean; where each colour is one bar's own, or every bar's label already names
+    # its colour's key, it would only repeat the labels.
+    named = all(bar.key and bar.key.lower() in bar.label.lower() for bar in bars)
+    one_each = len(bars) > 1 and len(keys) == len(bars)
+    legend = [] if named or one_each else [(key, colour(key, i)) for i, key in enumerate(keys) if key]
+    labels = [label_lines(bar.label, LABEL_CHARS) for bar in bars]
+    row = ROW if all(len(lines) == 1 for lines in labels) else ROW + LINE
+    plot_h = row * len(bars) + 4
+    values = [f"{value_format.format(b.value)} {unit}".strip() + (f"  {b.note}" if b.note else "") for b in bars]
+    # Room right of the bars for the longest value text (about 7 px a character at 12 px sans-serif).
+    width = LABEL_WIDTH + BAR_WIDTH + max(VALUE_WIDTH, 7 * max(len(v) for v in values) + 12)
     height = plot_h + 40 + (_legend_rows(len(legend)) * LEGEND_ROW + 6 if legend else 0)
     parts = [_svg_open(width, height, title or "bar chart")]
     for value in ticks:  # grid and tick labels of the value axis
@@ -122,17 +172,20 @@ def bar_chart(bars: Sequence[Bar], unit: str = "", title: str = "", value_format
     parts.append(f'<line x1="{LABEL_WIDTH}" y1="{plot_h}" x2="{LABEL_WIDTH + BAR_WIDTH}" y2="{plot_h}" stroke="#999"/>')
     parts.append(f'<text class="axis-label" x="{LABEL_WIDTH + BAR_WIDTH / 2:.1f}" y="{plot_h + 30}" '
                  f'text-anchor="middle">{esc(axis_label or unit)}</text>')
-    for i, bar in enumerate(bars):
-        y = 4 + i * ROW
+    for i, (bar, lines) in enumerate(zip(bars, labels)):
+        y = 4 + i * row
         length = max(1.0, BAR_WIDTH * bar.value / top) if bar.value > 0 else 0.0
         tip = bar.tooltip or f"{bar.label}: {value_format.format(bar.value)} {unit}"
         value = f"{value_format.format(bar.value)} {unit}".strip() + (f"  {bar.note}" if bar.note else "")
+        first = y + 14 + (row - ROW) / 2 - (LINE / 2 if len(lines) > 1 else 0)
+        label = "".join(f'<tspan x="{LABEL_WIDTH - 6}" y="{first + k * LINE:.1f}">{esc(line)}</tspan>'
+                        for k, line in enumerate(lines))
         parts.append(
             f'<g class="bar"><title>{esc(tip)}</title>'
-            f'<text x="{LABEL_WIDTH - 6}" y="{y + 14}" text-anchor="end">{esc(_short(bar.label, 44))}</text>'
-            f'<rect x="{LABEL_WIDTH}" y="{y + 2}" width="{length:.1f}" height="{ROW - 5}" '
+            f'<text text-anchor="end">{label}</text>'
+            f'<rect x="{LABEL_WIDTH}" y="{y + 2 + (row - ROW) / 2:.1f}" width="{length:.1f}" height="{ROW - 5}" '
             f'fill="{colour(bar.key, keys.index(bar.key))}"/>'
-            f'<text x="{LABEL_WIDTH + length + 4:.1f}" y="{y + 14}">{esc(value)}</text></g>'
+            f'<text x="{LABEL_WIDTH + length + 4:.1f}" y="{y + 14 + (row - ROW) / 2:.1f}">{esc(value)}</text></g>'
         )
     if legend:
         parts.append(_legend(legend, LABEL_WIDTH, plot_h + 52, BAR_WIDTH + VALUE_WIDTH, per_row=4))
@@ -165,9 +218,16 @@ def outlier_limit(values: Sequence[float]) -> float:
     return max(q3 + 3 * (q3 - q1), 1.5 * q3)
 
 
-def timeline(series: Sequence[Series], x_label: str = "call", y_label: str = "ms", title: str = "") -> str:
+#: With `axis_from`, the axis reaches this many times the top of those series (room for the others above them).
+AXIS_HEADROOM = 2.0
+
+
+def timeline(series: Sequence[Series], x_label: str = "call", y_label: str = "ms", title: str = "",
+             axis_from: Sequence[str] = ()) -> str:
     """Samples over time: a polyline with dots per series, both axes ticked and labelled (`x_label` under the
-    x axis, `y_label` along the y axis), a legend below; outliers (see `outlier_limit`) sit on the top edge."""
+    x axis, `y_label` along the y axis), a legend below; outliers (see `outlier_limit`) sit on the top edge.
+    `axis_from` names the series whose samples set the axis (up to `AXIS_HEADROOM` times their top): others' points
+    above it are outliers too (a p90 spike does not flatten the median's line)."""
     series = [s for s in series if s.points]
     if not series:
         return ""
@@ -175,6 +235,9 @@ def timeline(series: Sequence[Series], x_label: str = "call", y_label: str = "ms
     plot_w = width - left - right
     limits = {s.name: outlier_limit([y for _, y in s.points]) for s in series}
     inliers = [y for s in series for _, y in s.points if y <= limits[s.name]]
+    leading = [y for s in series if s.name in axis_from for _, y in s.points if y <= limits[s.name]]
+    if leading:
+        inliers = [y for y in inliers if y <= AXIS_HEADROOM * max(leading)]
     y_ticks = nice_ticks(0.0, max(inliers, default=0.0) or 1.0, count=5)
     y1 = y_ticks[-1]
     # Outliers of their own series that the other series' range does not already cover.

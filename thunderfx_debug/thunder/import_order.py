@@ -11,7 +11,9 @@ already made), and the package's lazy `ReportingBackend` would otherwise fail wi
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import sys
+import warnings
 
 from thunderfx_debug.thunder.workarounds import needs_named_tensor_placeholders
 
@@ -63,6 +65,9 @@ def check_import_order() -> None:
         raise ThunderImportOrderError(import_order_message(modules))
 
 
+TRANSFORMER_ENGINE_MISSING = "transformer_engine module not found!"
+
+
 def import_reporting_backend():
     """`thunderfx_debug.backend.ReportingBackend`, for the package's lazy attribute. An AttributeError while importing
     it (a half-imported Thunder: "partially initialized module 'thunder' has no attribute 'core'") becomes an
@@ -70,7 +75,12 @@ def import_reporting_backend():
     without its cause."""
     check_import_order()
     try:
-        from thunderfx_debug.backend import ReportingBackend
+        with warnings.catch_warnings():
+            # Thunder 0.2.6 warns at import, on every run, where transformer_engine is not installed
+            # (thunder/executors/transformer_engineex.py): not news to a user of this package, whose import of
+            # Thunder this is. An `import thunder` of the user's own still warns (Thunder is left as it is).
+            warnings.filterwarnings("ignore", message=re.escape(TRANSFORMER_ENGINE_MISSING), category=UserWarning)
+            from thunderfx_debug.backend import ReportingBackend
     except AttributeError as e:
         modules = half_imported_thunder_modules()
         if modules:
