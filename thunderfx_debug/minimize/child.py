@@ -12,10 +12,14 @@ import traceback
 
 
 def _into(log: str) -> None:
+    """Descriptors 1 and 2 and Python's streams into `log`: the parent's `sys.stdout` may be an object of its own (a
+    notebook's, a test runner's capture) that a forked child must not write into."""
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(descriptor, 1)
     os.dup2(descriptor, 2)
     os.close(descriptor)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the child)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def _fresh_compile_state() -> None:

@@ -161,6 +161,10 @@ def read_script(path: Path) -> ScriptPiece:
 def _refusal(piece: ScriptPiece, runs: list[ScriptVerdict]) -> str | None:
     """Why the script's own runs leave nothing to minimize (None: they fail, the same way each time)."""
     first = runs[0]
+    if any(run.failing for run in runs) and not all(first.same_failure_as(run) for run in runs[1:]):
+        seen = "; ".join(dict.fromkeys(run.describe() for run in runs))
+        return (f"its failure is random: identical runs said {seen}; a random failure cannot be shrunk (each cut "
+                "would be judged by chance): report it with the script as it is")
     if first.outcome in ("OK", "NOT_COMPARABLE", "REFUSED"):
         what = {"OK": "it passes", "NOT_COMPARABLE": "its values cannot be compared (random ops)",
                 "REFUSED": "its inputs were refused (a bug of thunderfx_debug's input rebuild, not of the backend)"}
@@ -175,10 +179,6 @@ def _refusal(piece: ScriptPiece, runs: list[ScriptVerdict]) -> str | None:
         return (f"it cannot build its piece here ({first.line.split(': ', 1)[-1].split('; ')[0]}): register the "
                 "run's executors in this environment first (import the module that defines them, e.g. from a "
                 "sitecustomize on PYTHONPATH) and run minimize again")
-    if not all(first.same_failure_as(run) for run in runs[1:]):
-        seen = "; ".join(dict.fromkeys(run.describe() for run in runs))
-        return (f"its failure is random: identical runs said {seen}; a random failure cannot be shrunk (each cut "
-                "would be judged by chance): report it with the script as it is")
     return None
 
 

@@ -157,6 +157,10 @@ def _check_full(spec: PieceSpec, reference: ScriptVerdict | None, full: Sequence
                 f"itself {reference.describe()}: it cannot be shrunk from this script (please report this, with the "
                 "script, as a bug of thunderfx_debug)")
         return
+    if any(run.failing for run in full) and not all(full[0].same_failure_as(run) for run in full[1:]):
+        seen = "; ".join(dict.fromkeys(run.describe() for run in full))
+        raise NotMinimized(f"{spec.key} fails at random: identical runs of it said {seen}; a random failure cannot "
+                           "be shrunk (each cut would be judged by chance): report it with its script as it is")
     if not full[0].failing:
         raise NotMinimized(f"{spec.key} does not fail outside the training process ({full[0].describe()}): "
                            "nothing to minimize; its mismatch script holds what the run saw")
@@ -164,10 +168,6 @@ def _check_full(spec: PieceSpec, reference: ScriptVerdict | None, full: Sequence
         raise NotMinimized(f"the trials of {spec.key} cannot build it ({full[0].line.split(': ', 1)[-1]}): they run "
                            "in a fresh process (this one has initialised CUDA), where only executors registered by "
                            "an import are found")
-    if not all(full[0].same_failure_as(run) for run in full[1:]):
-        seen = "; ".join(dict.fromkeys(run.describe() for run in full))
-        raise NotMinimized(f"{spec.key} fails at random: identical runs of it said {seen}; a random failure cannot "
-                           "be shrunk (each cut would be judged by chance): report it with its script as it is")
 
 
 def _description(spec: PieceSpec, code: PieceCode, reduction: Reduction, cut: Cut, inputs_name: str,

@@ -18,6 +18,8 @@ Example:
     True
     >>> run.same_failure_as(crash), read_run(-6, "").describe()
     (False, 'killed by signal 6 (SIGABRT)')
+    >>> read_run(0, "RESULT OK (exit 0); the piece matches within the tolerance").outcome
+    'OK'
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import dataclasses
 import re
 import signal
 
-_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)(?::\s*(.*))?$", re.M)
+_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)(.*)$", re.M)
 
 #: What a trial counts as failing: the verdicts `thunderfx-debug minimize` shrinks.
 FAILING = ("MISMATCH", "CRASH", "KILLED")
@@ -73,7 +75,9 @@ class ScriptVerdict:
         if self.outcome == "TIMEOUT":
             return "no verdict: it ran past its time limit and was stopped"
         if self.outcome == "NO_RESULT":
-            return f"no verdict: it ended with exit status {self.returncode} and no RESULT line"
+            last = next((line.strip() for line in reversed(self.output.splitlines()) if line.strip()), "")
+            return (f"no verdict: it ended with exit status {self.returncode} and no RESULT line"
+                    + (f" (its last line: {last[:200]})" if last else ""))
         return self.line or self.outcome
 
 
@@ -98,7 +102,8 @@ def read_run(returncode: int | None, output: str, seconds: float = 0.0) -> Scrip
         return ScriptVerdict("NO_RESULT", returncode=returncode, seconds=seconds, output=tail)
     result = found[-1]
     outcome = result.group(1).replace(" ", "_")
-    detail = result.group(3) or ""
+    rest = result.group(3)
+    detail = rest[1:].strip() if rest.startswith(":") else ""  # "RESULT OK (exit 0); the piece matches ..." has none
     kinds: set[str] = set()
     for line in output.splitlines():
         text = line.strip()
