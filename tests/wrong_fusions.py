@@ -14,9 +14,17 @@ from wrong_executors import _wrong_executor, wrong_sin_executor
 WRONG_FUSION = "thunderfx_debug_test_wrong_fusion"
 
 
-def wrong_fusion_executor():
+def _wrong_torch_op(op: str):
+    """An operator executor computing the unary elementwise `op` ("sin", "tanh") wrongly (+ 0.25)."""
+    if op == "sin":
+        return wrong_sin_executor()
+    return _wrong_executor(f"thunderfx_debug_test_wrong_{op}", op, lambda a: getattr(torch, op)(a) + 0.25)
+
+
+def wrong_fusion_executor(op: str = "sin"):
     """A fusion executor that claims every op Thunder's torch executor runs and runs its regions (WrongFusionN) as
-    their torch ops, eagerly, with sin(x) + 0.25: a region of many ops with one wrong."""
+    their torch ops, eagerly, with the unary `op` (sin, tanh) computed wrongly (+ 0.25): a region of many ops with
+    one wrong. Named WRONG_FUSION for sin, `WRONG_FUSION_<op>` otherwise."""
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo
     from thunder.core.proxies import unvariableify
@@ -27,10 +35,11 @@ def wrong_fusion_executor():
     from thunder.executors.torchex import ex as torch_ex
     from thunder.extend import ImplInfo, get_executor, register_executor
 
-    existing = get_executor(WRONG_FUSION)
+    name = WRONG_FUSION if op == "sin" else f"{WRONG_FUSION}_{op}"
+    existing = get_executor(name)
     if existing is not None:
         return existing
-    wrong_sin = wrong_sin_executor()
+    wrong_op = _wrong_torch_op(op)
 
     class WrongFusion(TorchCompileExecutor):
         def fuse(self, region, fusion_counter):
@@ -52,13 +61,13 @@ def wrong_fusion_executor():
                             trace.add_name(o.name)
             trace._siginfo = SigInfo("wrong_region")
             trace._siginfo.args = [(a.name, None) for a in inputs]
-            lowered = transform_for_execution(trace, executors_list=(wrong_sin, torch_ex))
+            lowered = transform_for_execution(trace, executors_list=(wrong_op, torch_ex))
             name = f"WrongFusion{fusion_counter}"
             compiled = torch.no_grad()(lowered.python_callable(include_decorators=False))
             symbol = Symbol(name, meta=None, is_fusion=True, executor=self)
             return BoundSymbol(symbol, inputs, {}, outputs, region.bound_symbols, _call_ctx={name: compiled})
 
-    executor = WrongFusion(WRONG_FUSION)
+    executor = WrongFusion(name)
     executor._implmap = {op: ImplInfo() for op in torch_ex.implmap}
     register_executor(executor)
     return executor
