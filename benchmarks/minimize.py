@@ -189,6 +189,10 @@ def main(argv=None) -> int:
     }
     script = found.pop("script", None)
     results.update(found)
+    from thunderfx_debug import load_report
+    from thunderfx_debug.render.minimized import line, minimized_pieces
+
+    results["all_minimized"] = [line(piece) for piece in minimized_pieces(load_report(rank_dir))]
     if script is not None:
         run = run_script(script, env=env, timeout_s=600)
         text = script.read_text()

@@ -216,10 +216,8 @@ def test_a_region_handed_back_to_thunder_lines_up_with_its_function():
         single_fusion(plain)
 
 
-def test_an_nvfuser_region_whose_definition_cannot_be_had_keeps_its_thunder_script_and_says_why(tmp_path):
-    """Without nvFuser here, the minimal region's definition cannot be asked for: the minimal script stays the one
-    that hands the ops back to Thunder, named for it, and its note says why."""
-    from thunderfx_debug.minimize.piece import minimize_piece
+def _small_region():
+    """A region's torch function of 4 ops with a wrong sin, its trials through the tests' fusion executor."""
     from thunderfx_debug.minimize.shrink import full_values
     from thunderfx_debug.minimize.statements import PieceCode
     from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
@@ -231,7 +229,15 @@ def test_an_nvfuser_region_whose_definition_cannot_be_had_keeps_its_thunder_scri
     spec = PieceSpec(key="graph0/thunder_0/nvFusion0_forward", stem="graph0_thunder_0_nvFusion0_forward",
                      title="forward fusion region nvFusion0 (nvfuser)", file_kind="thunder",
                      strategy=ThroughThunder(WRONG_FUSION), prelude="import torch", backward=False, executor="nvfuser")
-    values = full_values(code, {"torch": torch}, [torch.randn(4)], grad=False)
+    return spec, code, full_values(code, {"torch": torch}, [torch.randn(4)], grad=False)
+
+
+def test_an_nvfuser_region_whose_definition_cannot_be_had_keeps_its_thunder_script_and_says_why(tmp_path):
+    """Without nvFuser here, the minimal region's definition cannot be asked for: the minimal script stays the one
+    that hands the ops back to Thunder, named for it, and its note says why."""
+    from thunderfx_debug.minimize.piece import minimize_piece
+
+    spec, code, values = _small_region()
     with TrialRunner.in_this_process() as runner:
         reduction = minimize_piece(spec, code, values, runner, 120, tmp_path, "test")
     assert reduction.script.name == "graph0_thunder_0_nvFusion0_forward_minimal_repro_thunder.py"
@@ -239,6 +245,17 @@ def test_an_nvfuser_region_whose_definition_cannot_be_had_keeps_its_thunder_scri
     assert "nvFuser's definition of the minimal region could not be had" in reduction.note
     assert reduction.final.startswith("RESULT MISMATCH")
     assert "Note: nvFuser's definition" in reduction.script.read_text()
+
+
+def test_a_spent_budget_keeps_the_smallest_failing_piece_found_so_far_and_says_so(tmp_path):
+    from thunderfx_debug.minimize.piece import minimize_piece
+
+    spec, code, values = _small_region()
+    with TrialRunner.in_this_process() as runner:
+        reduction = minimize_piece(spec, code, values, runner, 0.001, tmp_path, "test")
+    assert reduction.budget_spent and reduction.trials == 2  # the full piece's two runs, then no time for a cut
+    assert reduction.ops_after == reduction.ops_before == 4 and reduction.final.startswith("RESULT MISMATCH")
+    assert "stopped by its budget of 0.001 s" in reduction.script.read_text()
 
 
 def test_the_minimize_settings_are_validated_and_a_minimized_record_reads_back():

@@ -107,18 +107,16 @@ def minimize_piece(spec: PieceSpec, code: PieceCode, values: Mapping[str, Any], 
         shrink_s = time.monotonic() - started
         name = out_name or minimal_name(spec.stem, spec.file_kind)
         out_dir.mkdir(parents=True, exist_ok=True)
-        strategy, final_code, final_cut, note = spec.strategy, code, best, ""
+        strategy, final_cut, note = spec.strategy, best, ""
         if spec.executor == "nvfuser":
             strategy, final_cut, note = _as_nvfuser(spec, code, best, values, runner, work, versions)
             if strategy is not spec.strategy and out_name is None:
                 name = minimal_name(spec.stem, "nvfuser")
-            elif strategy is spec.strategy and out_name is None:
-                name = minimal_name(spec.stem, "thunder")
         reduction = dataclasses.replace(
             base, ops_after=len(best.kept), inputs_after=len(best.inputs), outputs_after=len(best.outputs),
             trials=runs, seconds=round(shrink_s, 1), verdict=reference.line or reference.describe(),
             kept=tuple(code.ops[i].label for i in best.kept), budget_spent=spent, note=note)
-        script, inputs_file = _write_minimal(spec, final_code, final_cut, values, out_dir, name, versions, strategy,
+        script, inputs_file = _write_minimal(spec, code, final_cut, values, out_dir, name, versions, strategy,
                                              reduction, budget_s)
         final = runner.run(script)
         if strategy is not spec.strategy and not reference.same_failure_as(final):
@@ -128,7 +126,7 @@ def minimize_piece(spec: PieceSpec, code: PieceCode, values: Mapping[str, Any], 
             script.unlink()
             inputs_file.unlink()
             strategy = spec.strategy
-            name = out_name or minimal_name(spec.stem, "thunder")
+            name = out_name or minimal_name(spec.stem, spec.file_kind)
             reduction = dataclasses.replace(reduction, note=note)
             script, inputs_file = _write_minimal(spec, code, best, values, out_dir, name, versions, strategy,
                                                  reduction, budget_s)
