@@ -11,6 +11,7 @@ Each trial is a script run in a child process (about a second here); a piece of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +23,15 @@ from torch import nn
 
 from conftest import dump_fixtures
 from wrong_executors import wrong_sin_executor
-from wrong_fusions import WRONG_FUSION, crashing_sin_executor, flaky_sin_executor, wrong_fusion_executor
+from wrong_fusions import (WRONG_FUSION, aborting_sin_executor, crashing_sin_executor, flaky_sin_executor,
+                           wrong_fusion_executor)
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro.standalone import run_script
 from thunderfx_debug.cli import main
 from thunderfx_debug.minimize import offline
 from thunderfx_debug.minimize.trials import TrialRunner
 from thunderfx_debug.config import ConfigError, load_config
-from thunderfx_debug.records import DumpError, Minimized, Phase, SplitKind, SplitRecord
+from thunderfx_debug.records import DumpError, InputMeta, Minimized, Phase, SplitKind, SplitRecord
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.thunder import script_support
 
@@ -256,6 +258,45 @@ def test_a_spent_budget_keeps_the_smallest_failing_piece_found_so_far_and_says_s
     assert reduction.budget_spent and reduction.trials == 2  # the full piece's two runs, then no time for a cut
     assert reduction.ops_after == reduction.ops_before == 4 and reduction.final.startswith("RESULT MISMATCH")
     assert "stopped by its budget of 0.001 s" in reduction.script.read_text()
+
+
+def test_a_piece_that_kills_its_process_is_minimized_by_the_signal_it_dies_of(tmp_path):
+    """A trial that aborts (as a device assert does) is a verdict, not the end of the minimizer: the cuts that die
+    of the same signal are kept."""
+    from thunderfx_debug.minimize.piece import minimize_piece
+    from thunderfx_debug.minimize.writing import ThroughThunder
+
+    aborting_sin_executor()
+    spec, code, values = _small_region()
+    spec = dataclasses.replace(spec, strategy=ThroughThunder("thunderfx_debug_test_aborting_sin"), executor="")
+    with TrialRunner.in_this_process() as runner:
+        reduction = minimize_piece(spec, code, values, runner, 120, tmp_path, "test")
+    assert reduction.verdict == reduction.final == "killed by signal 6 (SIGABRT)"
+    assert reduction.ops_after == 1 and reduction.kept == ("t3 = torch.sin(t2)",)
+
+
+def test_a_region_script_is_read_as_its_torch_function_with_the_helpers_it_needs(tmp_path):
+    """What `minimize` reads of an inductor region's script (no run): the function's ops, the torch executor's
+    helpers before it as what it needs, its own build, its main's arguments."""
+    from thunderfx_debug.artifacts.repro import writers
+
+    definitions = ("shallow_copy = lambda x: x\n\n\ndef TorchCompile0(t0, t1):\n  # t0: \"cpu f32[4]\"\n\n"
+                   "  # model.py:3: h = x * y\n  t2 = torch.mul(t0, t1)  # t2: \"cpu f32[4]\"\n"
+                   "  t3 = shallow_copy(t2)\n  del t2\n  t4 = torch.sin(t3)\n  return [t3, t4]\n")
+    meta = InputMeta(kind="tensor", shape=(4,), stride=(1,), dtype="torch.float32", device="cpu")
+    piece = writers.ReproSubject(key="graph0/thunder_0/TorchCompile0_forward", title="forward fusion region",
+                                 description="-", definitions=definitions, callable_name="TorchCompile0",
+                                 is_module=False, metas=(meta, meta), names=("t0", "t1"), backward=False)
+    script = tmp_path / "graph0_thunder_0_TorchCompile0_forward_repro_inductor.py"
+    script.write_text(writers.render(piece, writers.InductorRegion(), script.name, "test"))
+    read = offline.read_script(script)
+    assert [op.defines for op in read.code.ops] == [("t2",), ("t3",), ("t4",)] and read.code.outputs == ("t3", "t4")
+    assert read.code.ops[0].comment == "# model.py:3: h = x * y" and read.code.return_style == "list"
+    assert read.spec.prelude == "shallow_copy = lambda x: x" and read.spec.key == piece.key
+    assert read.spec.stem == "graph0_thunder_0_TorchCompile0_forward" and read.spec.file_kind == "inductor"
+    build = read.spec.strategy.build_body(piece)
+    assert build == "return torch.no_grad()(torch.compile(TorchCompile0, fullgraph=True))"
+    assert not read.spec.backward and not read.spec.needs_thunder and len(read.inputs) == 2
 
 
 def test_the_minimize_settings_are_validated_and_a_minimized_record_reads_back():

@@ -93,3 +93,12 @@ def flaky_sin_executor():
         return torch.sin(a) + (0.25 if calls % 2 == 0 else 0.0)
 
     return _wrong_executor("thunderfx_debug_test_flaky_sin", "sin", sometimes_wrong)
+
+
+def aborting_sin_executor():
+    """sin aborts the process (SIGABRT), as a failed device assert or a native check does."""
+
+    def abort(a):
+        os.abort()
+
+    return _wrong_executor("thunderfx_debug_test_aborting_sin", "sin", abort)
