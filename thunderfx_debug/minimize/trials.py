@@ -7,8 +7,9 @@ again: a training script without a `__main__` guard would train again in every t
   process, the child has the run's Thunder, its executors (a custom executor registered by the training script is
   found by name) and its imported modules. A process that has initialised CUDA cannot fork a child that uses it, so
   there the other way is taken.
-- "server": a fresh interpreter that imports torch and Thunder once and forks each trial from itself (`server`):
-  what the command line uses. Its children see the environment the command was started with.
+- "server": a fresh interpreter that imports torch (and Thunder, where there is no GPU) once and forks each trial
+  from itself, initialising no CUDA (`server`): what the command line uses. Its children see the environment the
+  command was started with.
 
 Example (the budget, with a fake clock):
     >>> clock = iter([0.0, 10.0, 130.0]).__next__
@@ -115,7 +116,7 @@ class TrialRunner:
                 self._server = subprocess.Popen(
                     [sys.executable, "-c", "from thunderfx_debug.minimize.server import serve; serve()"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
-            self._answer()  # ready: torch and Thunder imported
+            self._answer()  # ready: what it preloads is imported
         return self._server
 
     def _run(self, request: dict, target, args, timeout_s: float) -> tuple[int | None, float]:
@@ -124,8 +125,11 @@ class TrialRunner:
             returncode = child.forked(target, args, timeout_s)
         else:
             server = self._started_server()
-            server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
-            server.stdin.flush()
+            try:
+                server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
+                server.stdin.flush()
+            except BrokenPipeError:
+                pass  # the server has ended: `_answer` says why
             returncode = self._answer()["returncode"]
         return returncode, time.perf_counter() - started
 
