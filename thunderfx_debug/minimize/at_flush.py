@@ -8,7 +8,7 @@ the first call it mismatched on where the sentinel kept them, else inputs rebuil
 scripts rebuild them. Its trials are forks of the training process where it has not initialised CUDA (`trials`):
 they have the run's executors, so a custom executor's wrong op is found too; a process that uses CUDA runs them in
 children of a fresh server instead, where an executor that only the training script registers is missing (the
-piece's note then says that its rebuilt piece does not fail).
+piece's note then says so).
 
 How a trial builds the piece: a split with `thunder.jit` and the run's options and executors (as its mismatch
 script does); a region of Thunder's torch.compile executor as that executor compiles it (torch.compile of the

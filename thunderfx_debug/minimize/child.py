@@ -20,6 +20,10 @@ def _into(log: str) -> None:
     os.close(descriptor)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the child)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    import faulthandler
+
+    if faulthandler.is_enabled():  # the parent's (a test runner's) writes to its own copy of its stderr
+        faulthandler.enable(file=sys.stderr)
 
 
 def _fresh_compile_state() -> None:
