@@ -46,6 +46,8 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_CHECK_EVERY": ["", "0", "-5", "2.5", "fifty"],
     "THUNDERFX_DEBUG_TRIAGE": ["", "on", "graph", "fusions", "split,fusion"],
     "THUNDERFX_DEBUG_DEVIATION": ["", "1", "0.8", "-2", "nan", "inf", "20%"],
+    "THUNDERFX_DEBUG_MINIMIZE": ["", "2", "on", "split"],
+    "THUNDERFX_DEBUG_MINIMIZE_BUDGET": ["", "0", "-1", "nan", "inf", "2m"],
 }
 
 # variable -> (text, field, parsed value)
@@ -74,6 +76,8 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_CHECK", "off", "check", CheckLevel.OFF),
     ("THUNDERFX_DEBUG_CHECK", " Fusion ", "check", CheckLevel.FUSION),
     ("THUNDERFX_DEBUG_CHECK_EVERY", "1", "check_every", 1),
+    ("THUNDERFX_DEBUG_MINIMIZE", "1", "minimize", True),
+    ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", " 30.5 ", "minimize_budget", 30.5),
 ]
 
 

@@ -19,6 +19,7 @@ from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
 from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config, misspelt_option
 from thunderfx_debug.dump import check_writable
 from thunderfx_debug.flusher import DumpFlusher, FlushStats
+from thunderfx_debug.minimize.at_flush import MinimizeSettings, with_reductions
 from thunderfx_debug.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
@@ -113,7 +114,8 @@ class ReportingBackend(ThunderCompiler):
             on_report = self._torch_trace.flushed if self._torch_trace is not None else None
             self._flusher = DumpFlusher(lambda: self.config.dump_dir, self.recorder, self._artifact_settings,
                                         lambda: self.rank, self._run_facts, self._run.process_uid, on_report,
-                                        TriageSettings(self.config.triage, self.config.deviation))
+                                        TriageSettings(self.config.triage, self.config.deviation),
+                                        MinimizeSettings(self.config.minimize, self.config.minimize_budget))
             if self.config.flush_every > 0:
                 self._periodic = PeriodicFlush(self.config.flush_every, self._flush_periodically)
             chain_sigterm(self._on_sigterm)
@@ -200,7 +202,8 @@ class ReportingBackend(ThunderCompiler):
         snapshots = self.recorder.snapshot(wait=False)
         flushes = self._flusher.flushes if self._flusher is not None else 0
         triaged = self._flusher.triaged if self._flusher is not None else None  # what the last flushes timed
-        return build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures, triaged)
+        report = build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures, triaged)
+        return with_reductions(report, self._flusher.minimized) if self._flusher is not None else report
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump

@@ -12,6 +12,8 @@ THUNDERFX_DEBUG_DIR), with a warning naming both; the library's own rule is the 
     thunderfx-debug diff DIR --runs [ID ...]    the same for consecutive runs of one directory (restarts of a job)
     thunderfx-debug runs DIR                    the runs of one directory: the latest and those before it
     thunderfx-debug bench DIR                   nvFuser/Thunder against inductor, region by region (needs CUDA)
+    thunderfx-debug minimize SCRIPT             shrink a MISMATCH or CRASH script to the fewest ops that still fail
+                                                (runs the script's piece: imports thunder too)
 """
 
 from __future__ import annotations
@@ -283,6 +285,47 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_minimize(args: argparse.Namespace) -> int:
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"{args.script}: no such file; give a repro or mismatch script of a dump "
+                         "(<piece>_repro_<backend>.py)")
+    out = Path(args.out) if args.out else None
+    if out is not None and (out.suffix != ".py" or not out.parent.is_dir()):
+        raise UsageError(f"--out {args.out}: give the path of a .py file in a folder that exists")
+    from thunderfx_debug.minimize.offline import NotAScript, minimize_script
+    from thunderfx_debug.minimize.piece import NotMinimized
+
+    try:
+        reduction = minimize_script(script, args.budget, out)
+    except NotAScript as e:
+        raise UsageError(f"{script.name} is not a script it can minimize: {e}") from None
+    except NotMinimized as e:
+        raise UsageError(f"{script.name}: nothing minimized: {e}") from None
+    budget = f" (stopped by the budget of {args.budget:g} s)" if reduction.budget_spent else ""
+    print(f"minimized {reduction.key}: {reduction.ops_before} ops -> {reduction.ops_after} ops (inputs "
+          f"{reduction.inputs_before} -> "
+          f"{reduction.inputs_after}, outputs {reduction.outputs_before} -> {reduction.outputs_after}), "
+          f"{reduction.trials} trials, {reduction.seconds:g} s{budget}")
+    print("  kept: " + "; ".join(reduction.kept))
+    print(f"  the full piece:     {reduction.verdict}")
+    print(f"  the minimal script: {reduction.final}")
+    if reduction.note:
+        print(f"  note: {reduction.note}")
+    print(f"  wrote {reduction.script} (inputs: {reduction.inputs_file.name})")
+    return 0
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return value
+
+
 def _check_can_run(allow_cpu: bool) -> None:
     """bench runs CUDA scripts: say so up front instead of failing every script."""
     import importlib.util
@@ -444,6 +487,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run without a CUDA device (CPU scripts only; nvFuser scripts then fail)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     bench.set_defaults(run=_cmd_bench)
+
+    minimize = commands.add_parser(
+        "minimize", help="shrink a MISMATCH or CRASH repro script to the fewest ops that still fail the same way",
+        description="Runs the script (twice: a failure that changes between identical runs is random and is not "
+                    "shrunk), then delta-debugs its piece: each cut drops ops, turns the values they computed in "
+                    "the full piece into inputs, and is run as a script in a child process; a cut is kept only if "
+                    "it fails the same way (a MISMATCH of the same kind of value, a CRASH with the same exception). "
+                    "Writes <piece>_minimal_repro_<backend>.py with its inputs next to the script: the same check "
+                    "and verdict line, a header saying what was cut. Needs thunder (and CUDA, nvFuser for an "
+                    "nvFuser region); refuses a script whose verdict is OK, NOT COMPARABLE or REFUSED.")
+    minimize.add_argument("script", help="a repro or mismatch script of a split or fusion region from a dump")
+    minimize.add_argument("--budget", type=_budget, default=120.0, metavar="S",
+                          help="seconds of shrinking (default: 120, as THUNDERFX_DEBUG_MINIMIZE_BUDGET); the smallest "
+                               "failing piece found by then is written")
+    minimize.add_argument("--out", metavar="PATH",
+                          help="the minimal script to write (default: <piece>_minimal_repro_<backend>.py next to "
+                               "SCRIPT); its inputs go next to it")
+    minimize.set_defaults(run=_cmd_minimize)
     return parser
 
 

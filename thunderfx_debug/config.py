@@ -90,6 +90,8 @@ class Config:
     check_every: int = 50
     triage: TriageLevel = TriageLevel.OFF
     deviation: float = 1.2  # Thunder/inductor time ratio beyond which a triaged piece deviates
+    minimize: bool = False  # at flush, shrink every piece the sentinel flagged to its minimal failing script
+    minimize_budget: float = 120.0  # seconds of minimizing per piece
 
     def records_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -113,6 +115,8 @@ class Config:
             "check_every": self.check_every,
             "triage": self.triage.name.lower(),
             "deviation": self.deviation,
+            "minimize": self.minimize,
+            "minimize_budget": self.minimize_budget,
         }
 
 
@@ -182,6 +186,16 @@ def _ratio_above_one(text: str) -> float:
     return value
 
 
+def _budget_seconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("allowed: a number of seconds > 0, such as 120") from None
+    if not 0 < value < float("inf"):
+        raise ValueError("allowed: a number of seconds > 0, such as 120")
+    return value
+
+
 def _parse_ranks(text: str) -> frozenset[int] | None:
     if text.strip().lower() == "all":
         return None
@@ -228,6 +242,8 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
     "triage": ("THUNDERFX_DEBUG_TRIAGE", _choice({t.name.lower(): t for t in TriageLevel})),
     "deviation": ("THUNDERFX_DEBUG_DEVIATION", _ratio_above_one),
+    "minimize": ("THUNDERFX_DEBUG_MINIMIZE", _parse_bool),
+    "minimize_budget": ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", _budget_seconds),
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)
@@ -258,7 +274,7 @@ def _from_argument(field: str, value: Any) -> Any:
     variable, parse = _SETTINGS[field]
     if value is None and field in ("dump_dir", "ranks"):
         return None
-    if isinstance(value, bool) and field in ("strict", "nvtx"):
+    if isinstance(value, bool) and field in ("strict", "nvtx", "minimize"):
         return value
     if field == "dump_dir" and isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -321,7 +337,12 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
                 _warn_if_overridden(field, arguments[field], variable, environ[variable], values[field])
         elif field in arguments:
             values[field] = _from_argument(field, arguments[field])
-    return Config(**values)
+    config = Config(**values)
+    if config.minimize and config.check is CheckLevel.OFF:
+        log.warning("thunderfx_debug: THUNDERFX_DEBUG_MINIMIZE=1 shrinks the pieces the correctness sentinel flags, "
+                    "and THUNDERFX_DEBUG_CHECK is off: nothing will be minimized (set THUNDERFX_DEBUG_CHECK=split "
+                    "or fusion)")
+    return config
 
 
 def environ_names() -> dict[str, str]:

@@ -34,6 +34,7 @@ from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.flush import ArtifactCache, file_index, report_files
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.dump import DumpWriter, move_earlier_run_aside
+from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_reductions
 from thunderfx_debug.records import GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.report import Report
@@ -83,7 +84,7 @@ class DumpFlusher:
     def __init__(self, dump_dir: Callable[[], Path], recorder: Recorder, settings: Callable[[], ArtifactSettings],
                  rank: Callable[[], int], meta: Callable[[int, FlushStats | None], dict[str, Any]], process_uid: str,
                  on_report: Callable[[tuple[GraphRecord, ...]], None] | None = None,
-                 triage: TriageSettings | None = None):
+                 triage: TriageSettings | None = None, minimize: MinimizeSettings | None = None):
         self._dump_dir, self.recorder, self._settings = dump_dir, recorder, settings
         self._on_report = on_report
         self._rank, self._meta, self._process_uid = rank, meta, process_uid
@@ -93,6 +94,7 @@ class DumpFlusher:
         self._cache = ArtifactCache()
         self._triage_settings = triage or TriageSettings()
         self._triager = Triager()
+        self._minimizer = Minimizer(minimize)
         self._writers: dict[Path, DumpWriter] = {}
         self._lock = threading.Lock()  # one flush at a time; a periodic one hands it to its writer thread
         self._holder: int | None = None  # the thread in a flush's first half, while it holds the lock
@@ -173,6 +175,11 @@ class DumpFlusher:
         return self._triager.known()
 
     @property
+    def minimized(self) -> dict[str, Any]:
+        """owner -> the flush-time reduction of the flagged pieces minimized so far (see `thunderfx_debug.minimize`)."""
+        return self._minimizer.reductions
+
+    @property
     def in_its_process(self) -> bool:
         """False in a forked child of the process that built it (which writes nothing)."""
         return os.getpid() == self._pid
@@ -214,9 +221,13 @@ class DumpFlusher:
                 triaged = self._triager.triage(snapshots, self._triage_settings, self.failures)
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))
+        if triage:  # like the triage: not at periodic flushes nor SIGTERM's
+            with self.failures.guard("minimizing the pieces the correctness sentinel flagged"):
+                self._minimizer.minimize(snapshots, self._settings(), self.failures)
+        artifacts = artifacts + self._minimizer.artifacts()
         last = self.history[-1] if self.history else None
-        report = build_report(snapshots, file_index(artifacts), self._meta(self.flushes, last), self.failures,
-                              triaged)
+        report = with_reductions(build_report(snapshots, file_index(artifacts), self._meta(self.flushes, last),
+                                              self.failures, triaged), self._minimizer.reductions)
         if self._on_report is not None:
             with self.failures.guard("writing the TORCH_TRACE artifacts"):
                 self._on_report(report.graphs)

@@ -787,6 +787,60 @@ def _triage_or_none(data: Mapping[str, Any], where: str) -> Triage | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Minimized:
+    """A piece the sentinel flagged, shrunk at flush (THUNDERFX_DEBUG_MINIMIZE=1) to the fewest ops that still fail
+    the same way: `ops_before` -> `ops_after` (and its inputs and outputs), in `trials` runs of cuts of it (child
+    processes) and `seconds`; `script` the minimal script's path in the dump. `verdict` is the full piece's RESULT
+    line, `final` the minimal script's. Where nothing was written (`script` None), `note` says why (the piece did
+    not fail outside the training process, failed at random, ...); `budget_spent` where its time ran out first."""
+
+    ops_before: int
+    ops_after: int | None = None
+    inputs_before: int = 0
+    inputs_after: int | None = None
+    outputs_before: int = 0
+    outputs_after: int | None = None
+    trials: int = 0
+    seconds: float = 0.0
+    script: str | None = None
+    verdict: str = ""
+    final: str = ""
+    kept: tuple[str, ...] = ()
+    budget_spent: bool = False
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["kept"] = list(self.kept)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Minimized:
+        def count(key: str, default: int | None = 0) -> int | None:
+            value = _get(data, key, int, where, default=default)
+            if value is not None and value < 0:
+                raise DumpError(f"{where}.{key}: expected a count >= 0, found {value}")
+            return value
+
+        return cls(
+            ops_before=count("ops_before", ...), ops_after=count("ops_after", None),
+            inputs_before=count("inputs_before"), inputs_after=count("inputs_after", None),
+            outputs_before=count("outputs_before"), outputs_after=count("outputs_after", None),
+            trials=count("trials"), seconds=float(_get(data, "seconds", (int, float), where, default=0.0)),
+            script=_get(data, "script", str, where, default=None),
+            verdict=_get(data, "verdict", str, where, default=""),
+            final=_get(data, "final", str, where, default=""), kept=_str_list(data, "kept", where),
+            budget_spent=_get(data, "budget_spent", bool, where, default=False),
+            note=_get(data, "note", str, where, default=""),
+        )
+
+
+def _minimized_or_none(data: Mapping[str, Any], where: str) -> Minimized | None:
+    value = _get(data, "minimized", dict, where, default=None)
+    return None if value is None else Minimized.from_json(value, f"{where}.minimized")
+
+
+@dataclasses.dataclass(frozen=True)
 class FusionRecord:
     """A fusion region of a Thunder trace: `nvFusionN` (nvFuser) or `TorchCompileN` (Thunder's torch.compile executor).
 
@@ -805,6 +859,7 @@ class FusionRecord:
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     check: Check | None = None
     triage: Triage | None = None
+    minimized: Minimized | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -823,6 +878,7 @@ class FusionRecord:
             "files": dict(self.files),
             "check": None if self.check is None else self.check.to_json(),
             **({} if self.triage is None else {"triage": self.triage.to_json()}),
+            **({} if self.minimized is None else {"minimized": self.minimized.to_json()}),
         }
 
     @classmethod
@@ -839,6 +895,7 @@ class FusionRecord:
             files=_files(data, where),
             check=_check_or_none(data, where),
             triage=_triage_or_none(data, where),
+            minimized=_minimized_or_none(data, where),
         )
 
 
@@ -885,6 +942,7 @@ class SplitRecord:
     compile_cost: CompileCost | None = None
     check: Check | None = None  # Thunder splits only
     triage: Triage | None = None
+    minimized: Minimized | None = None
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -910,6 +968,7 @@ class SplitRecord:
             "compile_cost": None if self.compile_cost is None else self.compile_cost.to_json(),
             "check": None if self.check is None else self.check.to_json(),
             **({} if self.triage is None else {"triage": self.triage.to_json()}),
+            **({} if self.minimized is None else {"minimized": self.minimized.to_json()}),
         }
 
     @classmethod
@@ -939,6 +998,7 @@ class SplitRecord:
             compile_cost=_cost_or_none(data, where),
             check=_check_or_none(data, where),
             triage=_triage_or_none(data, where),
+            minimized=_minimized_or_none(data, where),
         )
 
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from thunderfx_debug import layout
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, correctness, digest, flush_triage
+from thunderfx_debug.render import accounting, correctness, digest, flush_triage, minimized
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -328,7 +328,9 @@ def _number(value: float | None) -> str:
 def rank_section(report: RankRecord, prefix: str | None) -> str:
     """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
     parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report),
-             _correctness(report, prefix), _compiles(report), _reasons(report), _timing_charts(report),
+             _correctness(report, prefix),
+             minimized.html_section(report, lambda path: _links({"minimal script": path}, prefix)),
+             _compiles(report), _reasons(report), _timing_charts(report),
              flush_triage.html_section(report), "<h3>Graphs</h3>"]
     parts += [_graph(g, prefix) for g in report.graphs]
     parts.append("</section>")

@@ -1,0 +1,246 @@
+"""THUNDERFX_DEBUG_MINIMIZE=1: at flush, in the training process, every piece the correctness sentinel flagged
+(a Thunder split, a fusion region) shrunk to its minimal script, within THUNDERFX_DEBUG_MINIMIZE_BUDGET seconds
+per piece.
+
+The piece is read from the run's own objects: a split's FX graph (printed as its repro scripts print it) and a
+region's ops as Thunder's torch executor lowers its bound symbols (the code its scripts carry), with the inputs of
+the first call it mismatched on where the sentinel kept them, else inputs rebuilt from the recorded metadata as the
+scripts rebuild them. Its trials are forks of the training process where it has not initialised CUDA (`trials`):
+they have the run's executors, so a custom executor's wrong op is found too; a process that uses CUDA runs them in
+children of a fresh server instead, where an executor that only the training script registers is missing (the
+piece's note then says so).
+
+How a trial builds the piece: a split with `thunder.jit` and the run's options and executors (as its mismatch
+script does); a region of Thunder's torch.compile executor as that executor compiles it (torch.compile of the
+region's torch ops); any other region, nvFuser's included, by handing its ops back to Thunder with the region's own
+executor (for nvFuser the minimal script is then nvFuser's definition of the minimal region, see `piece`).
+
+Each piece is minimized once per run (the sentinel keeps the first mismatching call); its minimal script and inputs
+become files of the dump next to the piece's other scripts, and its record gets `minimized` (`records.Minimized`).
+Nothing here touches the run's tensors: the inputs are copies, the trials run in other processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import posixpath
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thunderfx_debug import layout
+from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
+from thunderfx_debug.artifacts.repro import fx_facts, script_template, writers
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.minimize.piece import Reduction, minimize_piece
+from thunderfx_debug.minimize.shrink import full_values
+from thunderfx_debug.minimize.statements import PieceCode, split_source
+from thunderfx_debug.minimize.trials import TrialRunner
+from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
+from thunderfx_debug.records import InputKind, Minimized, RankRecord
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder import options as thunder_options
+from thunderfx_debug.thunder import script_support
+from thunderfx_debug.thunder import scripts as thunder_scripts
+
+log = logging.getLogger("thunderfx_debug")
+
+
+@dataclasses.dataclass(frozen=True)
+class MinimizeSettings:
+    enabled: bool = False
+    budget_s: float = 120.0
+
+
+def _real_inputs(captured) -> list[Any] | None:
+    if captured is None or captured.inputs is None:
+        return None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
+    return [script_template._rebuild(x) for x in captured.inputs]
+
+
+def _rebuilt(metas, names) -> list[Any]:
+    from thunderfx_debug.triage import rebuilt_inputs
+
+    for i, meta in enumerate(metas):
+        if meta.kind is InputKind.OTHER:
+            raise ValueError(f"input {i} ({meta.value}) cannot be rebuilt from its metadata")
+    return list(rebuilt_inputs(metas, names))
+
+
+def _namespace(prelude: str) -> dict[str, Any]:
+    """Where the piece's code runs here: what a script that needs Thunder has (`script_support`), then the piece's
+    own prelude (imports, the torch executor's helpers)."""
+    namespace: dict[str, Any] = {name: getattr(script_support, name) for name in dir(script_support)
+                                 if not name.startswith("__")}
+    namespace.update(torch=torch, __name__="thunderfx_debug_minimize")
+    exec(compile(prelude, "<thunderfx_debug minimize: prelude>", "exec"), namespace)  # noqa: S102 (our own code)
+    return namespace
+
+
+class Minimizer:
+    """The flush-time minimization of one run's flagged pieces, each done once (see the module docstring)."""
+
+    def __init__(self, settings: MinimizeSettings | None = None):
+        self.settings = settings or MinimizeSettings()
+        # piece key -> (the evidence it was minimized from, kept alive so that its id stays its own; the reduction
+        # as a record; its files)
+        self._done: dict[str, tuple[Any, Minimized, list[Artifact]]] = {}
+
+    @property
+    def reductions(self) -> dict[str, Minimized]:
+        """Piece key -> its reduction, for the pieces minimized so far."""
+        return {key: record for key, (_, record, _) in self._done.items()}
+
+    def artifacts(self) -> list[Artifact]:
+        return [artifact for _, _, files in self._done.values() for artifact in files]
+
+    def minimize(self, snapshots: list[GraphSnapshot], settings: ArtifactSettings,
+                 failures: ReportingFailures) -> None:
+        """Minimizes the flagged pieces of `snapshots` not minimized yet."""
+        if not self.settings.enabled:
+            return
+        pending = []
+        for snapshot in snapshots:
+            graph = snapshot.state.name
+            for split in snapshot.splits:
+                key = f"{graph}/{split.state.name}"
+                tally = split.state.check
+                if tally is not None and tally.evidence is not None and key not in self._done:
+                    pending.append((key, snapshot, split, None, tally.evidence))
+                for region in split.regions:
+                    region_tally = split.state.region_checks.get(region.key)
+                    owner = f"{key}/{region.key}"
+                    if region_tally is not None and region_tally.evidence is not None and owner not in self._done:
+                        pending.append((owner, snapshot, split, region, region_tally.evidence))
+        if not pending:
+            return
+        with TrialRunner.in_this_process() as runner:
+            for key, snapshot, split, region, evidence in pending:
+                log.info("thunderfx_debug: minimizing %s (budget %g s)", key, self.settings.budget_s)
+                record, files = Minimized(ops_before=0, note="could not be minimized (see the reporting failures)"), []
+                with failures.guard(f"minimizing {key}"):
+                    record, files = self._piece(snapshot, split, region, evidence, settings, runner, failures)
+                self._done[key] = (evidence, record, files)
+                log.info("thunderfx_debug: %s", describe(key, record))
+
+    def _piece(self, snapshot: GraphSnapshot, split: SplitSnapshot, region, evidence, settings: ArtifactSettings,
+               runner: TrialRunner, failures: ReportingFailures) -> tuple[Minimized, list[Artifact]]:
+        graph, split_name = snapshot.state.name, split.state.name
+        if region is None:
+            spec, code, prelude, inputs = self._split(snapshot, split, evidence, settings, failures)
+            folder = layout.split_dir(graph, split_name)
+        else:
+            spec, code, prelude, inputs = self._region(split, region, evidence, graph)
+            folder = layout.fusions_dir(graph, split_name)
+        from thunderfx_debug.artifacts.repro.builder import versions_line
+
+        with torch.random.fork_rng(devices=_devices(inputs)):
+            values = full_values(code, _namespace(prelude), inputs, grad=spec.backward)
+        with tempfile.TemporaryDirectory(prefix="thunderfx_debug_minimal_") as out:
+            reduction = minimize_piece(spec, code, values, runner, self.settings.budget_s, Path(out),
+                                       versions_line())
+            files = []
+            if reduction.script is not None:
+                owner = spec.key
+                files.append(Artifact(owner, f"minimal_repro_{reduction.script.stem.rpartition('_')[2]}",
+                                      posixpath.join(folder, reduction.script.name), reduction.script.read_text()))
+                files.append(Artifact(owner, "minimal_inputs", posixpath.join(folder, reduction.inputs_file.name),
+                                      reduction.inputs_file.read_bytes()))
+        script = files[0].path if files else None
+        return record_of(reduction, script), files
+
+    @staticmethod
+    def _split(snapshot: GraphSnapshot, split: SplitSnapshot, evidence, settings: ArtifactSettings,
+               failures: ReportingFailures):
+        from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
+
+        graph, name = snapshot.state.name, split.state.name
+        module = split.state.split.original_module
+        metas = ScriptBuilder(snapshot, ArtifactSettings(), failures).split_metas(split)
+        source = thunder_scripts.module_source(module, writers.MODULE_CLASS)
+        code = PieceCode.parse(source, writers.MODULE_CLASS)
+        prelude = "\n".join(thunder_scripts.fx_builtin_imports())
+        options = dict(settings.thunder_options)
+        spec = PieceSpec(
+            key=f"{graph}/{name}", stem=layout.split_prefix(graph, name), title=f"{split.state.split.kind.value} split",
+            file_kind="thunder", strategy=writers.ThunderJit(options, thunder_options.executor_names(options)),
+            prelude=prelude, backward=any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas),
+            random_ops=fx_facts.random_ops(module), origin=f"the run, call {evidence.call} ({evidence.phase})")
+        inputs = _real_inputs(evidence.captured)
+        if inputs is None:
+            inputs = _rebuilt(metas, split.state.split.input_names)
+        return spec, code, prelude, inputs
+
+    @staticmethod
+    def _region(split: SplitSnapshot, region, evidence, graph: str):
+        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name)
+        assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
+        around, function = split_source(source, region.name)
+        around = "\n".join(line for line in around.splitlines() if not line.startswith("# Constructed by"))
+        prelude = "\n".join([*assignments, around])
+        code = PieceCode.parse(function, region.name)
+        executor = region.executor
+        if executor.startswith("torchcompile"):  # Thunder's torch.compile executors: torch.compile of the ops
+            strategy, file_kind = writers.InductorRegion(), "inductor"
+        else:
+            strategy, file_kind = ThroughThunder(executor), "thunder"
+        spec = PieceSpec(
+            key=f"{graph}/{split.state.name}/{region.key}",
+            stem=layout.fusion_prefix(graph, split.state.name, region.name, region.phase.value),
+            title=f"{region.phase.value} fusion region {region.name} ({executor})", file_kind=file_kind,
+            strategy=strategy, prelude=prelude, backward=False,
+            random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
+            origin=f"the run, call {evidence.call} ({evidence.phase})",
+            executor="nvfuser" if executor == "nvfuser" else "")
+        inputs = _real_inputs(evidence.captured)
+        if inputs is None:
+            metas = repro_inputs.with_index_bounds(split.region_metas(region),
+                                                   thunder_scripts.region_index_bounds(region.bsym))
+            metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
+            inputs = _rebuilt(metas, region.inputs)
+        return spec, code, prelude, inputs
+
+
+def _devices(values) -> list[int]:
+    return sorted({v.device.index for v in values if isinstance(v, torch.Tensor) and v.is_cuda
+                   and v.device.index is not None})
+
+
+def record_of(reduction: Reduction, script: str | None) -> Minimized:
+    return Minimized(
+        ops_before=reduction.ops_before, ops_after=reduction.ops_after if script else None,
+        inputs_before=reduction.inputs_before, inputs_after=reduction.inputs_after if script else None,
+        outputs_before=reduction.outputs_before, outputs_after=reduction.outputs_after if script else None,
+        trials=reduction.trials, seconds=reduction.seconds, script=script, verdict=reduction.verdict,
+        final=reduction.final, kept=reduction.kept, budget_spent=reduction.budget_spent, note=reduction.note)
+
+
+def describe(key: str, record: Minimized) -> str:
+    """"minimized graph0/thunder_0: 24 ops -> 1 ops" (with trials and time), or why not."""
+    if record.script is None:
+        return f"not minimized {key}: {record.note}"
+    return (f"minimized {key}: {record.ops_before} ops -> {record.ops_after} ops ({record.trials} trials, "
+            f"{record.seconds:g} s)")
+
+
+def with_reductions(report: RankRecord, reductions: Mapping[str, Minimized]):
+    """`report` with each piece's `minimized` record."""
+    if not reductions:
+        return report
+    graphs = []
+    for graph in report.graphs:
+        splits = []
+        for split in graph.splits:
+            key = f"{graph.name}/{split.name}"
+            fusions = tuple(dataclasses.replace(f, minimized=reductions[f"{key}/{f.qualified_name}"])
+                            if f"{key}/{f.qualified_name}" in reductions else f for f in split.fusions)
+            splits.append(dataclasses.replace(split, fusions=fusions, minimized=reductions.get(key, split.minimized)))
+        graphs.append(dataclasses.replace(graph, splits=tuple(splits)))
+    return dataclasses.replace(report, graphs=tuple(graphs))

@@ -1,0 +1,111 @@
+"""What runs in a trial's child process: a script as `python script.py` would run it (its own folder, its own
+argv, `__main__`), its output into a log file, its exit status as the process's. Kept free of heavy imports, so
+that the parent can name these functions as targets; the child has torch and Thunder loaded already (a fork of the
+training process, or of the server that imported them once: `server`)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+
+def _into(log: str) -> None:
+    """Descriptors 1 and 2 and Python's streams into `log`: the parent's `sys.stdout` may be an object of its own (a
+    notebook's, a test runner's capture) that a forked child must not write into."""
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the child)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    import faulthandler
+
+    if faulthandler.is_enabled():  # the parent's (a test runner's) writes to its own copy of its stderr
+        faulthandler.enable(file=sys.stderr)
+
+
+def _fresh_compile_state() -> None:
+    """A fork of the training process holds its Dynamo caches and inductor's pool of compile workers, whose
+    processes belong to the parent: the child compiles on its own, in its own thread."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        torch._dynamo.reset()
+        from torch._inductor import config as inductor_config
+
+        inductor_config.compile_threads = 1
+    except Exception:  # a torch without these: the script compiles as it would anyway
+        pass
+
+
+def run_script(script: str, log: str, argv: list[str]) -> None:
+    """Runs `script` as `__main__` and ends the process with its exit status (never returns)."""
+    code = 1
+    try:
+        _into(log)
+        os.chdir(os.path.dirname(script) or ".")
+        _fresh_compile_state()
+        sys.argv = [script, *argv]
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def run_function(target: str, log: str, args: list) -> None:
+    """Calls `module:function(*args)` with the output into `log`, exit status 0 when it returns (used for the
+    steps that must run where the trials do, e.g. asking Thunder for nvFuser's definition of a minimal region)."""
+    code = 1
+    try:
+        _into(log)
+        import importlib
+
+        module, _, name = target.partition(":")
+        getattr(importlib.import_module(module), name)(*args)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def forked(target, args, timeout_s: float) -> int | None:
+    """Runs `target(*args)` (which ends its process) in a forked child of this process; its exit status (negative:
+    killed by that signal), or None where it ran past `timeout_s` seconds and was killed."""
+    import signal
+    import time
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            target(*args)
+        finally:
+            os._exit(1)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)

@@ -1,0 +1,151 @@
+"""Running trials: each script in a child process of its own, so that a crash, a native abort or a device assert
+is the trial's verdict and not the end of the minimizer; each with a time limit; all of a piece's within its budget.
+
+Two ways to get a child, both by `os.fork` (not `multiprocessing`, whose children import the parent's `__main__`
+again: a training script without a `__main__` guard would train again in every trial):
+- "fork" (`TrialRunner.in_this_process()` where it may): a copy of the calling process. At flush, in the training
+  process, the child has the run's Thunder, its executors (a custom executor registered by the training script is
+  found by name) and its imported modules. A process that has initialised CUDA cannot fork a child that uses it, so
+  there the other way is taken.
+- "server": a fresh interpreter that imports torch (and Thunder, where there is no GPU) once and forks each trial
+  from itself, initialising no CUDA (`server`): what the command line uses. Its children see the environment the
+  command was started with.
+
+Example (the budget, with a fake clock):
+    >>> clock = iter([0.0, 10.0, 130.0]).__next__
+    >>> budget = Budget(120.0, clock)
+    >>> budget.left(), budget.spent()
+    (110.0, True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from thunderfx_debug.minimize import child
+from thunderfx_debug.minimize.server import ANSWER
+from thunderfx_debug.minimize.verdict import ScriptVerdict, read_run
+
+#: Seconds a single run of a script may take before it is stopped (a compile on the H200 takes tens of seconds).
+TRIAL_TIMEOUT_S = 600.0
+#: Least time a trial gets when the budget is nearly spent (less would stop trials that would have answered).
+MIN_TRIAL_S = 30.0
+
+
+class Budget:
+    """Seconds of minimizing a piece may take, counted from its creation on `clock` (time.monotonic)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self._clock = seconds, clock
+        self._started = clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self._started
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed()
+
+    def spent(self) -> bool:
+        return self.left() <= 0
+
+
+class BudgetSpent(Exception):
+    """The piece's time is up: the minimizer keeps the smallest failing piece found so far."""
+
+
+class TrialRunner:
+    """Runs scripts in child processes (see the module docstring); `method` "fork" or "server". Close it (or use
+    it as a context manager) to end its server."""
+
+    def __init__(self, method: str = "server"):
+        if method not in ("fork", "server"):
+            raise ValueError(f"method {method!r}: allowed: fork, server")
+        self.method = method
+        self._server: subprocess.Popen | None = None
+        self._server_log: Path | None = None
+
+    @classmethod
+    def in_this_process(cls) -> TrialRunner:
+        """Children that are copies of this process where it can fork them (no CUDA initialised here), else
+        children of a fresh server."""
+        import torch
+
+        initialised = torch.cuda.is_available() and torch.cuda.is_initialized()
+        return cls("fork" if hasattr(os, "fork") and not initialised else "server")
+
+    def __enter__(self) -> TrialRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stdin.close()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        if self._server_log is not None:
+            self._server_log.unlink(missing_ok=True)
+            self._server_log = None
+
+    def _answer(self) -> dict:
+        for line in self._server.stdout:
+            if line.startswith(ANSWER):
+                return json.loads(line[len(ANSWER):])
+        tail = self._server_log.read_text(errors="replace")[-2000:] if self._server_log else ""
+        self._server = None
+        raise RuntimeError(f"the process that runs the trials ended unexpectedly: {tail}")
+
+    def _started_server(self) -> subprocess.Popen:
+        if self._server is None:
+            handle, name = tempfile.mkstemp(prefix="thunderfx_debug_trials_", suffix=".log")
+            os.close(handle)
+            self._server_log = Path(name)
+            with open(name, "w") as errors:
+                self._server = subprocess.Popen(
+                    [sys.executable, "-c", "from thunderfx_debug.minimize.server import serve; serve()"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
+            self._answer()  # ready: what it preloads is imported
+        return self._server
+
+    def _run(self, request: dict, target, args, timeout_s: float) -> tuple[int | None, float]:
+        started = time.perf_counter()
+        if self.method == "fork":
+            returncode = child.forked(target, args, timeout_s)
+        else:
+            server = self._started_server()
+            try:
+                server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
+                server.stdin.flush()
+            except BrokenPipeError:
+                pass  # the server has ended: `_answer` says why
+            returncode = self._answer()["returncode"]
+        return returncode, time.perf_counter() - started
+
+    def run(self, script: Path, timeout_s: float = TRIAL_TIMEOUT_S, argv: Sequence[str] = ()) -> ScriptVerdict:
+        """Runs `script` as `python script.py` would, in its folder; its verdict (see `verdict.read_run`)."""
+        script = script.resolve()
+        with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_trial_", suffix=".log") as log:
+            returncode, seconds = self._run({"script": str(script), "log": log.name, "argv": list(argv)},
+                                            child.run_script, (str(script), log.name, list(argv)), timeout_s)
+            output = Path(log.name).read_text(errors="replace")
+        return read_run(returncode, output, seconds)
+
+    def call(self, target: str, args: Sequence, timeout_s: float = TRIAL_TIMEOUT_S) -> tuple[bool, str]:
+        """Calls `module:function(*args)` in a child; (whether it returned, what it printed)."""
+        with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_step_", suffix=".log") as log:
+            returncode, _ = self._run({"call": target, "log": log.name, "args": list(args)},
+                                      child.run_function, (target, log.name, list(args)), timeout_s)
+            output = Path(log.name).read_text(errors="replace")
+        return returncode == 0, output
