@@ -85,7 +85,7 @@ class ReportingBackend(ThunderCompiler):
         self._capture = InputCapture(self.config.inputs is Inputs.REAL, self.config.inputs_max_mb,
                                      self.recorder.failures,
                                      statistics=bool(self.config.repro) or self.config.triage is not TriageLevel.OFF,
-                                     parameters=self.config.triage is not TriageLevel.OFF)
+                                     references=self.config.triage is not TriageLevel.OFF)
         flush = self.flush if self.config.dump_dir is not None else None
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None
