@@ -33,7 +33,8 @@ from thunderfx_debug.recording.capture import Captured, value_meta
 _LAYOUT = ("shape", "stride", "storage_offset", "dtype", "device", "requires_grad", "parameter")
 
 
-def call_inputs(captured: Captured | None, metas: Sequence[InputMeta], names: Sequence[str] = ()) -> tuple[list[Any], str]:
+def call_inputs(captured: Captured | None, metas: Sequence[InputMeta],
+                names: Sequence[str] = ()) -> tuple[list[Any], str]:
     """(inputs, where they came from) for a piece whose call was `captured` (None: not captured) and whose inputs
     are described by `metas`; see the module docstring. Where they came from: "real", "meta", or either with how
     many are the run's own ("meta, the run's tensors for 23 of 30 inputs").

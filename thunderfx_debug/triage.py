@@ -3,8 +3,9 @@ fusion regions, timed against the same piece compiled by inductor, on the inputs
 
 What is timed:
 - a split: the ThunderModule the run compiled, called with grad enabled and its backward run by `torch.autograd.grad`
-  (no `.grad` of the run's parameters is touched) with gradients laid out as the run's backward passed them, against `torch._inductor.compile` of the split's original FX
-  module (autograd included, its backward compiled at its first call);
+  (no `.grad` of the run's parameters is touched) with gradients laid out as the run's backward passed them, against
+  `torch._inductor.compile` of the split's original FX module (autograd included, its backward compiled at its first
+  call);
 - a fusion region: the callable Thunder's final trace calls (nvFuser's, or the torch.compile executor's), against
   torch.compile(fullgraph=True) of the region's ops as torch calls, both under no_grad.
 Both sides run where the recorded call ran: its grad mode and autocast (Thunder's cache checks both), on the inputs of
