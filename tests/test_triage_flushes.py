@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import torch
 
@@ -74,18 +75,21 @@ class Small(torch.nn.Module):
         return self.second(torch.nn.functional.gelu(self.first(x))).sum()
 
 
-def _train(backend, steps: int) -> None:
+def _train(backend, steps: int, pause_s: float = 0.0) -> None:
+    """`steps` steps, with a pause of `pause_s` before the last one."""
     torch.manual_seed(0)
     model = Small()
     compiled = torch.compile(model, backend=backend)
     x = torch.randn(8, 32)
-    for _ in range(steps):
+    for step in range(steps):
+        if step == steps - 1:
+            time.sleep(pause_s)
         compiled(x).backward()
 
 
 def test_the_periodic_flush_times_the_pieces_once(tmp_path, one_thread):
     backend = thunderfx_debug.ReportingBackend(tmp_path, triage="split", flush_every=1.0, timing="off", strict=True)
-    _train(backend, steps=1)  # its compile takes longer than a second: the flush after its first call is due
+    _train(backend, steps=2, pause_s=1.0)  # the flush is due by the last step's graph call, whatever compiling took
     assert backend.wait_for_flush(timeout=120)
     periodic = [f for f in backend.flush_history if f.kind == "periodic"]
     assert periodic
