@@ -1,24 +1,28 @@
-"""Whole-model flush-time triage (THUNDERFX_DEBUG_TRIAGE=fusion) of real models, with the reconciliation against
-end-to-end step times: for each model, an inductor run (torch.compile) and a ReportingBackend run with triage on, the
-same steps from the same seed, step time measured around each step (device synchronised: this is a benchmark); then
-the flush, which times every Thunder split and fusion region against inductor's compile of the same piece.
+"""Flush-time triage (THUNDERFX_DEBUG_TRIAGE) of zoo models (benchmarks/harness.py), with the reconciliation: the
+judged splits' summed "lost ms per step" against the measured step gap of the same model under ThunderFX and under
+inductor, both trained in this process, their steps interleaved pair by pair.
 
-    source .gpu/setup.sh && python benchmarks/triage.py --json $OUT/triage.json          # H200: Llama 8 layers, GPT 12
-    python benchmarks/triage.py --device cpu --tiny --models gpt --steps 4                 # smoke test without a GPU
+    source .gpu/setup.sh && python benchmarks/triage.py --level split --json $OUT/triage_split.json
+    source .gpu/setup.sh && python benchmarks/triage.py --models llama --layers 8 --level fusion --json $OUT/f.json
+    python benchmarks/triage.py --device cpu --size tiny --models llama --pairs 6        # smoke test without a GPU
+    python benchmarks/triage.py --device cpu --models llama,qwen3 --pairs 0              # the triage alone
 
-Models (from benchmarks/real_models.py): `llama`, a Hugging Face LlamaForCausalLM from a config (8 layers, hidden 1024,
-bf16) with Thunder's default executors (nvFuser); `gpt`, the 12-layer GPT of thunderfx_debug.models with Thunder's
-torch.compile executor first (TorchCompileN regions). Prints per model: the flush's time (the triage is most of it),
-the top deviating pieces, and the totals: the splits' summed gain or loss per step against inductor beside the
-measured difference of the median ThunderFX step and the median inductor step.
+Per model: two copies from the same seed (`harness.build`), one compiled by torch.compile (inductor), one by
+ReportingBackend with the triage on (Thunder's executors per device, `harness.thunder_options`: nvFuser on CUDA);
+`--warmup` steps of each (the compiles), then `--pairs` pairs of steps, one step of each copy on the same batch, the
+copy that goes first alternating, the device synchronised around every step. The gap is the trimmed mean of the
+pairs' differences (ThunderFX - inductor) with its 95% interval (one-sample trimmed t), the ratio likewise from the
+pairs' log ratios. Then the ThunderFX copy's flush, timed: the triage's seconds (compiling and timing apart), every
+Thunder split's verdict or why it was not judged, and the reconciliation: the judged splits' net against the gap,
+and what they leave unattributed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
-import statistics
+import math
 import sys
 import tempfile
 import time
@@ -26,73 +30,117 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness  # noqa: E402
+
+DECODERS = ("llama", "qwen3", "gptneox", "phi3", "mistral", "qwen2", "gemma", "opt", "gpt2")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="llama,gpt", help="comma list of llama, gpt (default: both)")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20; 5 warm-up)")
+    parser.add_argument("--models", default="llama,qwen3,gptneox",
+                        help=f"comma list of zoo models (default llama,qwen3,gptneox; decoders: {', '.join(DECODERS)})")
+    parser.add_argument("--size", default=None, choices=sorted(harness.SIZES),
+                        help="zoo size (default: realistic on CUDA, tiny on CPU)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the size's)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="small models (CPU smoke test)")
-    parser.add_argument("--level", default="fusion", choices=("split", "fusion"))
-    parser.add_argument("--inputs", default="real", choices=("real", "meta"),
-                        help="the pieces' inputs for the triage: the run's tensors (default; up to 4 GB per piece) or "
-                             "rebuilt from their metadata")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--level", default="split", choices=("split", "fusion"))
+    parser.add_argument("--no-attention-mask", action="store_true",
+                        help="call the models as model(input_ids=..., labels=...): Hugging Face decoders then pass "
+                             "the decoder split position ids and a view of them")
+    parser.add_argument("--warmup", type=int, default=4, help="steps of each copy before the pairs (default 4)")
+    parser.add_argument("--pairs", type=int, default=20,
+                        help="timed pairs of steps (default 20); 0: no inductor copy, the triage alone")
+    parser.add_argument("--inputs", default="meta", choices=("meta", "real"),
+                        help="THUNDERFX_DEBUG_INPUTS of the ThunderFX copy (default meta)")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="start no further model after this many seconds (a lent machine's limit)")
-    parser.add_argument("--json", help="write the figures here")
-    return parser.parse_args(argv)
+    parser.add_argument("--json", help="write the figures here (after each model)")
+    args = parser.parse_args(argv)
+    args.size = args.size or ("realistic" if args.device == "cuda" else "tiny")
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if 0 < args.pairs < 4:
+        parser.error("--pairs must be 0 or at least 4 (the interval trims a fifth of them at each end)")
+    return args
 
 
-def _train(compiled, model, batches, loss_fn, steps: int, device: str) -> list[float]:
-    import torch
+def paired(thunder_ms: list[float], inductor_ms: list[float]) -> dict:
+    """The pairs' gap (ms) and ratio, each a 20%-trimmed mean with its 95% interval (one-sample trimmed t).
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    step_ms = []
-    for _ in range(steps):
-        batch = next(batches)
-        sync()
+    Example:
+        >>> g = paired([3.0, 3.1, 2.9, 3.0], [1.0, 1.0, 1.0, 1.0])
+        >>> round(g["gap_ms"], 2), round(g["ratio"], 2), g["pairs"]
+        (2.0, 3.0, 4)
+    """
+    from thunderfx_debug.render import noise
+
+    def interval(values):
+        t = noise.trimmed(values)
+        half = noise.t_isf(0.025, max(t.kept - 1, 1)) * math.sqrt(t.error2)
+        return t.mean, t.mean - half, t.mean + half
+
+    gap = interval([a - b for a, b in zip(thunder_ms, inductor_ms)])
+    log_ratio = interval([math.log(a / b) for a, b in zip(thunder_ms, inductor_ms) if a > 0 and b > 0])
+    return {"gap_ms": gap[0], "gap_low_ms": gap[1], "gap_high_ms": gap[2], "ratio": math.exp(log_ratio[0]),
+            "ratio_low": math.exp(log_ratio[1]), "ratio_high": math.exp(log_ratio[2]), "pairs": len(thunder_ms)}
+
+
+class Copy:
+    """One compiled copy of a model with its optimizer; `step` trains one step and returns its wall ms (device
+    synchronised before and after)."""
+
+    def __init__(self, model, compiled, device: str):
+        import torch
+
+        self.model, self.compiled = model, compiled
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self._sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def step(self, batch: dict) -> float:
+        self._sync()
         started = time.perf_counter()
-        loss = loss_fn(compiled, batch)
+        loss = self.compiled(**batch).loss
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        step_ms.append((time.perf_counter() - started) * 1e3)
-    return step_ms
-
-
-def _executors(name: str, device: str):
-    import thunder
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    if name == "gpt" or device != "cuda":
-        return [torch_compile_ex, *thunder.get_default_executors()]
-    return thunder.get_default_executors()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        return (time.perf_counter() - started) * 1e3
 
 
 def run_model(name: str, args) -> dict:
     import torch
 
-    import thunderfx_debug
-    from real_models import build
     from thunderfx_debug import ReportingBackend, load_report
     from thunderfx_debug.render import flush_triage
 
-    warm = min(5, max(args.steps - 2, 0))
-    model, batches, loss_fn = build(name, args.tiny, args.device)
-    started = time.perf_counter()
-    inductor_steps = _train(torch.compile(model), model, batches, loss_fn, args.steps, args.device)
-    inductor_wall = time.perf_counter() - started
-    del model
-    torch._dynamo.reset()
-    model, batches, loss_fn = build(name, args.tiny, args.device)
+    size = harness.SIZES[args.size]
+    if args.layers is not None:
+        size = dataclasses.replace(size, layers=args.layers)
+    harness.SIZES["benchmark"] = size
+    thunder_model, batch = harness.build(name, "benchmark", args.device, args.dtype)
+    inductor_model = harness.build(name, "benchmark", args.device, args.dtype)[0] if args.pairs else None
+    if args.no_attention_mask:
+        batch.pop("attention_mask")
     dump = tempfile.mkdtemp(prefix=f"triage_{name}_")
     backend = ReportingBackend(dump, triage=args.level, flush_every=0, inputs=args.inputs, inputs_max_mb=4096,
-                               executors=_executors(name, args.device))
+                               **harness.thunder_options(args.device))
+    copies = {"thunderfx": Copy(thunder_model, torch.compile(thunder_model, backend=backend), args.device)}
+    if inductor_model is not None:
+        copies["inductor"] = Copy(inductor_model, torch.compile(inductor_model), args.device)
     started = time.perf_counter()
-    thunder_steps = _train(torch.compile(model, backend=backend), model, batches, loss_fn, args.steps, args.device)
-    thunder_wall = time.perf_counter() - started
+    for copy in copies.values():
+        for _ in range(args.warmup):
+            copy.step(batch)
+    warmup_s = time.perf_counter() - started
+    steps: dict[str, list[float]] = {"inductor": [], "thunderfx": []}
+    for pair in range(args.pairs):
+        order = ("thunderfx", "inductor") if pair % 2 == 0 else ("inductor", "thunderfx")
+        for side in order:
+            steps[side].append(copies[side].step(batch))
+    gap = paired(steps["thunderfx"], steps["inductor"]) if args.pairs else {
+        "gap_ms": None, "gap_low_ms": None, "gap_high_ms": None, "ratio": None, "ratio_low": None, "ratio_high": None,
+        "pairs": 0}
+
     started = time.perf_counter()
     rank_dir = backend.flush()
     flush_s = time.perf_counter() - started
@@ -102,37 +150,65 @@ def run_model(name: str, args) -> dict:
     report = load_report(rank_dir)
     pieces = flush_triage.triaged_pieces(report)
     totals = flush_triage.totals(report)
-    inductor_ms = statistics.median(inductor_steps[warm:])
-    thunder_ms = statistics.median(thunder_steps[warm:])
-    top = [{"piece": p.path, "level": p.level, "executor": p.executor, "thunder_ms": p.triage.thunder_ms,
-            "inductor_ms": p.triage.inductor_ms, "ratio": p.triage.ratio, "ratio_low": p.triage.ratio_low,
-            "ratio_high": p.triage.ratio_high, "ms_per_step": p.triage.ms_per_step, "deviates": p.triage.deviates,
-            "clock": p.triage.clock.value, "inputs": p.triage.inputs, "scripts": list(p.scripts)}
-           for p in pieces if p.triage.error is None]
+    thunder_splits = [f"{g.name}/{s.name}" for g in report.graphs for s in g.splits if s.kind.value == "thunder"]
+    timed = [p.triage for p in pieces if p.triage.compile_s is not None]
+    compile_s = sum(t.compile_s or 0.0 for t in timed)
+    timing_s = sum(t.timing_s or 0.0 for t in timed)
+    judged = [p for p in pieces if p.triage.error is None]
     failed = [{"piece": p.path, "error": p.triage.error} for p in pieces if p.triage.error is not None]
     result = {
-        "model": name, "tiny": args.tiny, "device": args.device, "level": args.level, "steps": args.steps,
-        "inductor_step_ms": inductor_ms, "thunderfx_step_ms": thunder_ms,
-        "measured_difference_ms": thunder_ms - inductor_ms,
+        "model": name, "size": args.size, "layers": size.layers, "dtype": args.dtype, "device": args.device,
+        "level": args.level, "attention_mask": not args.no_attention_mask, "warmup_s": warmup_s,
+        "inductor_step_ms": steps["inductor"], "thunderfx_step_ms": steps["thunderfx"], **gap,
+        "flush_s": flush_s, "second_flush_s": second_flush_s, "triage_s": compile_s + timing_s,
+        "triage_compile_s": compile_s, "triage_timing_s": timing_s,
+        "thunder_splits": len(thunder_splits),
+        "splits_judged": sum(p.level == "split" for p in judged),
+        "regions_judged": sum(p.level == "fusion" for p in judged),
         "triage_lost_ms": totals.lost_ms, "triage_gained_ms": totals.gained_ms, "triage_net_ms": totals.net_ms,
-        "flush_s": flush_s, "second_flush_s": second_flush_s, "inductor_run_s": inductor_wall,
-        "thunderfx_run_s": thunder_wall, "pieces": len(pieces), "deviating": sum(p["deviates"] for p in top),
-        "not_judged": failed, "ranked": top, "dump": str(rank_dir),
-        "splits": sum(p.level == "split" for p in pieces), "regions": sum(p.level == "fusion" for p in pieces),
+        "unattributed_ms": gap["gap_ms"] - totals.net_ms if args.pairs else None,
+        "pieces": [{"piece": p.path, "level": p.level, "executor": p.executor, "thunder_ms": p.triage.thunder_ms,
+                    "inductor_ms": p.triage.inductor_ms, "ratio": p.triage.ratio, "ratio_low": p.triage.ratio_low,
+                    "ratio_high": p.triage.ratio_high, "ms_per_step": p.triage.ms_per_step,
+                    "deviates": p.triage.deviates, "rounds": p.triage.rounds, "clock": p.triage.clock.value,
+                    "inputs": p.triage.inputs, "compile_s": p.triage.compile_s, "timing_s": p.triage.timing_s}
+                   for p in judged],
+        "not_judged": failed, "dump": str(rank_dir),
     }
-    print(f"\n== {name}: flush with triage {flush_s:.1f} s ({result['splits']} splits, {result['regions']} regions, "
-          f"{result['deviating']} deviate, {len(failed)} not judged); second flush {second_flush_s:.1f} s")
-    print(f"   step: ThunderFX {thunder_ms:.3f} ms, inductor {inductor_ms:.3f} ms, measured difference "
-          f"{thunder_ms - inductor_ms:+.3f} ms; triage: splits lose {totals.lost_ms:.3f} ms and gain "
-          f"{-totals.gained_ms:.3f} ms per step, net {totals.net_ms:+.3f} ms")
-    for p in top[:8]:
-        print(f"   {p['piece']:55s} {p['ratio']:7.2f}x [{p['ratio_low']:.2f}, {p['ratio_high']:.2f}] "
-              f"{p['ms_per_step']:+8.3f} ms/step {'DEVIATES' if p['deviates'] else ''}")
-    for f in failed[:5]:
-        print(f"   not judged: {f['piece']}: {f['error'][:200]}")
-    del backend, model
+    _print(result, thunder_splits)
+    del backend, copies, inductor_model, thunder_model
     torch._dynamo.reset()
     return result
+
+
+def _print(r: dict, thunder_splits: list[str]) -> None:
+    print(f"\n== {r['model']} ({r['size']}, {r['layers']} layers, {r['dtype']}, {r['device']}, TRIAGE={r['level']}"
+          f"{'' if r['attention_mask'] else ', no attention mask'}): {r['thunder_splits']} Thunder splits, "
+          f"{r['splits_judged']} judged" + (f", {r['regions_judged']} fusion regions judged" if r['level'] == 'fusion'
+                                           else "") + f", {len(r['not_judged'])} pieces not judged")
+    print(f"   flush {r['flush_s']:.1f} s, of which the triage {r['triage_s']:.1f} s (compiling "
+          f"{r['triage_compile_s']:.1f} s, timing {r['triage_timing_s']:.1f} s); a second flush "
+          f"{r['second_flush_s']:.1f} s")
+    net = (f"the judged splits lose {r['triage_lost_ms']:.3f} ms and gain {-r['triage_gained_ms']:.3f} ms per "
+           f"step: net {r['triage_net_ms']:+.3f} ms")
+    if not r["pairs"]:
+        print(f"   {net}")
+    else:
+        thunder, inductor = sorted(r["thunderfx_step_ms"]), sorted(r["inductor_step_ms"])
+        print(f"   step: ThunderFX {thunder[len(thunder) // 2]:.3f} ms, inductor {inductor[len(inductor) // 2]:.3f} ms "
+              f"(medians); gap {r['gap_ms']:+.3f} ms [{r['gap_low_ms']:+.3f}, {r['gap_high_ms']:+.3f}], ratio "
+              f"{r['ratio']:.2f}x [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}] over {r['pairs']} interleaved pairs")
+        share = f" ({r['triage_net_ms'] / r['gap_ms']:.0%} of the gap)" if abs(r["gap_ms"]) > 1e-9 else ""
+        print(f"   {net}{share}; not attributed: {r['unattributed_ms']:+.3f} ms (what the splits' own times leave "
+              "out: the code between splits and ThunderFX's inductor splits against inductor's one compile of the "
+              "whole graph, per-call host work where the step waits for the host, the backend's own work; the clocks "
+              "differ too: the pieces' device time on CUDA against the step's wall time)")
+    for p in r["pieces"]:
+        print(f"   {p['piece']:45s} {p['ratio']:6.2f}x [{p['ratio_low']:.2f}, {p['ratio_high']:.2f}] "
+              f"{p['ms_per_step']:+8.3f} ms/step, {p['rounds']} rounds, compile {p['compile_s']:.1f} s"
+              f"{'  DEVIATES' if p['deviates'] else ''}")
+    for f in r["not_judged"]:
+        print(f"   not judged: {f['piece']}: {f['error'].partition(chr(10))[0]}")
 
 
 def main(argv=None) -> int:
@@ -142,6 +218,8 @@ def main(argv=None) -> int:
     results = []
     started = time.perf_counter()
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        if name not in harness.MODELS:
+            raise SystemExit(f"unknown model {name!r}; choose from {', '.join(harness.MODELS)}")
         if args.deadline_s is not None and time.perf_counter() - started > args.deadline_s:
             print(f"\n== {name}: skipped, past --deadline-s {args.deadline_s:g}")
             results.append({"model": name, "skipped": f"past --deadline-s {args.deadline_s:g}"})

@@ -35,6 +35,16 @@ def _fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, an OpenMP team whose other thread is preempted stalls calls by
+    tens of ms at random, which would drown any ratio (the triage's tests)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def cpu_executors():
     """Thunder's default executors fuse nothing on CPU; its torch.compile executor does (TorchCompileN regions)."""
     import thunder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -96,7 +97,7 @@ class ReportingBackend(ThunderCompiler):
         self._capture = InputCapture(self.config.inputs is Inputs.REAL, self.config.inputs_max_mb,
                                      self.recorder.failures,
                                      statistics=bool(self.config.repro) or self.config.triage is not TriageLevel.OFF,
-                                     parameters=self.config.triage is not TriageLevel.OFF)
+                                     references=self.config.triage is not TriageLevel.OFF)
         flush = self.flush if self.config.dump_dir is not None else None
         self._on_graph_error = GraphFailureHandler(self.recorder, self.config.on_error, self._capture, flush)
         self._rank: int | None = None
@@ -210,10 +211,13 @@ class ReportingBackend(ThunderCompiler):
         dir, on a rank that does not record, or when writing failed: logged). Waits for outstanding timing events
         and for a periodic flush still being written. With TORCH_TRACE on, also writes what changed since the last
         flush into torch's trace log (timing statistics, checks); periodic flushes do too."""
+        return self._flush_now("backend.flush()")
+
+    def _flush_now(self, occasion: str, **why: str) -> Path | None:
         if not self.recording:
             return None
         if self._flusher is not None:
-            return self._flusher.flush(wait_for_device=True)
+            return self._flusher.flush(wait_for_device=True, occasion=occasion, **why)
         if self._torch_trace is not None:
             failures = self.recorder.failures
             with failures.guard("writing the TORCH_TRACE artifacts"):
@@ -256,7 +260,7 @@ class ReportingBackend(ThunderCompiler):
         def flush_then_chain():
             try:
                 if self.recording:
-                    self._flusher.flush(wait_for_device=False)
+                    self._flusher.flush(wait_for_device=False, occasion="the dump at SIGTERM")
             except Exception as e:  # strict mode: still end as SIGTERM asks
                 log.warning("thunderfx_debug: the dump at SIGTERM failed: %s", e)
             then()
@@ -303,13 +307,56 @@ def _current_rank() -> int:
 
 
 def _flush_at_exit(backend: ReportingBackend) -> None:
-    """Flushes at interpreter exit. A strong reference on purpose: users rarely keep the backend object themselves
-    (`torch.compile(model, backend=ReportingBackend())`), and the records hold no activations."""
+    """Flushes at interpreter exit, as early as Python allows: in threading's exit hook, which Python runs before it
+    waits for the other threads and before the atexit hooks. concurrent.futures registers its own shutdown there
+    when imported (imported below, so that ours, registered later, runs first: such hooks run in reverse order), and
+    inductor's compile workers stop in an atexit hook: at our hook both still take work, so the triage can compile.
+    Where another non-daemon thread still runs then (the training may be in it), the flush waits for the atexit hook,
+    after those threads ended, where inductor cannot compile any more (`flusher.NOT_TRIAGING` says so in the dump).
+    `threading._register_atexit` is CPython's private hook (3.9+), the one concurrent.futures itself uses; without
+    it, the atexit hook flushes.
 
-    def flush():
+    A strong reference on purpose: users rarely keep the backend object themselves
+    (`torch.compile(model, backend=ReportingBackend())`), and the records hold no activations."""
+    import concurrent.futures.process  # noqa: F401  (their exit hooks registered before ours; see above)
+    import concurrent.futures.thread  # noqa: F401
+
+    flushed, waited_for = [], []
+
+    def flush(early: bool) -> None:
+        if flushed:
+            return
+        if early:
+            waited_for.extend(_other_threads())
+            if waited_for:
+                return
+        flushed.append(early)
         try:
-            backend.flush()
+            if early or not waited_for:
+                backend._flush_now("the flush at exit")
+            else:
+                backend._flush_now("the flush at exit, late", threads=", ".join(waited_for))
         except Exception as e:  # at exit nothing can be raised to anyone; say what was lost
             log.warning("thunderfx_debug: the dump at exit failed: %s", e)
 
-    atexit.register(flush)
+    register_early = getattr(threading, "_register_atexit", None)
+    if register_early is not None:
+        try:
+            register_early(lambda: flush(early=True))
+        except RuntimeError:  # the interpreter is already shutting down
+            pass
+    atexit.register(lambda: flush(early=False))
+
+
+def _other_threads() -> list[str]:
+    """The names of the non-daemon threads still running but this one and the workers of concurrent.futures' pools
+    (inductor's compile threads among them), which their own exit hook stops after ours: threads that may be
+    training. The pools' threads are read from concurrent.futures' registries of them (`_threads_queues`,
+    `_threads_wakeups`: private, CPython 3.9+; without them every such thread counts)."""
+    import concurrent.futures.process
+    import concurrent.futures.thread
+
+    pools = {*getattr(concurrent.futures.thread, "_threads_queues", {}),
+             *getattr(concurrent.futures.process, "_threads_wakeups", {})}
+    return [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive() and t not in pools]

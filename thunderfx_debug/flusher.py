@@ -11,6 +11,11 @@ recorder. One flush at a time: a periodic flush that finds the previous one stil
 flush in the calling thread waits for it. A forked child of the training process (a DataLoader worker inherits the
 backend) writes nothing.
 
+With THUNDERFX_DEBUG_TRIAGE, a flush first times the pieces not triaged yet against inductor (`triage`): the explicit
+one, the one at exit, the periodic one (once per piece: the later ones find nothing new), in the training thread. The
+dump at SIGTERM does not (`NOT_TRIAGING` says why, in the dump, for each piece not timed yet), nor a flush at exit
+that Python runs too late for inductor to compile.
+
 Every write is atomic and the manifest comes last (`dump.DumpWriter`), so a process killed at any moment leaves the
 last complete dump readable. Before the first write into `rank<R>/`, an earlier run's dump found there is moved to
 `runs/<its run id>/rank<R>/` (`dump.move_earlier_run_aside`).
@@ -41,6 +46,16 @@ from thunderfx_debug.report import Report
 from thunderfx_debug.triage import Triager, TriageSettings, deviating
 
 log = logging.getLogger("thunderfx_debug")
+
+#: The occasions of a flush that does not time pieces against inductor, and what the pieces not timed yet say instead.
+NOT_TRIAGING = {
+    "the dump at SIGTERM": "not triaged: the dump at SIGTERM times nothing (the job is ending, often within a grace "
+                           "period, and the device may be what hangs); a flush before it times the pieces (the "
+                           "periodic one, backend.flush(), or the one at exit)",
+    "the flush at exit, late": "not triaged: the flush at interpreter exit ran after Python had stopped its threads' "
+                               "work (other threads were still running when the main thread ended: {threads}), where "
+                               "inductor can no longer compile; call backend.flush() at the end of training",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,17 +133,19 @@ class DumpFlusher:
         self.__dict__.update(state, _lock=threading.Lock(), _writer=None, _writer_error=None, _holder=None)
 
     # ---- entry points ---------------------------------------------------------------------------------------------
-    def flush(self, wait_for_device: bool = True) -> Path | None:
+    def flush(self, wait_for_device: bool = True, occasion: str = "the flush", **why: str) -> Path | None:
         """Writes the dump now, in this thread (waiting for a periodic flush still writing), and returns its rank
         directory (None when it could not be written: a reporting failure, logged). `wait_for_device=False` leaves
-        out the timing samples whose CUDA events are not complete (at SIGTERM, where the device may hang)."""
+        out the timing samples whose CUDA events are not complete (at SIGTERM, where the device may hang).
+        `occasion` names the flush (what the triage says it times; `NOT_TRIAGING` lists those that time nothing, and
+        `why` fills in the blanks of what they say)."""
         if not self.in_its_process:
             return None
         rank_dir = None
         with self._flushing():
             started, started_s = time.perf_counter(), time.monotonic()
             with self.failures.guard("writing the dump"):
-                prepared = self._prepare(wait_for_device, triage=wait_for_device)
+                prepared = self._prepare(wait_for_device, occasion, why)
                 written, unchanged = prepared.writer.write(report_files(prepared.report, prepared.artifacts,
                                                                         self.failures))
                 elapsed_ms = (time.perf_counter() - started) * 1e3
@@ -152,7 +169,7 @@ class DumpFlusher:
             started, started_s = time.perf_counter(), time.monotonic()
             prepared = None
             with self.failures.guard("writing the dump"):
-                prepared = self._prepare(wait_for_device=False)
+                prepared = self._prepare(wait_for_device=False, occasion="the periodic flush")
             if prepared is None:
                 return True  # a failure, logged; the next period tries again
             pause_ms = (time.perf_counter() - started) * 1e3
@@ -201,10 +218,9 @@ class DumpFlusher:
         return True
 
     # ---- the two halves -------------------------------------------------------------------------------------------
-    def _prepare(self, wait_for_device: bool, triage: bool = False) -> _Prepared:
-        """The training thread's half: records and artifacts, no serialisation. With `triage` (a flush that waits,
-        not a periodic one nor SIGTERM's), the pieces not triaged yet are timed against inductor first (see
-        `thunderfx_debug.triage`); other flushes carry the results found so far."""
+    def _prepare(self, wait_for_device: bool, occasion: str, why: dict[str, str] | None = None) -> _Prepared:
+        """The training thread's half: records and artifacts, no serialisation; first, the pieces not triaged yet
+        are timed against inductor (see `thunderfx_debug.triage`), but on the occasions of `NOT_TRIAGING`."""
         rank, dump_dir = self._rank(), self._dump_dir()
         rank_dir = dump_dir / layout.rank_dir_name(rank)
         self.flushes += 1
@@ -216,9 +232,10 @@ class DumpFlusher:
             writer = self._writers[rank_dir] = DumpWriter(rank_dir)
         snapshots = self.recorder.snapshot(wait=wait_for_device)
         triaged = self._triager.known()
-        if triage:
-            with self.failures.guard("triaging the pieces against inductor"):
-                triaged = self._triager.triage(snapshots, self._triage_settings, self.failures)
+        with self.failures.guard("triaging the pieces against inductor"):
+            unable = NOT_TRIAGING.get(occasion)
+            triaged = self._triager.triage(snapshots, self._triage_settings, self.failures, occasion,
+                                           unable.format(**(why or {})) if unable is not None else None)
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))
         if triage:  # like the triage: not at periodic flushes nor SIGTERM's

@@ -504,6 +504,8 @@ class InputMeta:
     held, if only one (`sentinel`, such as the ignore_index -100 of labels), with the fraction of elements holding
     it; for bools and 0/1 integer masks the fraction that is True (`true_fraction`); for a scalar tensor its `value`.
     `index_bound` is the size of the dimension an integer input indexes, from the op that consumes it.
+    `alias_of` is the index of the first input of the same call whose storage the tensor shares (a view of it, or of
+    the same tensor), None where it shares none.
     For other inputs, `value` is the value (a number; a dtype or device by name; the repr of anything else).
     """
 
@@ -524,6 +526,7 @@ class InputMeta:
     true_fraction: float | None = None
     index_bound: int | None = None
     parameter: bool = False  # an nn.Parameter in the run (compiled code may guard on the type)
+    alias_of: int | None = None  # the first input of the same call whose storage this tensor shares in the run
 
     def __post_init__(self):
         object.__setattr__(self, "kind", InputKind(self.kind))  # "tensor" given as text is the same kind
@@ -543,6 +546,8 @@ class InputMeta:
         data["kind"], data["shape"], data["stride"] = self.kind.value, list(self.shape), list(self.stride)
         if not self.parameter:
             del data["parameter"]  # written only where it is one
+        if self.alias_of is None:
+            del data["alias_of"]
         return data
 
     @classmethod
@@ -572,6 +577,7 @@ class InputMeta:
             true_fraction=_get(data, "true_fraction", (int, float), where, default=None),
             index_bound=_get(data, "index_bound", int, where, default=None),
             parameter=_get(data, "parameter", bool, where, default=False),
+            alias_of=_get(data, "alias_of", int, where, default=None),
         )
 
 
@@ -731,7 +737,9 @@ class Triage:
     when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `ms_per_step` is the
     time Thunder loses there per training step against inductor, (thunder_ms - inductor_ms) x `calls_per_step`
     (negative: it gains). `inputs` says where the inputs came from ("real": the run's tensors; "meta": rebuilt from
-    the recorded metadata). `error` says why a piece could not be judged (then no figures)."""
+    the recorded metadata; "the run's tensors" where they were all alive). `error` says why a piece could not be
+    judged (then no figures), whole. `compile_s` is what compiling inductor's counterpart and both sides' first calls
+    took, `timing_s` the rounds."""
 
     clock: ClockKind = ClockKind.HOST
     thunder_ms: float | None = None
@@ -745,6 +753,8 @@ class Triage:
     rounds: int = 0
     inputs: str = "meta"
     error: str | None = None
+    compile_s: float | None = None
+    timing_s: float | None = None
 
     @property
     def ms_per_step(self) -> float:
@@ -763,7 +773,8 @@ class Triage:
         return {"clock": self.clock.value, "thunder_ms": self.thunder_ms, "inductor_ms": self.inductor_ms,
                 "ratio": self.ratio, "ratio_low": self.ratio_low, "ratio_high": self.ratio_high,
                 "deviation": self.deviation, "deviates": self.deviates, "calls_per_step": self.calls_per_step,
-                "ms_per_step": self.ms_per_step, "rounds": self.rounds, "inputs": self.inputs, "error": self.error}
+                "ms_per_step": self.ms_per_step, "rounds": self.rounds, "inputs": self.inputs, "error": self.error,
+                "compile_s": self.compile_s, "timing_s": self.timing_s}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Triage:
@@ -778,6 +789,7 @@ class Triage:
             deviates=_get(data, "deviates", bool, where, default=False),
             calls_per_step=number("calls_per_step", 1.0), rounds=_get(data, "rounds", int, where, default=0),
             inputs=_get(data, "inputs", str, where, default="meta"), error=_get(data, "error", str, where, default=None),
+            compile_s=number("compile_s"), timing_s=number("timing_s"),
         )
 
 

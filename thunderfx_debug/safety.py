@@ -77,7 +77,31 @@ class ReportingFailures:
             )
 
 
-def describe_exception(error: BaseException) -> str:
-    """Exception text with the innermost frames, short enough for a JSON field."""
+def describe_exception(error: BaseException, head: int = 2000, tail: int = 10000) -> str:
+    """The exception's traceback and message, short enough for a JSON field: whole up to `head` + `tail` characters,
+    else its first lines up to `head` characters and its last (the innermost frames and the message) up to `tail`,
+    cut between lines, with a line saying how many were left out.
+
+    Example:
+        >>> try:
+        ...     raise ValueError("x" * 30)
+        ... except ValueError as e:
+        ...     text = describe_exception(e, head=10, tail=60)
+        >>> text.startswith("[") and "lines left out]" in text, text.endswith("ValueError: " + "x" * 30 + chr(10))
+        (True, True)
+    """
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return text if len(text) < 12000 else text[:2000] + "\n...\n" + text[-10000:]
+    if len(text) <= head + tail:
+        return text
+    lines = text.splitlines(keepends=True)
+    first, size = 0, 0
+    while first < len(lines) and size + len(lines[first]) <= head:
+        size += len(lines[first])
+        first += 1
+    last, size = len(lines), 0
+    while last > first and size + len(lines[last - 1]) <= tail:
+        size += len(lines[last - 1])
+        last -= 1
+    if last == len(lines):  # one last line longer than `tail`: kept whole, it is the message
+        last -= 1
+    return "".join(lines[:first]) + f"[{last - first} lines left out]\n" + "".join(lines[last:])

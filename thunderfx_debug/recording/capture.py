@@ -19,6 +19,7 @@ copy is kept and the scripts make inputs from the metadata, saying so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import weakref
 from collections.abc import Iterable, Sequence
@@ -143,9 +144,16 @@ class Captured:
     nbytes: int = 0
     max_mb: float = 0.0
     skipped: str | None = None
-    # input index -> weak reference to the nn.Parameter passed there (kept for the flush-time triage, which then times
-    # the piece on the run's own parameters without copying them)
-    parameters: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # input index -> weak reference to the tensor passed there (kept for the flush-time triage, which times the piece
+    # on the run's own parameters, and on copies of its other tensors, where they are still alive)
+    references: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # The state the call ran in that compiled code depends on (Thunder's cache checks both): grad mode, and autocast
+    # as (device type, enabled, dtype) per device type (the format of `check.AutocastState`).
+    grad_enabled: bool = True
+    autocast: tuple[tuple[str, bool, torch.dtype], ...] = ()
+    # Per output (the leaves of what the call returned): the layout of the gradient it received in the call's backward,
+    # None where it received none; None before that backward ran (noted by `InputCapture.gradients`).
+    grad_outputs: list[InputMeta | None] | None = None
     _resolved: tuple[InputMeta, ...] | None = None
 
     @property
@@ -167,15 +175,18 @@ class Captured:
         return self._resolved
 
 
-def observe(values: Sequence[Any], statistics: bool = True, parameters: bool = False) -> Captured:
-    """The metadata of `values` and, with `statistics`, what their values were, queued on the device (see the module
-    docstring); with `parameters`, weak references to the nn.Parameters among them."""
-    captured = Captured()
+def observe(values: Sequence[Any], statistics: bool = True, references: bool = False) -> Captured:
+    """The metadata of `values` (which of them share a storage too) and, with `statistics`, what their values were,
+    queued on the device (see the module docstring); with `references`, weak references to the tensors among them.
+    Also the grad mode and autocast state the call runs in."""
+    captured = Captured(grad_enabled=torch.is_grad_enabled(), autocast=_autocast_now())
     on_cuda = False
+    aliases = alias_roots(values)
     for i, value in enumerate(values):
-        captured.observed.append(value_meta(value))
-        if parameters and isinstance(value, torch.nn.Parameter):
-            captured.parameters[i] = weakref.ref(value)
+        meta = value_meta(value)
+        captured.observed.append(meta if i not in aliases else dataclasses.replace(meta, alias_of=aliases[i]))
+        if references and isinstance(value, torch.Tensor):
+            captured.references[i] = weakref.ref(value)
         numbers = _statistics(value) if statistics and isinstance(value, torch.Tensor) else None
         captured.pending.append(numbers)
         on_cuda |= numbers is not None and numbers.device.type == "cuda"
@@ -183,6 +194,38 @@ def observe(values: Sequence[Any], statistics: bool = True, parameters: bool = F
         captured.ready = torch.cuda.Event()
         captured.ready.record()
     return captured
+
+
+def alias_roots(values: Sequence[Any]) -> dict[int, int]:
+    """input index -> the index of the first input whose storage it shares, for the tensors that share one with an
+    earlier input (a view and its base, two views of one tensor). Compiled code may depend on it: Thunder's cache
+    checks which of a call's plain tensors share a storage (its `alias_tensor_indices`).
+
+    Example:
+        >>> x = torch.arange(4)
+        >>> alias_roots([x, torch.ones(2), x[None].expand(2, 4), 3])
+        {2: 0}
+    """
+    first: dict[tuple[str, int], int] = {}
+    roots = {}
+    for i, value in enumerate(values):
+        if not isinstance(value, torch.Tensor) or value.layout is not torch.strided:
+            continue
+        try:
+            pointer = value.untyped_storage().data_ptr()
+        except Exception:  # tensors without a storage (subclasses, functional wrappers)
+            continue
+        if pointer == 0:  # an empty storage: nothing shared
+            continue
+        root = first.setdefault((str(value.device), pointer), i)
+        if root != i:
+            roots[i] = root
+    return roots
+
+
+def _autocast_now() -> tuple[tuple[str, bool, torch.dtype], ...]:
+    device_types = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in device_types)
 
 
 def agrees(recorded: Sequence[InputMeta], observed: Sequence[InputMeta]) -> bool:
@@ -280,6 +323,12 @@ def _add_outputs(captured: Captured | None, outputs: Any) -> None:
         captured.nbytes += nbytes
 
 
+def _note_gradient(captured: Captured, index: int, outputs: int, gradient: torch.Tensor) -> None:
+    if captured.grad_outputs is None:
+        captured.grad_outputs = [None] * outputs
+    captured.grad_outputs[index] = value_meta(gradient)
+
+
 class InputCapture:
     """Captures the first call of graphs and splits into their state's `captured`: always the metadata (what the
     values were too, with `statistics`: the run asks for repro scripts), and with `real` host copies of the inputs
@@ -287,14 +336,14 @@ class InputCapture:
     piece only."""
 
     def __init__(self, real: bool, max_mb: float, failures: ReportingFailures, statistics: bool = True,
-                 parameters: bool = False):
+                 references: bool = False):
         self.real, self.max_mb, self.failures, self.statistics = real, max_mb, failures, statistics
-        self.parameters = parameters  # keep weak references to parameter inputs (the triage's)
+        self.references = references  # keep weak references to tensor inputs (the triage's)
 
     def inputs(self, state, args) -> None:
         """`state`: a `GraphState` or `SplitState` (anything with `name` and `captured`)."""
         with self.failures.guard(f"capturing the inputs of {state.name}"):
-            captured = observe(args, self.statistics, self.parameters)
+            captured = observe(args, self.statistics, self.references)
             if self.real:
                 _add_inputs(captured, args, self.max_mb)
             state.captured = captured
@@ -305,6 +354,21 @@ class InputCapture:
         with self.failures.guard(f"capturing the first outputs of {state.name}"):
             _add_outputs(state.captured, outputs)
 
+    def gradients(self, state, outputs) -> None:
+        """With `references` (the triage's), notes the layout of the gradient each output of the first call receives
+        in its backward, by a hook on the output that fires with that backward only (the tensor is the first call's):
+        the torch.compile executor's backward regions guard on the strides of the gradients they get (a loss's
+        `.sum()` hands on an expanded one), and the triage's backward then gets gradients laid out the same."""
+        captured = state.captured
+        if not self.references or captured is None:
+            return
+        with self.failures.guard(f"noting the gradients of {state.name}'s first call"):
+            leaves = tree_leaves(outputs)
+            captured.grad_outputs = None
+            for i, leaf in enumerate(leaves):
+                if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                    leaf.register_hook(functools.partial(_note_gradient, captured, i, len(leaves)))
+
 
 class RegionCapture:
     """A region observer (see `recording.regions`) of one thunder split: on the first call of each fusion region, the
@@ -313,9 +377,9 @@ class RegionCapture:
 
     `captures` maps region keys ("nvFusion0_forward") to what was captured."""
 
-    def __init__(self, label: str, real: bool, max_mb: float, failures: ReportingFailures, parameters: bool = False):
+    def __init__(self, label: str, real: bool, max_mb: float, failures: ReportingFailures, references: bool = False):
         self.label, self.real, self.max_mb, self.failures = label, real, max_mb, failures
-        self.parameters = parameters
+        self.references = references
         self.captures: dict[str, Captured] = {}
         self._awaiting_outputs: str | None = None
 
@@ -326,7 +390,7 @@ class RegionCapture:
         if key in self.captures:
             return
         with self.failures.guard(f"capturing the inputs of {self.label}/{key}"):
-            captured = observe(inputs, parameters=self.parameters)
+            captured = observe(inputs, references=self.references)
             if self.real:
                 _add_inputs(captured, inputs, self.max_mb)
             self.captures[key] = captured

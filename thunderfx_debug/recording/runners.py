@@ -126,6 +126,7 @@ class SplitRunner(torch.nn.Module):
         out = self._first.run(self._call, args) if self._first is not None else self._call(*args)
         if self._capture is not None:
             self._capture.outputs(self._split, out)
+            self._capture.gradients(self._split, out)
         return out
 
 

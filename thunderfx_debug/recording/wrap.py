@@ -90,7 +90,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                 # the inputs of their first call
                 capture_regions = RegionCapture(f"{state.name}/{split.name}", config.inputs is Inputs.REAL,
                                                 config.inputs_max_mb, failures,
-                                                parameters=config.triage >= TriageLevel.FUSION)
+                                                references=config.triage >= TriageLevel.FUSION)
                 split.region_captures = capture_regions.captures
                 observers.append(capture_regions)
             if schedule is not None:

@@ -52,6 +52,7 @@ class Totals:
     """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's step."""
 
     splits: int
+    not_judged: int  # thunder splits with a triage record but no verdict: their time is in none of the sums
     lost_ms: float
     gained_ms: float
     step_ms: float | None  # the run's own step (graph timing), on `clock`
@@ -63,8 +64,9 @@ class Totals:
 
 
 def totals(report: RankRecord) -> Totals:
-    judged = [p.triage for p in triaged_pieces(report) if p.level == "split" and p.triage.error is None]
-    return Totals(len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
+    splits = [p.triage for p in triaged_pieces(report) if p.level == "split"]
+    judged = [t for t in splits if t.error is None]
+    return Totals(len(judged), len(splits) - len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
                   sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.step_ms(report),
                   getattr(digest.clock(report), "value", "host"))
 
@@ -93,7 +95,8 @@ def _verdict(t: Triage) -> str:
 def totals_line(report: RankRecord) -> str:
     t = totals(report)
     step = (f"; the run's step: {ms(t.step_ms)} ms ({t.clock} clock)" if t.step_ms is not None else "")
-    return (f"totals over {plural(t.splits, 'thunder split')}: Thunder loses {ms(t.lost_ms)} ms and gains "
+    unjudged = f" ({t.not_judged} more not judged, in none of these sums)" if t.not_judged else ""
+    return (f"totals over {plural(t.splits, 'thunder split')}{unjudged}: Thunder loses {ms(t.lost_ms)} ms and gains "
             f"{ms(-t.gained_ms)} ms per step against inductor, net {ms(t.net_ms)} ms: what a ThunderFX step should "
             f"take longer than an inductor step of the same model{step}")
 
@@ -128,9 +131,21 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
                   "| split | split lost ms per step | its regions | outside its regions |", "|---|---|---|---|"]
         lines += [f"| {s} | {ms(split)} | {ms(regions)} | {ms(split - regions)} |" for s, split, regions in explained]
     lines += ["", "## Totals", "", totals_line(report) + "."]
+    spent = [p.triage for p in pieces if p.triage.compile_s is not None]
+    if spent:
+        compile_s = sum(t.compile_s or 0.0 for t in spent)
+        timing_s = sum(t.timing_s or 0.0 for t in spent)
+        lines += ["", f"The triage took {compile_s + timing_s:.1f} s: {compile_s:.1f} s compiling inductor's "
+                      f"counterparts with both sides' first calls, {timing_s:.1f} s timing "
+                      f"({sum(t.rounds for t in spent)} rounds, each piece stopping once its interval was decided)."]
     failed = [p for p in pieces if p.triage.error is not None]
     if failed:
-        lines += ["", "## Not judged", ""] + [f"- {p.path}: {p.triage.error}" for p in failed]
+        lines += ["", "## Not judged", ""]
+        for p in failed:
+            first, _, rest = p.triage.error.partition("\n")
+            lines.append(f"- {p.path}: {first}")
+            if rest.strip():
+                lines += ["", "  ```", *(f"  {line}" for line in rest.rstrip().splitlines()), "  ```", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -140,11 +155,16 @@ def summary_lines(report: RankRecord) -> list[str]:
     if not pieces:
         return []
     judged = [p for p in pieces if p.triage.error is None]
+    failed = [p for p in pieces if p.triage.error is not None]
     lines = ["", f"triage against inductor ({plural(len(judged), 'piece')} timed in the training process, "
-                 f"{sum(p.triage.deviates for p in judged)} deviate; see triage.md):"]
+                 f"{sum(p.triage.deviates for p in judged)} deviate"
+                 + (f", {len(failed)} not judged" if failed else "") + "; see triage.md):"]
     for i, p in enumerate(judged[:SUMMARY_TOP], 1):
         t = p.triage
         lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}")
+    lines += [f"  not judged: {p.path}: {p.triage.error.partition(chr(10))[0]}" for p in failed[:SUMMARY_TOP]]
+    if len(failed) > SUMMARY_TOP:
+        lines.append(f"  ... and {len(failed) - SUMMARY_TOP} more not judged (triage.md)")
     lines.append("  " + totals_line(report))
     return lines
 
@@ -167,6 +187,8 @@ def html_section(report: RankRecord) -> str:
         f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
         f"<td class=\"num\">{ms(p.triage.ms_per_step)}</td><td>{esc(_verdict(p.triage))}</td></tr>"
         for p in pieces if p.triage.error is None)
+    rows += "".join(f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td colspan=\"5\">not judged: "
+                    f"{esc(p.triage.error.partition(chr(10))[0])}</td></tr>" for p in pieces if p.triage.error)
     return ("<h3>Triage against inductor</h3><table><tr><th>piece</th><th>level</th><th>Thunder ms</th>"
             "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>verdict</th></tr>" + rows
             + f"</table><p>{esc(totals_line(report))}</p>" + not_judged)
