@@ -176,24 +176,17 @@ def html_section(report: RankRecord) -> str:
         return ""
     esc = _html.escape
     failed = [p for p in pieces if p.triage.error is not None]
-    not_judged = ("<details><summary>" + esc(f"not judged: {plural(len(failed), 'piece')}") + "</summary><ul>"
-                  + "".join(f"<li>{esc(p.path)}: <code>{esc(_last_line(p.triage.error))}</code></li>" for p in failed)
-                  + "</ul></details>") if failed else ""
-    if len(failed) == len(pieces):
+    if len(failed) == len(pieces):  # no table of figures where there are none
         return (f"<h3>Triage against inductor</h3><p>No piece could be judged ({plural(len(failed), 'piece')} "
-                "tried; why, for each, below and in triage.md).</p>" + not_judged)
+                "tried):</p><ul>" + "".join(f"<li>{esc(p.path)}: {esc(p.triage.error.partition(chr(10))[0])}</li>"
+                                              for p in failed) + "</ul>")
     rows = "".join(
         f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td class=\"num\">{ms(p.triage.thunder_ms)}</td>"
         f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
         f"<td class=\"num\">{ms(p.triage.ms_per_step)}</td><td>{esc(_verdict(p.triage))}</td></tr>"
         for p in pieces if p.triage.error is None)
     rows += "".join(f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td colspan=\"5\">not judged: "
-                    f"{esc(p.triage.error.partition(chr(10))[0])}</td></tr>" for p in pieces if p.triage.error)
+                    f"{esc(p.triage.error.partition(chr(10))[0])}</td></tr>" for p in failed)
     return ("<h3>Triage against inductor</h3><table><tr><th>piece</th><th>level</th><th>Thunder ms</th>"
             "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>verdict</th></tr>" + rows
-            + f"</table><p>{esc(totals_line(report))}</p>" + not_judged)
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else text
+            + f"</table><p>{esc(totals_line(report))}</p>")
