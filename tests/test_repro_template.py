@@ -148,6 +148,17 @@ def test_each_kind_of_failure_has_its_exit_status_and_says_so_in_one_line(capsys
     assert status == 3 and "input 0 is wrong" in line
 
 
+def test_gradients_flow_back_from_an_input_the_piece_returns_as_it_is(capsys):
+    """Eager `dropout(x, 0.0, training=True)` returns x itself (ATen's dropout with p=0), inductor's compiled module a
+    tensor of its own autograd node: the input returned as it is carries a gradient back to x all the same (GPT-2's
+    embedding-dropout split; the script used to leave it out of eager's backward and said MISMATCH by the incoming
+    gradient, 3.73, on CPU and on the H200)."""
+    x = torch.randn(6)
+    eager = lambda: (lambda t: (t * 2, torch.nn.functional.dropout(t, 0.0, True)))  # noqa: E731
+    compiled = lambda: (lambda t: (t * 2, t.clone()))  # noqa: E731
+    assert _main(capsys, compiled, eager, [x.requires_grad_()], backward=True)[0] == 0
+
+
 def test_random_pieces_are_compared_only_where_they_draw_the_same_numbers(capsys):
     x = torch.zeros(1000)
     dropout = lambda: (lambda t: torch.nn.functional.dropout(t + 1, 0.5, True))  # noqa: E731

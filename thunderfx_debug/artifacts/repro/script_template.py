@@ -339,7 +339,9 @@ _BINDING_ERRORS = ("has expanded extent", "stride mismatch with contiguity", "Ca
 
 
 def _differentiable(outputs):
-    return [o for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None and o.dtype.is_floating_point]
+    """The outputs gradients flow back from: those that require one, an input returned as it is included (eager's
+    dropout with p=0 returns its input, where a compiled piece returns a tensor of its own)."""
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
 
 
 def _grad_outputs(outputs):
