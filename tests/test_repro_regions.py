@@ -1,9 +1,12 @@
 """Fusion regions as their scripts rebuild them: a dropout region's philox seed and offset (numbers Thunder knows at
-run time) reach philox_rand as the tensors it takes.
+run time) reach philox_rand as the tensors it takes; a backward region fed gradients laid out transposed (as an
+attention kernel outside the regions returns them) gets inputs with the run's strides in its script, which then
+passes (`thunderfx-debug verify`).
 """
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -81,3 +84,81 @@ def test_a_dropout_regions_lowering_draws_what_philox_rand_draws_on_cuda():
         torch.cuda.set_rng_state(state)
         draws = torch.rand(4, 8, device="cuda")
     torch.testing.assert_close(out, (draws < 0.9).float() / 0.9)
+
+
+def _sdpa_like_executor():
+    """A Thunder executor running attention outside the fusion regions, as Thunder's sdpa executor does on CUDA:
+    forward and backward as ops of their own, the gradients laid out as [B, S, H, D] and seen as [B, H, S, D] (the
+    layout of efficient attention's outputs, the transposed input of GPT-2's attention backward region)."""
+    import thunder
+    import thunder.torch as ltorch
+    from thunder.core.transforms import get_grad, put_grads
+    from thunder.extend import OperatorExecutor, get_executor, register_executor
+
+    name = "test_cpu_sdpa_like"
+    if get_executor(name) is not None:
+        return get_executor(name)
+    executor = register_executor(OperatorExecutor(name))
+
+    def transposed(t):
+        b, h, s, d = t.shape
+        return torch.empty(b, s, h, d, dtype=t.dtype).transpose(1, 2).copy_(t)
+
+    def backward(g, q, k, v):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            grads = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v), (q, k, v), g)
+        return tuple(transposed(t) for t in grads)
+
+    fwd = executor.register_operator(
+        "sdpa_like_fwd", meta=lambda q, k, v: thunder.TensorProxy(like=q),
+        fn=lambda q, k, v: transposed(torch.nn.functional.scaled_dot_product_attention(q, k, v)))
+    bwd = executor.register_operator(
+        "sdpa_like_bwd", fn=backward,
+        meta=lambda g, q, k, v: tuple(thunder.TensorProxy(like=t) for t in (q, k, v)))
+
+    def plain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+        return attn_mask is None and dropout_p == 0.0 and not is_causal and scale is None
+
+    def grad(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+        out = fwd(q, k, v)
+        put_grads((q, k, v), bwd(get_grad(out), q, k, v))
+        return out
+
+    executor.register_implementation(ltorch.scaled_dot_product_attention, checker=plain,
+                                     execution_transform=lambda q, k, v, *a, **kw: fwd(q, k, v), grad_transform=grad)
+    return executor
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(12, 36)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q, k, v = (t.view(batch, seq, 3, 4).transpose(1, 2) for t in self.qkv(x).split(12, dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return (y.transpose(1, 2).reshape(batch, seq, 12) * 2).sum()
+
+
+def test_a_backward_region_fed_transposed_gradients_is_rebuilt_with_the_runs_strides(tmp_path, capsys):
+    from thunderfx_debug import ReportingBackend, load_report
+    from thunderfx_debug.cli import main
+
+    backend = ReportingBackend(dump_dir=tmp_path, repro="fusion", strict=True,
+                               executors=[_sdpa_like_executor(), *cpu_executors()])
+    compiled = torch.compile(_Attention(), backend=backend)
+    for _ in range(2):
+        compiled(torch.randn(2, 8, 12)).backward()
+    rank_dir = backend.flush()
+    (split,) = load_report(rank_dir).graphs[0].splits
+    fed = [f for f in split.fusions if f.phase.value == "backward" and len(f.input_meta) == 4]
+    (region,) = fed  # takes the three gradients of the attention op and the layer's input
+    script = (rank_dir / region.files["repro_inductor"]).read_text()
+    # [2, 3, 8, 4] allocated as [2, 8, 3, 4]: the run's strides, exactly.
+    assert script.count("tensor([2, 3, 8, 4], 'float32', stride=[96, 4, 12, 1],") == 3, script[-1500:]
+    status = main(["verify", str(tmp_path), "--only", "*fusions*", "--no-progress"])
+    capsys.readouterr()
+    verdicts = {e["path"].rsplit("/", 1)[-1]: e["verdict"] for e in json.loads((tmp_path / "verify.json").read_text())["scripts"]}
+    assert status == 0 and len(verdicts) == len(split.fusions) and set(verdicts.values()) == {"OK"}, verdicts
