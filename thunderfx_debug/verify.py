@@ -234,7 +234,7 @@ def verify_json(verdicts: Sequence[Verdict], meta: Mapping) -> str:
                        "scripts": [v.to_json() for v in verdicts]}, indent=1) + "\n"
 
 
-def rerun_command(root: Path, script: Script) -> str:
+def rerun_command(script: Script) -> str:
     """The command that runs the script again, from the directory verify was run in."""
     try:
         shown = os.path.relpath(script.file)
@@ -260,7 +260,7 @@ def verify_md(verdicts: Sequence[Verdict], root: Path, meta: Mapping) -> str:
             said = v.line or f"no RESULT line (exit status {v.exit_status}; see {v.log})"
             note = f" ({v.note})" if v.note else ""
             lines += [f"- **{v.outcome.replace('_', ' ')}** `{v.script.path}` ({v.script.kind}, {v.script.piece}){note}",
-                      f"  {said}", f"  rerun: `{rerun_command(root, v.script)}`; log: `{v.log}`"]
+                      f"  {said}", f"  rerun: `{rerun_command(v.script)}`; log: `{v.log}`"]
         lines.append("")
     table = counts(verdicts)
     columns = [o for o in OUTCOMES if any(o in row for row in table.values())]
