@@ -128,9 +128,9 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Finished:
-    """How a job ended: `status` its exit status (None: killed at the timeout; negative: killed by a signal, in a
-    run alone), wall seconds, `how` it ran ("worker", "alone" after it took a worker down, "timeout"), and `note`
-    (what went wrong around the script: the worker's crash, an error left on the device)."""
+    """How a job ended: `status` its exit status (None: killed at the timeout, or not run; negative: killed by a
+    signal, in a run alone), wall seconds, `how` it ran, and `note` (what went wrong around the script: the
+    worker's crash, an error left on the device)."""
 
     job: Job
     status: int | None
@@ -250,7 +250,11 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     done(index, Finished(job, None, 0.0, "not_run", "not started before the deadline"))
                     continue
                 if worker is None:
-                    worker = _Worker(code, env, worker_log, python)
+                    try:
+                        worker = _Worker(code, env, worker_log, python)
+                    except OSError as e:  # no process to run it in (out of memory, no such interpreter)
+                        done(index, Finished(job, None, 0.0, "not_run", f"no worker could be started: {e}"))
+                        continue
                     with lock:
                         live.add(worker)
                 started = time.monotonic()
@@ -267,7 +271,7 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                                          f"killed after {limit:.0f} s, with its worker"))
                 elif reply is None:  # the worker died in this script: it runs alone, its own fate is its result
                     status = worker.process.wait()
-                    worker.close()
+                    worker.stop()  # and what it had started
                     retire(worker)
                     worker = None
                     alone = run_alone(job, env)
@@ -275,8 +279,7 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                         f"took its worker down (exit status {status}); run again alone" + (
                             f"; {alone.note}" if alone.note else ""))))
                 elif reply["device_error"]:  # the script left the device unusable for the next one
-                    worker.process.wait()
-                    worker.close()
+                    worker.stop()
                     retire(worker)
                     worker = None
                     alone = run_alone(job, env)
