@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import os
 import sys
+import types
 
 import pytest
 import torch
@@ -121,8 +122,9 @@ def test_a_call_is_captured_as_the_run_made_it():
 
 
 def _main(capsys, build, eager, inputs, **options):
+    options.setdefault("backward", False)
     status = template.main(piece="p", executor="test", backend="the backend", build=build, eager=eager,
-                           make_inputs=lambda: inputs, backward=False, argv=[], script="p_repro.py", **options)
+                           make_inputs=lambda: inputs, argv=[], script="p_repro.py", **options)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("RESULT")]
     return status, lines[-1]
 
@@ -144,6 +146,17 @@ def test_each_kind_of_failure_has_its_exit_status_and_says_so_in_one_line(capsys
     assert status == 3 and line.startswith("RESULT REFUSED (exit 3)") and "input rebuild" in line
     status, line = _main(capsys, lambda: (lambda t: t), eager, [x], refusal=lambda inputs: "input 0 is wrong")
     assert status == 3 and "input 0 is wrong" in line
+
+
+def test_gradients_flow_back_from_an_input_the_piece_returns_as_it_is(capsys):
+    """Eager `dropout(x, 0.0, training=True)` returns x itself (ATen's dropout with p=0), inductor's compiled module a
+    tensor of its own autograd node: the input returned as it is carries a gradient back to x all the same (GPT-2's
+    embedding-dropout split; the script used to leave it out of eager's backward and said MISMATCH by the incoming
+    gradient, 3.73, on CPU and on the H200)."""
+    x = torch.randn(6)
+    eager = lambda: (lambda t: (t * 2, torch.nn.functional.dropout(t, 0.0, True)))  # noqa: E731
+    compiled = lambda: (lambda t: (t * 2, t.clone()))  # noqa: E731
+    assert _main(capsys, compiled, eager, [x.requires_grad_()], backward=True)[0] == 0
 
 
 def test_random_pieces_are_compared_only_where_they_draw_the_same_numbers(capsys):
@@ -181,11 +194,56 @@ def test_nvfuser_definitions_are_read_and_their_bindings_checked():
     metas = (InputMeta(kind="tensor", shape=(4, 16, 8), stride=(128, 8, 1), dtype="torch.float32"),
              InputMeta(kind="int", value=3),
              InputMeta(kind="tensor", shape=(8, 3), stride=(3, 1), dtype="torch.bfloat16"))
-    laid_out = repro_inputs.in_nvfuser_layouts(metas, declared)
-    assert [m.stride for m in laid_out] == [(0, 8, 1), (), (1, 8)]
+    laid_out, relaid = repro_inputs.in_nvfuser_layouts(metas, declared)
+    assert [m.stride for m in laid_out] == [(0, 8, 1), (), (1, 8)] and relaid == []
     captured = dataclasses.replace(metas[0], stride=(0, 8, 1), storage_size=128)
-    assert repro_inputs.in_nvfuser_layouts((captured, *metas[1:]), declared)[0] is captured  # the run's own layout
-    assert repro_inputs.in_nvfuser_layouts(metas[:1], declared) == metas[:1]  # does not match: unchanged
+    assert repro_inputs.in_nvfuser_layouts((captured, *metas[1:]), declared)[0][0] is captured  # the run's own layout
+    assert repro_inputs.in_nvfuser_layouts(metas[:1], declared) == (metas[:1], [])  # does not match: unchanged
+
+
+# nvFuser's definition of a region whose input came transposed (a [4, 12, 512, 64] attention gradient of GPT-2 laid
+# out as [4, 512, 12, 64], H200), and its binding of a tensor rebuilt contiguous: "Found 32768 vs 64".
+ATTENTION_INPUT = {"kind": "tensor", "shape": [4, 12, 512, 64], "contiguity": [True, True, True, True],
+                   "stride_order": [3, 1, 2, 0], "dtype": "BFloat16", "is_cpu": False}
+
+
+def test_a_layout_nvfusers_definition_does_not_bind_is_refused_with_the_strides_it_wants():
+    transposed = torch.empty(4, 512, 12, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    contiguous = torch.empty(4, 12, 512, 64, dtype=torch.bfloat16, device="meta")
+    assert transposed.stride() == (393216, 64, 768, 1)
+    assert template.nvfuser_refusal([transposed], [ATTENTION_INPUT]) is None
+    why = template.nvfuser_refusal([contiguous], [ATTENTION_INPUT])
+    assert "binds strides like (393216, 64, 768, 1): dim 1 has stride 32768, it must be 64" in why, why
+    # The other way round: a definition of a contiguous input refuses the transposed tensor (at dim 2).
+    dense = dict(ATTENTION_INPUT, stride_order=[])
+    assert "dim 2 has stride 768, it must be 64" in template.nvfuser_refusal([transposed], [dense])
+    assert template.nvfuser_refusal([contiguous], [dense]) is None
+    # Contiguity False: any larger stride; a size-1 dim: any stride.
+    gap = {"kind": "tensor", "shape": [3, 1, 4], "contiguity": [False, None, True], "stride_order": [],
+           "dtype": "Float", "is_cpu": False}
+    assert template.nvfuser_refusal([torch.empty(3, 1, 8, device="meta")[..., :4]], [gap]) is None
+
+
+def test_a_script_refuses_inputs_its_nvfuser_definition_would_not_bind_before_binding_them(capsys):
+    bound = []
+
+    def build():
+        return lambda *inputs: bound.append(inputs) or [inputs[0] * 2]
+
+    status, line = _main(capsys, build, lambda: lambda x: [x * 2],
+                         [torch.randn(4, 12, 512, 64, dtype=torch.bfloat16)],
+                         refusal=lambda inputs: template.nvfuser_refusal(inputs, [dict(ATTENTION_INPUT, is_cpu=True)]))
+    assert status == 3 and line.startswith("RESULT REFUSED (exit 3): Refused: input 0 [4, 12, 512, 64]: strides "), line
+    assert "dim 1 has stride 32768, it must be 64" in line and not bound
+
+
+def test_saved_inputs_are_copied_into_the_layout_of_nvfusers_definition():
+    contiguous = torch.randn(2, 3, 8, 4)
+    (moved,) = template.nvfuser_layouts([contiguous], [dict(ATTENTION_INPUT, shape=[2, 3, 8, 4])])
+    assert moved.stride() == (96, 4, 12, 1) and torch.equal(moved, contiguous)
+    expanded = {"kind": "tensor", "shape": [4, 16, 8], "contiguity": [None, True, True], "stride_order": [2, 1, 0]}
+    dense = torch.randn(4, 16, 8)
+    assert template.nvfuser_layouts([dense], [expanded])[0] is dense  # cannot be expanded: nvfuser_refusal says so
 
 
 def test_the_helpers_of_thunders_torch_executor_are_written_out_where_they_stand_alone():
@@ -202,7 +260,9 @@ def test_the_helpers_of_thunders_torch_executor_are_written_out_where_they_stand
 
 
 FAKE_NVFUSER = '''
-"""A stand-in for nvfuser_direct on a machine without a GPU: a definition's execute doubles its first input."""
+"""A stand-in for nvfuser_direct on a machine without a GPU: a definition's execute binds its tensor inputs as
+nvFuser does (stride 0 where a dim is declared expanded, each contiguous dim's stride as the dims inside it make, in
+stride order) and doubles its first input."""
 class DataType:
     Float, Int, Double, Bool, BFloat16 = "Float", "Int", "Double", "Bool", "BFloat16"
 class FusionDefinition:
@@ -217,6 +277,21 @@ class FusionDefinition:
         pass
     def execute(self, inputs, device=None):
         import os
+        tensors = [x for x in inputs if hasattr(x, "stride")]
+        for i, (x, declared) in enumerate(zip(tensors, FusionDefinition.declared)):
+            rank = x.dim()
+            order = declared.get("stride_order") or list(range(rank - 1, -1, -1))
+            outer_first = sorted(range(rank), key=lambda d: order[d], reverse=True)
+            expected = 1
+            for dim, contiguous in reversed(list(zip(outer_first, declared["contiguity"]))):
+                if contiguous is None:
+                    if x.shape[dim] != 1 and x.stride(dim) != 0:
+                        raise RuntimeError(f"T{i} has expanded extent but stride {x.stride(dim)}")
+                    continue
+                if contiguous and x.stride(dim) != expected:
+                    raise RuntimeError(f"Expected (stride)==(expected_stride_if_contiguous) . Found {x.stride(dim)} "
+                                       f"vs {expected}. T{i}'s stride mismatch with contiguity info")
+                expected = x.stride(dim) * x.shape[dim]
         return [inputs[0] * (3 if os.environ.get("FAKE_NVFUSER_WRONG") else 2)]
 '''
 
@@ -231,34 +306,59 @@ with FusionDefinition() as fd:
     nvfuser_fusion(fd)
 """
 
+# A region of GPT-2's attention backward as nvFuser compiled it on the H200: its input came transposed.
+ATTENTION_DEFINITION = DEFINITION.replace(
+    "T0 = fd.define_tensor(shape=[4, 16, 8], contiguity=[None, True, True], dtype=DataType.Float, is_cpu=True, "
+    "stride_order=[2, 1, 0])",
+    "T0 = fd.define_tensor(shape=[2, 3, 8, 4], contiguity=[True, True, True, True], dtype=DataType.Float, "
+    "is_cpu=True, stride_order=[3, 1, 2, 0])")
 
-@pytest.mark.parametrize("case", ["captured", "from_definition", "wrong_values", "refused"])
+
+@pytest.mark.parametrize("case", ["captured", "from_definition", "wrong_values", "relaid", "relaid_real", "refused"])
 def test_an_nvfuser_script_checks_binds_and_judges_its_region(tmp_path, case):
-    """The nvFuser script's own plumbing, with a stand-in nvFuser: its definition is built, the inputs (the rotary
-    table, expanded over the batch in the run; the philox seed) are checked against it, executed, and compared
-    with the region's torch code."""
+    """The nvFuser script's own plumbing, with a stand-in nvFuser that binds as nvFuser does: its definition is built,
+    the inputs (the rotary table, expanded over the batch in the run, or a transposed attention input; the philox
+    seed) laid out as it declares and checked against it, executed, and compared with the region's torch code."""
     from thunderfx_debug.artifacts.repro import writers
     from thunderfx_debug.artifacts.repro.standalone import run_script
+    from thunderfx_debug.recording.capture import InputCapture
+    from thunderfx_debug.safety import ReportingFailures
 
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "nvfuser_direct.py").write_text(FAKE_NVFUSER)
+    definition = DEFINITION
     table = InputMeta(kind="tensor", shape=(4, 16, 8), stride=(0, 8, 1), storage_size=128, dtype="torch.float32",
                       device="cpu", min_value=-1.0, max_value=1.0)
     if case == "from_definition":  # not captured: the layout comes from the definition
         table = dataclasses.replace(table, stride=(128, 8, 1), storage_size=None)
-    if case == "refused":  # captured dense, where the definition binds an expanded tensor
-        table = dataclasses.replace(table, stride=(128, 8, 1), storage_size=512)
+    if case.startswith("relaid"):  # captured contiguous by the region's first call; the definition is of a
+        definition = ATTENTION_DEFINITION  # later, transposed call
+        table = dataclasses.replace(table, shape=(2, 3, 8, 4), stride=(96, 32, 4, 1), storage_size=192)
     seed = InputMeta(kind="int", value=1234)
     piece = writers.ReproSubject(
         key="graph0/thunder_0/nvFusion0_forward", title="forward fusion region nvFusion0 (nvfuser)", description="-",
         definitions="def nvFusion0(cos, seed):\n    return (cos * 2,)", callable_name="nvFusion0", is_module=False,
         metas=(table, seed), names=("cos", "seed"), backward=False)
+    if case in ("relaid_real", "refused"):  # the run's values saved: dense where the definition expands (refused)
+        state = types.SimpleNamespace(name="nvFusion0_forward", captured=None)
+        InputCapture(real=True, max_mb=1, failures=ReportingFailures(strict=True)).inputs(
+            state, [torch.randn(*table.shape), 1234])
+        piece.captured, piece.inputs_path = state.captured, "graph0/graph0_thunder_0/fusions/inputs/in.pt"
+        (tmp_path / "inputs").mkdir()
+        (tmp_path / "inputs" / "in.pt").write_bytes(repro_inputs.saved_file(state.captured))
     path = "graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
     script = tmp_path / "graph0_thunder_0_nvFusion0_forward_repro_nvfuser.py"
-    script.write_text(writers.render(piece, writers.NvFuserRegion(DEFINITION), path, "test"))
+    script.write_text(writers.render(piece, writers.NvFuserRegion(definition), path, "test"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_NVFUSER_WRONG": "1" if case == "wrong_values" else ""}
     run = run_script(script, env=env)
-    expected = {"captured": "OK", "from_definition": "OK", "wrong_values": "MISMATCH", "refused": "REFUSED"}[case]
+    expected = {"captured": "OK", "from_definition": "OK", "wrong_values": "MISMATCH", "relaid": "OK",
+                "relaid_real": "OK", "refused": "REFUSED"}[case]
     assert run.outcome == expected, run.stdout + run.stderr[-2000:]
+    if case == "relaid":  # the script rebuilds the layout of the definition it runs, and says why
+        text = script.read_text()
+        assert "tensor([2, 3, 8, 4], 'float32', stride=[96, 4, 12, 1]," in text
+        assert "cos: laid out as nvFuser's definition declares" in " ".join(text.split())
+    if case == "relaid_real":
+        assert "input 0: copied from strides (96, 32, 4, 1) into (96, 4, 12, 1)" in run.stdout
     if case == "refused":
         assert "dim 0 is expanded in nvFuser's definition" in run.result_line

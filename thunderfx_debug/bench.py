@@ -172,26 +172,46 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
     Why: most of a script's run is compiling (inductor and Triton), and both keep what they compile in on-disk caches
     that the next process reads. Compiling every script in parallel first leaves the timed runs, which must run one
     at a time, mostly cache hits. Failures are not reported here: the timed run of the same script reports them.
-    With `devices`, the scripts take them in turn, so that their allocations spread over the GPUs.
+    With `devices`, the workers take them in turn, so that their allocations spread over the GPUs.
     """
-    scripts = list(scripts)
+    from thunderfx_debug.worker_pool import Job, run_jobs
 
-    def run(index: int) -> bool:
-        device = devices[index % len(devices)] if devices else None
+    work, passed = [], []
+    names = {}
+    for script in scripts:
         try:
-            path = _script_path(rank_dir, scripts[index])
-            done = subprocess.run([python, str(path)], cwd=path.parent, capture_output=True, timeout=timeout_s,
-                                  env=_env(device))
-        except (ValueError, subprocess.TimeoutExpired):
-            return False
-        finally:
+            job = Job(_script_path(rank_dir, script))
+        except ValueError:
             if on_done is not None:
-                on_done(Path(scripts[index]).name)
-        return done.returncode == 0
+                on_done(Path(script).name)
+            continue
+        work.append(job)
+        names[job] = Path(script).name
 
-    # Threads only wait on the subprocesses; the compiling happens in them.
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return sum(pool.map(run, range(len(scripts))))
+    def done(finished) -> None:
+        passed.append(finished.status == 0)
+        if on_done is not None:
+            on_done(names[finished.job])
+
+    # In `jobs` long-lived workers (`worker_pool`), the GPUs taken in turn; a script that crashes one runs alone.
+    envs = [(_env(devices[i % len(devices)]) if devices else None) or dict(os.environ) for i in range(max(jobs, 1))]
+    run_jobs(work, envs, timeout_s, _untimed_alone(python, timeout_s), done, python=python)
+    return sum(passed)
+
+
+def _untimed_alone(python: str, timeout_s: float):
+    """Runs a warm-up script that took its worker down in a process of its own, for its exit status."""
+    from thunderfx_debug.worker_pool import Finished
+
+    def alone(job, env) -> Finished:
+        try:
+            done = subprocess.run([python, str(job.script)], cwd=job.script.parent, capture_output=True,
+                                  timeout=timeout_s, env=dict(env))
+        except subprocess.TimeoutExpired:
+            return Finished(job, None, timeout_s, "alone")
+        return Finished(job, done.returncode, 0.0, "alone")
+
+    return alone
 
 
 def run_all(scripts: Iterable[str], run: Callable[[str, str | None], ScriptResult],

@@ -12,6 +12,7 @@ THUNDERFX_DEBUG_DIR), with a warning naming both; the library's own rule is the 
     thunderfx-debug diff DIR --runs [ID ...]    the same for consecutive runs of one directory (restarts of a job)
     thunderfx-debug runs DIR                    the runs of one directory: the latest and those before it
     thunderfx-debug bench DIR                   nvFuser/Thunder against inductor, region by region (needs CUDA)
+    thunderfx-debug verify DIR                  run every repro script of the dump; verify.json and verify.md
     thunderfx-debug minimize SCRIPT             shrink a MISMATCH or CRASH script to the fewest ops that still fail
                                                 (runs the script's piece: imports thunder too)
 """
@@ -24,6 +25,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -285,6 +287,71 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from thunderfx_debug import verify
+    from thunderfx_debug.dump import load_report, rank_dirs, write_file_atomically
+
+    root = Path(args.dir)
+    ranks = rank_dirs(root)
+    if args.rank is not None:
+        if args.rank not in ranks:
+            raise UsageError(f"{root} has no rank {args.rank}; it has ranks {sorted(ranks)}")
+        ranks = {args.rank: ranks[args.rank]}
+    reports = {directory: load_report(directory) for directory in ranks.values()}
+    listed = verify.scripts_of(reports, root)
+    if not listed:
+        raise UsageError(f"{root} holds no repro scripts; record the run with THUNDERFX_DEBUG_REPRO=all (or "
+                         "split, fusion, graph)")
+    scripts = verify.select(listed, args.only or ())
+    if not scripts:
+        raise UsageError(f"no script of {root} matches {' or '.join(args.only)}; scripts are named like "
+                         f"{listed[0].path!r} (pieces like {listed[0].piece!r})")
+    damaged = [s.problem for s in scripts if s.problem]
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise DumpError(f"{damaged[0]}{more}: the dump is damaged and nothing was run; write the dump again, or "
+                        "leave those scripts out with --only")
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("the scripts need torch, which is not installed here (pip install torch)")
+    devices: tuple[str, ...] = ()
+    on_cuda = [s for s in scripts if s.cuda]
+    if on_cuda or args.gpus:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"{plural(len(on_cuda), 'script')} of {len(scripts)} run on CUDA (nvFuser, or inputs on "
+                             "a CUDA device) and this machine has no CUDA device; verify them on the GPU machine, or "
+                             "pick the others with --only" if on_cuda else
+                             "--gpus: this machine has no CUDA device; leave --gpus out to run on the CPU")
+        devices = _devices(args.gpus) if args.gpus else _devices(tuple(range(torch.cuda.device_count())))
+    workers = args.jobs or max(1, len(devices))
+    try:
+        (root / verify.VERIFY_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write into {root} ({e.strerror or e}); verify writes verify.json, verify.md and "
+                         "the scripts' logs there: copy the dump somewhere writable") from None
+    where = (f"{plural(workers, 'worker')} on GPU{'s' if len(devices) > 1 else ''} {','.join(devices)}" if devices
+             else f"{plural(workers, 'worker')} on the CPU")
+    log.info("verifying %s of %s in %s", plural(len(scripts), "script"), root, where)
+    started = time.perf_counter()
+    with progress(len(scripts), "verifying", unit="script", enabled=not args.no_progress, delay_s=0) as step:
+        verdicts = verify.run(scripts, root, workers, devices, args.timeout,
+                              on_done=lambda v: step(f"{Path(v.script.path).name}: {v.outcome}"))
+    meta = {"dir": str(root), "where": where, "workers": workers, "devices": list(devices),
+            "timeout_s": args.timeout, "only": list(args.only or ()), "seconds": round(time.perf_counter() - started, 1)}
+    text = verify.verify_md(verdicts, root, meta)
+    try:
+        write_file_atomically(root / verify.VERIFY_JSON, verify.verify_json(verdicts, meta))
+        write_file_atomically(root / verify.VERIFY_MD, text)
+    except OSError as e:
+        raise UsageError(f"cannot write the verify report into {root} ({e.strerror or e})") from None
+    print(text, end="")
+    log.info("written: %s, %s", root / verify.VERIFY_JSON, root / verify.VERIFY_MD)
+    return 0 if verify.clean(verdicts) else 1
+
+
 def _cmd_minimize(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
@@ -316,7 +383,7 @@ def _cmd_minimize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _budget(text: str) -> float:
+def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -488,6 +555,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     bench.set_defaults(run=_cmd_bench)
 
+    check = commands.add_parser(
+        "verify", help="run every repro script of the dump, as its users would, and say what each found",
+        description="Runs the repro scripts the dump's records list (nothing else of the dump), each as `python "
+                    "script.py` would, in long-lived worker processes that import torch and Thunder once (one per "
+                    "GPU, or --jobs of them); a script that takes its worker down runs again alone. Writes "
+                    "verify.json (every script's verdict) and verify.md (counts per kind and verdict, the failures "
+                    "first with the command to rerun each) into DIR. Exit status 0 when every script is OK or NOT "
+                    "COMPARABLE, 1 otherwise, 2 for a bad argument or a missing or damaged dump.")
+    check.add_argument("dir", help=DIR_HELP)
+    check.add_argument("--only", action="append", metavar="GLOB",
+                       help="only the scripts whose path (relative to DIR) or piece matches GLOB (fnmatch: * matches "
+                            "across folders, e.g. '*nvfuser*', 'graph0/thunder_2/*'); may be given several times")
+    check.add_argument("--jobs", type=_positive_int, default=None,
+                       help="worker processes (default: one per GPU, one on CPU); with several GPUs they take the "
+                            "GPUs in turn")
+    check.add_argument("--gpus", metavar="LIST", type=_gpu_list,
+                       help="run on these GPUs (e.g. 0,1; indices as this process sees them; default: every GPU "
+                            "where the scripts need CUDA)")
+    check.add_argument("--timeout", type=_positive_seconds, default=600,
+                       help="seconds a script may take before it is killed (default: 600)")
+    check.add_argument("--rank", type=_rank, help="only this rank of a multi-rank dump (default: every rank)")
+    check.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    check.set_defaults(run=_cmd_verify)
+
     minimize = commands.add_parser(
         "minimize", help="shrink a MISMATCH or CRASH repro script to the fewest ops that still fail the same way",
         description="Runs the script (twice: a failure that changes between identical runs is random and is not "
@@ -498,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and verdict line, a header saying what was cut. Needs thunder (and CUDA, nvFuser for an "
                     "nvFuser region); refuses a script whose verdict is OK, NOT COMPARABLE or REFUSED.")
     minimize.add_argument("script", help="a repro or mismatch script of a split or fusion region from a dump")
-    minimize.add_argument("--budget", type=_budget, default=120.0, metavar="S",
+    minimize.add_argument("--budget", type=_positive_seconds, default=120.0, metavar="S",
                           help="seconds of shrinking (default: 120, as THUNDERFX_DEBUG_MINIMIZE_BUDGET); the smallest "
                                "failing piece found by then is written")
     minimize.add_argument("--out", metavar="PATH",

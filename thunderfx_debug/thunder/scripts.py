@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.thunder.script_support import eager_graph_module_code, torch_executor_fn
+from thunderfx_debug.thunder.workarounds import region_lowering_executors
 
 
 def module_source(gm: torch.fx.GraphModule, class_name: str) -> str:
@@ -31,7 +32,9 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
     This is the function Thunder's torch.compile executor compiles for a TorchCompileN region
     (`thunder.executors.torch_compile.make_compiled`: a trace of the region's bound symbols, lowered to Thunder's
     torch executor); for an nvFusionN region it is the same lowering of the nvFuser region's ops. We do the lowering
-    here rather than call `make_compiled`, which returns only the compiled callable and not its source.
+    here rather than call `make_compiled`, which returns only the compiled callable and not its source. Dropout's
+    philox seed and offset, numbers known at run time, are passed as the tensors philox_rand takes
+    (`workarounds.region_lowering_executors`).
     """
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo
@@ -57,7 +60,7 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
                     trace.add_name(out.name)
     trace._siginfo = SigInfo(function_name)
     trace._siginfo.args = [(a.name, None) for a in inputs]
-    lowered = transform_for_execution(trace, executors_list=(torch_ex,))
+    lowered = transform_for_execution(trace, executors_list=(*region_lowering_executors(), torch_ex))
     return lowered.python(include_decorators=False), dict(lowered.python_ctx())
 
 

@@ -6,7 +6,8 @@ Only one of them is installed on `import thunderfx_debug`: the one `import thund
 torch (`install_import_workaround`, lightning-thunder#2829). It imports neither torch nor thunder; an import hook
 applies it when (and if) Thunder's module loads. The others apply inside ReportingBackend only: Thunder's own
 `ThunderCompiler` is left as Thunder ships it (tests and benchmarks that need it as a baseline on torch >= 2.12 use
-`eager_graph_module_code` around its calls, visibly).
+`eager_graph_module_code` around its calls, visibly). One more applies to the lowering of fusion regions to torch calls
+that the repro scripts and the correctness sentinel use (`region_lowering_executors`), not to the run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -97,3 +99,50 @@ def exec_as_source_file(source: str, filename: str, namespace: dict[str, Any]) -
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)  # mtime None: checkcache never drops it
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102  (Thunder's lowering of a region)
+
+
+def needs_philox_state_as_tensors() -> bool:
+    """lightning-thunder <= 0.2.6 (and its main branch at 1e22aacb, 2026): see `region_lowering_executors`."""
+    version = package_version("lightning-thunder")
+    return version is not None and version <= (0, 2, 6)
+
+
+def region_lowering_executors() -> tuple:
+    """Executors that go before Thunder's torch executor when a fusion region is lowered to torch calls
+    (`scripts.region_torch_function`).
+
+    Thunder replaces dropout's `uniform` with `uniform_philox`, whose seed and offset are the numbers
+    `get_and_update_rng_state` returns at run time (lightning-thunder#481): in a region they are inputs, IntegerProxy
+    objects. Its torch executor lowers `uniform_philox` to `torch.ops.rngprims.philox_rand`, which takes the seed and
+    offset as tensors, and turns them into tensors only where they are Python int literals
+    (thunder/executors/torchex.py, `_uniform_philox_transform`: `ltorch.tensor(seed) if isinstance(seed, int)`): with
+    a proxy the lowering passes the number, and every call refuses it ("Expected a value of type 'Tensor' for
+    argument 'seed' but instead found type 'int'"). No upstream issue was found. This executor lowers such a call as
+    Thunder lowers a literal one: the numbers become int64 scalar tensors on the host (what philox_rand hands to
+    `torch.cuda.set_rng_state`), the rest is Thunder's own transform. Where the workaround does not apply: none.
+    """
+    return (_philox_state_as_tensors(),) if needs_philox_state_as_tensors() else ()
+
+
+@functools.cache
+def _philox_state_as_tensors():
+    import thunder.torch as ltorch
+    from thunder.core import dtypes, prims
+    from thunder.core.proxies import NumberProxy
+    from thunder.executors.torchex import _uniform_philox_transform
+    from thunder.extend import OperatorExecutor
+
+    def as_tensor(value):
+        return ltorch.full((), value, device="cpu", dtype=dtypes.int64) if isinstance(value, NumberProxy) else value
+
+    def has_number_state(shape, minval=0.0, maxval=1.0, *, device, dtype, seed, offset) -> bool:
+        return isinstance(seed, NumberProxy) or isinstance(offset, NumberProxy)
+
+    def lowering(shape, minval=0.0, maxval=1.0, *, device, dtype, seed, offset):
+        return _uniform_philox_transform(shape, minval, maxval, device=device, dtype=dtype, seed=as_tensor(seed),
+                                         offset=as_tensor(offset))
+
+    executor = OperatorExecutor("thunderfx_debug_philox_state")  # not registered: used by the lowering alone
+    for symbol in (prims.uniform_philox, ltorch.uniform_philox):
+        executor.register_implementation(symbol, checker=has_number_state, execution_transform=lowering)
+    return executor

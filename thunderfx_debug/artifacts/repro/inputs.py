@@ -17,6 +17,7 @@ import re
 
 import torch
 
+from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.recording.capture import INPUTS_FORMAT, Captured
 
@@ -214,42 +215,37 @@ def nvfuser_declared_inputs(fusion_definition_code: str) -> list[dict] | None:
     return declared
 
 
-def strides_for_definition(shape, contiguity, stride_order) -> list[int]:
-    """Strides nvFuser binds to a `define_tensor` of this shape: stride 0 for the dims it declares expanded (see
-    `script_template.nvfuser_expanded_dims`), the others laid out innermost first in stride order (stride_order 0 is
-    innermost; empty means the dims' own order), with a gap where contiguity is False.
+def in_nvfuser_layouts(metas: tuple[InputMeta, ...], declared: list[dict]) -> tuple[tuple[InputMeta, ...], list[int]]:
+    """`metas` with the strides nvFuser's definition declares where the recorded layout is not one it binds, and
+    the positions of the captured inputs among those.
 
-    Example (rotary cos expanded over the batch, and a transposed view):
-        >>> strides_for_definition([4, 16, 8], [None, True, True], [2, 1, 0]), strides_for_definition([2, 3], [True, True], [0, 1])
-        ([0, 8, 1], [1, 2])
-    """
-    rank = len(shape)
-    order = list(stride_order) or list(range(rank - 1, -1, -1))
-    contiguity_of = {i: contiguity[rank - 1 - order[i]] for i in range(rank)}
-    strides, running = [0] * rank, 1
-    for i in sorted(range(rank), key=order.__getitem__):
-        if contiguity_of[i] is None and shape[i] != 1:
-            continue  # expanded: stride 0
-        if contiguity_of[i] is False:
-            running *= 2  # not contiguous with the next inner dim: any larger stride is accepted
-        strides[i] = running
-        running *= max(shape[i], 1)
-    return strides
+    A region whose inputs were not captured has the layouts of its trace's proxies, which carry no strides: they
+    take the definition's (a gap where it declares a dim not contiguous). A captured layout is the run's own, from
+    the region's first call, and the definition is nvFuser's for its last call (Thunder's
+    `FusionDefinitionWrapper.last_used`: nvFuser compiles one definition per layout the inputs come in). Where the
+    definition would refuse the captured layout, the two calls were laid out differently, and the script runs the
+    definition on inputs laid out as it declares. Metas are returned unchanged where the definition does not match
+    them (count or rank).
 
-
-def in_nvfuser_layouts(metas: tuple[InputMeta, ...], declared: list[dict]) -> tuple[InputMeta, ...]:
-    """`metas` with the strides nvFuser's definition declares, for tensors whose recorded layout is not one the run
-    passed (Thunder's proxies carry no strides: a region whose inputs were not captured). Captured layouts are the
-    run's own and stay. Metas are returned unchanged where the definition does not match them (count or rank).
+    Example (a transposed attention input, captured contiguous by a call before the definition's):
+        >>> declared = [{"kind": "tensor", "shape": [2, 3, 8, 4], "contiguity": [True] * 4, "stride_order": [3, 1, 2, 0]}]
+        >>> meta = InputMeta(kind="tensor", shape=(2, 3, 8, 4), stride=(96, 32, 4, 1), storage_size=192)
+        >>> metas, relaid = in_nvfuser_layouts((meta,), declared)
+        >>> metas[0].stride, relaid
+        ((96, 4, 12, 1), [0])
     """
     if len(declared) != len(metas):
-        return metas
-    result = list(metas)
+        return metas, []
+    result, relaid = list(metas), []
     for index, (meta, entry) in enumerate(zip(metas, declared)):
         if meta.kind is not InputKind.TENSOR or entry["kind"] != "tensor" or len(entry["shape"]) != len(meta.shape):
             continue
-        if meta.storage_size is not None:  # captured from the run: its layout is what nvFuser took
-            continue
-        stride = strides_for_definition(list(meta.shape), entry["contiguity"], entry["stride_order"])
-        result[index] = dataclasses.replace(meta, stride=tuple(stride))
-    return tuple(result)
+        captured = meta.storage_size is not None
+        if captured and not script_template.nvfuser_layout_mismatch(list(meta.shape), list(meta.stride), entry):
+            continue  # the run's own layout, which the definition binds
+        stride = tuple(script_template.nvfuser_strides(list(meta.shape), entry["contiguity"], entry["stride_order"]))
+        if stride != tuple(meta.stride):
+            result[index] = dataclasses.replace(meta, stride=stride)
+            if captured:
+                relaid.append(index)
+    return tuple(result), relaid

@@ -224,19 +224,68 @@ _NVFUSER_SCALARS = {"Int": int, "Int32": int, "Double": float, "Float": float, "
                     "ComplexFloat": complex}
 
 
-def nvfuser_expanded_dims(shape, contiguity, stride_order):
-    """The dims nvFuser's definition declares expanded (broadcast with an extent above 1): contiguity None for the
-    dim (contiguity is listed in allocation order, outermost first; stride_order 0 is innermost) and a size other
-    than 1. A tensor bound to it must have stride 0 (or size 1) there."""
+def nvfuser_allocation_order(rank, stride_order):
+    """The dims of a `define_tensor` in allocation order, outermost first: stride_order[i] is dim i's place counted
+    from the innermost (0), empty means the dims' own order. Contiguity is listed in this order."""
+    order = list(stride_order) or list(range(rank - 1, -1, -1))
+    return sorted(range(rank), key=order.__getitem__, reverse=True)
+
+
+def nvfuser_strides(shape, contiguity, stride_order):
+    """Strides nvFuser binds to a `define_tensor` of this shape: stride 0 for the dims it declares expanded
+    (contiguity None, size above 1), the others laid out innermost first in allocation order, with a gap where
+    contiguity is False.
+
+    Example (rotary cos expanded over the batch; a transposed view; [4, 12, 512, 64] as attention lays it out):
+        >>> nvfuser_strides([4, 16, 8], [None, True, True], [2, 1, 0]), nvfuser_strides([2, 3], [True, True], [0, 1])
+        ([0, 8, 1], [1, 2])
+        >>> nvfuser_strides([4, 12, 512, 64], [True, True, True, True], [3, 1, 2, 0])
+        [393216, 64, 768, 1]
+    """
     rank = len(shape)
-    return [i for i in range(rank)
-            if contiguity[i if not stride_order else rank - 1 - stride_order[i]] is None and shape[i] != 1]
+    strides, running = [0] * rank, 1
+    allocation = nvfuser_allocation_order(rank, stride_order)
+    for position in reversed(range(rank)):
+        dim, flag = allocation[position], contiguity[position]
+        if flag is None and shape[dim] != 1:
+            continue  # expanded: stride 0
+        if flag is False:
+            running *= 2  # not contiguous with the next inner dim: any larger stride is accepted
+        strides[dim] = running
+        running *= max(shape[dim], 1)
+    return strides
+
+
+def nvfuser_layout_mismatch(shape, strides, declared):
+    """Why nvFuser would refuse to bind a tensor of this shape and these strides to `declared` (a `define_tensor`:
+    its contiguity and stride order), as its binding checks it: None where it fits. From the innermost dim out, in
+    allocation order: an expanded dim needs stride 0, a contiguous one the stride the dims inside it make."""
+    contiguity, stride_order = declared["contiguity"], declared.get("stride_order") or []
+    allocation = nvfuser_allocation_order(len(shape), stride_order)
+    expected = 1
+    for position in reversed(range(len(shape))):
+        dim, flag = allocation[position], contiguity[position]
+        if flag is None:
+            if shape[dim] != 1 and strides[dim] != 0:
+                return (f"dim {dim} is expanded in nvFuser's definition (stride 0), the tensor has size {shape[dim]} "
+                        f"and stride {strides[dim]} there")
+            continue
+        if shape[dim] == 1:
+            continue
+        if flag and strides[dim] != expected:
+            wanted = tuple(nvfuser_strides(list(shape), contiguity, stride_order))
+            return (f"strides {tuple(strides)} where nvFuser's definition (contiguity {contiguity}, stride order "
+                    f"{stride_order or 'the dims own'}) binds strides like {wanted}: dim {dim} has stride "
+                    f"{strides[dim]}, it must be {expected}")
+        expected = strides[dim] * shape[dim]
+    return None
 
 
 def nvfuser_refusal(inputs, definition):
     """Why nvFuser's definition cannot take `inputs` (None where it can, as far as this reads it): the number of
-    inputs, tensors against scalars, rank, dtype, device, and the expanded dims nvFuser checks when binding.
-    `definition` lists the definition's inputs as `fd.define_tensor`/`fd.define_scalar` declare them."""
+    inputs, tensors against scalars, rank, dtype, device, and the layout nvFuser checks when binding (expanded dims,
+    contiguity in stride order). `definition` lists the definition's inputs as `fd.define_tensor`/`fd.define_scalar`
+    declare them."""
     if len(inputs) != len(definition):
         return f"{len(inputs)} inputs, nvFuser's definition has {len(definition)}"
     for i, (value, declared) in enumerate(zip(inputs, definition)):
@@ -255,11 +304,30 @@ def nvfuser_refusal(inputs, definition):
             return f"input {i} is {value.dtype}, nvFuser's definition {dtype}"
         if declared.get("is_cpu", False) != (value.device.type == "cpu"):
             return f"input {i} is on {value.device}, nvFuser's definition has is_cpu={declared.get('is_cpu', False)}"
-        for dim in nvfuser_expanded_dims(shape, declared["contiguity"], declared.get("stride_order")):
-            if value.shape[dim] != 1 and value.stride(dim) != 0:
-                return (f"input {i} dim {dim} is expanded in nvFuser's definition (stride 0), the tensor has size "
-                        f"{value.shape[dim]} and stride {value.stride(dim)} there")
+        mismatch = nvfuser_layout_mismatch(list(value.shape), value.stride(), declared)
+        if mismatch:
+            return f"input {i} {list(value.shape)}: {mismatch}"
     return None
+
+
+def nvfuser_layouts(inputs, definition):
+    """`inputs` with each tensor whose layout nvFuser's definition would refuse copied into the layout it declares
+    (the same values), where the definition expands none of its dims; the others as they are (`nvfuser_refusal`
+    then says why). For saved inputs of a call laid out otherwise than the call the definition was compiled for."""
+    if len(inputs) != len(definition):
+        return inputs
+    laid_out = []
+    for i, (value, declared) in enumerate(zip(inputs, definition)):
+        if (isinstance(value, torch.Tensor) and declared["kind"] == "tensor" and value.dim() == len(declared["shape"])
+                and None not in declared["contiguity"]
+                and nvfuser_layout_mismatch(list(value.shape), value.stride(), declared)):
+            strides = nvfuser_strides(list(value.shape), declared["contiguity"], declared.get("stride_order"))
+            print(f"  input {i}: copied from strides {tuple(value.stride())} into {tuple(strides)}, the layout of "
+                  "nvFuser's definition")
+            copy = torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device)
+            value = copy.copy_(value.detach()).requires_grad_(value.requires_grad)
+        laid_out.append(value)
+    return laid_out
 
 
 #: Messages with which backends refuse inputs when binding them (rather than failing to compute).
@@ -271,7 +339,9 @@ _BINDING_ERRORS = ("has expanded extent", "stride mismatch with contiguity", "Ca
 
 
 def _differentiable(outputs):
-    return [o for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None and o.dtype.is_floating_point]
+    """The outputs gradients flow back from: those that require one, an input returned as it is included (eager's
+    dropout with p=0 returns its input, where a compiled piece returns a tensor of its own)."""
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
 
 
 def _grad_outputs(outputs):

@@ -100,6 +100,14 @@ class Strategy:
     def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
         return piece.metas
 
+    def loaded_inputs(self, piece: ReproSubject, expression: str) -> str:
+        """The expression of the inputs a real-input script loads (`expression`), as this strategy takes them."""
+        return expression
+
+    def inputs_note(self, piece: ReproSubject) -> str:
+        """What the script's docstring adds about this strategy's inputs."""
+        return ""
+
 
 class Eager(Strategy):
     pass
@@ -198,7 +206,9 @@ class InductorRegion(Strategy):
 
 class NvFuserRegion(Strategy):
     """nvFuser's own repro of the fusion definition the run used (`FusionDefinition.repro_script_for`), executed
-    with the inputs; before that, the inputs are checked against what the definition declares (`nvfuser_refusal`)."""
+    with the inputs laid out as that definition binds them (`inputs.in_nvfuser_layouts`; saved inputs copied into
+    that layout, `script_template.nvfuser_layouts`); before that, the inputs are checked against what the
+    definition declares (`nvfuser_refusal`)."""
 
     executor = "nvfuser"
     file_kind = "nvfuser"
@@ -231,9 +241,23 @@ class NvFuserRegion(Strategy):
     def refusal(self, piece: ReproSubject) -> str:
         return "None" if self._declared(piece) is None else "lambda inputs: nvfuser_refusal(inputs, NVFUSER_INPUTS)"
 
-    def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
+    def _layouts(self, piece: ReproSubject) -> tuple[tuple[InputMeta, ...], list[int]]:
         declared = self._declared(piece)
-        return piece.metas if declared is None else repro_inputs.in_nvfuser_layouts(piece.metas, declared)
+        return (piece.metas, []) if declared is None else repro_inputs.in_nvfuser_layouts(piece.metas, declared)
+
+    def metas(self, piece: ReproSubject) -> tuple[InputMeta, ...]:
+        return self._layouts(piece)[0]
+
+    def loaded_inputs(self, piece: ReproSubject, expression: str) -> str:
+        return expression if self._declared(piece) is None else f"nvfuser_layouts({expression}, NVFUSER_INPUTS)"
+
+    def inputs_note(self, piece: ReproSubject) -> str:
+        relaid = self._layouts(piece)[1]
+        if not relaid or piece.real:
+            return ""
+        names = ", ".join(piece.names[i] if i < len(piece.names) else f"input {i}" for i in relaid)
+        return (f"{names}: laid out as nvFuser's definition declares; the run's first call, which was captured, "
+                "had other strides (the definition is nvFuser's for a later call of the region).")
 
 
 def _literal_list(items: list[Any]) -> str:
@@ -328,7 +352,8 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
             "# The values of the run's first call of this piece, and what that call returned (saved at the end of\n"
             "# the run; torch.load with weights_only=True).\n"
             f"INPUTS_FILE = {relative!r}\n\n\n"
-            "def make_inputs():\n    return load_inputs(INPUTS_FILE, __file__)[0]\n\n\n"
+            "def make_inputs():\n"
+            f"    return {strategy.loaded_inputs(piece, 'load_inputs(INPUTS_FILE, __file__)[0]')}\n\n\n"
             "def saved_outputs():\n    return load_inputs(INPUTS_FILE, __file__)[1]"
         )
         note = "the values the run passed on its first call of this piece, loaded from the file next to this script."
@@ -340,8 +365,9 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         note = "random, made from the metadata of the run's first call (layout, dtype, device, value range)."
         if piece.captured is not None and piece.captured.skipped:
             note += f" The real values were not saved: {piece.captured.skipped}."
-    if piece.inputs_note:
-        note += " " + piece.inputs_note
+    for extra_note in (piece.inputs_note, strategy.inputs_note(piece)):
+        if extra_note:
+            note += " " + extra_note
     saved_outputs = piece.real and piece.captured.outputs is not None
     if piece.real and not saved_outputs:
         note += " The run's outputs were not saved (the piece failed, or they were over the cap)."

@@ -1,0 +1,164 @@
+"""Fusion regions as their scripts rebuild them: a dropout region's philox seed and offset (numbers Thunder knows at
+run time) reach philox_rand as the tensors it takes; a backward region fed gradients laid out transposed (as an
+attention kernel outside the regions returns them) gets inputs with the run's strides in its script, which then
+passes (`thunderfx-debug verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from conftest import cpu_executors
+
+
+def _dropout_region(device: str = "cuda:0"):
+    """A region as Thunder's rematerialisation leaves a dropout on CUDA: `uniform_philox` whose seed and offset are
+    region inputs (IntegerProxy, known at run time), and the mask applied. Built on Thunder's own prims."""
+    import thunder.torch as ltorch
+    from thunder.core import devices, dtypes, prims
+    from thunder.core.proxies import IntegerProxy, TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    trace = TraceCtx()
+    with tracectx(trace):
+        x = TensorProxy("x", shape=(4, 8), device=devices.Device(device), dtype=dtypes.float32)
+        seed, offset = IntegerProxy("i194", value=None), IntegerProxy("i195", value=None)
+        draws = prims.uniform_philox((4, 8), 0.0, 1.0, device=devices.Device(device), dtype=dtypes.float32,
+                                     seed=seed, offset=offset)
+        kept = ltorch.lt(draws, 0.9)
+        y = ltorch.mul(ltorch.mul(x, kept), 1 / 0.9)
+    return types.SimpleNamespace(flat_args=[seed, offset, x], flat_outs=[y], subsymbols=list(trace.bound_symbols))
+
+
+def _lowered(region):
+    from thunderfx_debug.thunder.scripts import region_torch_function
+
+    source, ctx = region_torch_function(region, "nvFusion0")
+    namespace = dict(ctx)
+    exec(compile(source, "<region>", "exec"), namespace)
+    return source, namespace["nvFusion0"]
+
+
+def test_a_dropout_regions_philox_seed_and_offset_reach_philox_rand_as_tensors(monkeypatch):
+    """On the H200 every script of a dropout region said REFUSED: "rngprims::philox_rand() Expected a value of type
+    'Tensor' for argument 'seed' but instead found type 'int'". The region is called with the seed and offset as the
+    run passed them (ints); philox_rand cannot run on CPU, so it is called under FakeTensorMode (its schema and meta
+    kernel) and swapped for a recorder (the values it gets)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    source, region = _lowered(_dropout_region())
+    assert "philox_rand" in source
+    with FakeTensorMode():
+        (out,) = region(1234, 8, torch.empty(4, 8, device="cuda:0"))
+    assert out.shape == (4, 8)
+    calls = []
+
+    def recorder(shape, *, seed, offset, stride, device, dtype):
+        calls.append((seed, offset, device))
+        return torch.full(tuple(shape), 0.5, dtype=dtype), torch.tensor(4)
+
+    monkeypatch.setattr(torch.ops.rngprims, "philox_rand", recorder)
+    x = torch.randn(4, 8)
+    (out,) = region(1234, 8, x)
+    ((seed, offset, device),) = calls
+    assert isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)
+    assert (seed.dtype, seed.device, seed.item(), offset.dtype, offset.device, offset.item()) == (
+        torch.int64, torch.device("cpu"), 1234, torch.int64, torch.device("cpu"), 8)
+    assert device == torch.device("cuda:0")
+    torch.testing.assert_close(out, x / 0.9)
+
+
+@pytest.mark.cuda
+def test_a_dropout_regions_lowering_draws_what_philox_rand_draws_on_cuda():
+    """On CUDA the lowered region runs: its draws are philox_rand's for the run's seed and offset, i.e. torch.rand
+    after the CUDA generator was set to that state (philox_rand's definition)."""
+    _, region = _lowered(_dropout_region())
+    x = torch.ones(4, 8, device="cuda")
+    (out,) = region(1234, 8, x)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+        state = torch.cat([torch.tensor([1234]).view(torch.uint8), torch.tensor([8]).view(torch.uint8)])
+        torch.cuda.set_rng_state(state)
+        draws = torch.rand(4, 8, device="cuda")
+    torch.testing.assert_close(out, (draws < 0.9).float() / 0.9)
+
+
+def _sdpa_like_executor():
+    """A Thunder executor running attention outside the fusion regions, as Thunder's sdpa executor does on CUDA:
+    forward and backward as ops of their own, the gradients laid out as [B, S, H, D] and seen as [B, H, S, D] (the
+    layout of efficient attention's outputs, the transposed input of GPT-2's attention backward region)."""
+    import thunder
+    import thunder.torch as ltorch
+    from thunder.core.transforms import get_grad, put_grads
+    from thunder.extend import OperatorExecutor, get_executor, register_executor
+
+    name = "test_cpu_sdpa_like"
+    if get_executor(name) is not None:
+        return get_executor(name)
+    executor = register_executor(OperatorExecutor(name))
+
+    def transposed(t):
+        b, h, s, d = t.shape
+        return torch.empty(b, s, h, d, dtype=t.dtype).transpose(1, 2).copy_(t)
+
+    def backward(g, q, k, v):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            grads = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v), (q, k, v), g)
+        return tuple(transposed(t) for t in grads)
+
+    fwd = executor.register_operator(
+        "sdpa_like_fwd", meta=lambda q, k, v: thunder.TensorProxy(like=q),
+        fn=lambda q, k, v: transposed(torch.nn.functional.scaled_dot_product_attention(q, k, v)))
+    bwd = executor.register_operator(
+        "sdpa_like_bwd", fn=backward,
+        meta=lambda g, q, k, v: tuple(thunder.TensorProxy(like=t) for t in (q, k, v)))
+
+    def plain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+        return attn_mask is None and dropout_p == 0.0 and not is_causal and scale is None
+
+    def grad(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
+        out = fwd(q, k, v)
+        put_grads((q, k, v), bwd(get_grad(out), q, k, v))
+        return out
+
+    executor.register_implementation(ltorch.scaled_dot_product_attention, checker=plain,
+                                     execution_transform=lambda q, k, v, *a, **kw: fwd(q, k, v), grad_transform=grad)
+    return executor
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(12, 36)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q, k, v = (t.view(batch, seq, 3, 4).transpose(1, 2) for t in self.qkv(x).split(12, dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return (y.transpose(1, 2).reshape(batch, seq, 12) * 2).sum()
+
+
+def test_a_backward_region_fed_transposed_gradients_is_rebuilt_with_the_runs_strides(tmp_path, capsys):
+    from thunderfx_debug import ReportingBackend, load_report
+    from thunderfx_debug.cli import main
+
+    backend = ReportingBackend(dump_dir=tmp_path, repro="fusion", strict=True,
+                               executors=[_sdpa_like_executor(), *cpu_executors()])
+    compiled = torch.compile(_Attention(), backend=backend)
+    for _ in range(2):
+        compiled(torch.randn(2, 8, 12)).backward()
+    rank_dir = backend.flush()
+    (split,) = load_report(rank_dir).graphs[0].splits
+    fed = [f for f in split.fusions if f.phase.value == "backward" and len(f.input_meta) == 4]
+    (region,) = fed  # takes the three gradients of the attention op and the layer's input
+    script = (rank_dir / region.files["repro_inductor"]).read_text()
+    # [2, 3, 8, 4] allocated as [2, 8, 3, 4]: the run's strides, exactly.
+    assert script.count("tensor([2, 3, 8, 4], 'float32', stride=[96, 4, 12, 1],") == 3, script[-1500:]
+    status = main(["verify", str(tmp_path), "--only", "*fusions*", "--no-progress"])
+    capsys.readouterr()
+    verdicts = {e["path"].rsplit("/", 1)[-1]: e["verdict"] for e in json.loads((tmp_path / "verify.json").read_text())["scripts"]}
+    assert status == 0 and len(verdicts) == len(split.fusions) and set(verdicts.values()) == {"OK"}, verdicts
