@@ -238,7 +238,7 @@ class DumpFlusher:
                                            unable.format(**(why or {})) if unable is not None else None)
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))
-        if triage:  # like the triage: not at periodic flushes nor SIGTERM's
+        if wait_for_device and occasion not in NOT_TRIAGING:  # not at periodic flushes, SIGTERM's, nor too late
             with self.failures.guard("minimizing the pieces the correctness sentinel flagged"):
                 self._minimizer.minimize(snapshots, self._settings(), self.failures)
         artifacts = artifacts + self._minimizer.artifacts()
