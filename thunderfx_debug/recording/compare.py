@@ -4,7 +4,9 @@ repro scripts apply too.
 A floating-point value passes when its largest error is within rtol * M + atol * min(1, M), M the largest magnitude
 of its reference, with its dtype's (rtol, atol); where it does not, it is judged by its own distance to a float64 run
 of the same code (`Float64Mode`), which may be that plus three times eager's own largest error against the float64
-run: rounding that eager does too (bf16 matmuls, an explicit cast to bf16 inside the piece) is not a mismatch. The
+run, plus one unit of the dtype's precision at the largest magnitude among the values judged with it
+(`rounding_floor`): rounding that eager does too (bf16 matmuls, an explicit cast to bf16 inside the piece) is not a
+mismatch, nor is the noise of a value that is zero but for rounding. The
 floor shrinks with the values below 1, because a fixed one lets any error pass in a tensor of small values (a bf16
 model's gradients are ~1e-3, bf16's atol 5e-2). That is the accuracy minifier's idea (`torch._dynamo.utils.same`
 with `fp64_ref`), with maxima instead of its RMSE, because a fault that corrupts a few hundred elements of a large
@@ -80,18 +82,31 @@ def allowed_error(rtol, atol, scale):
     return rtol * scale + atol * min(1.0, scale)
 
 
-def verdict(error, scale, rtol, atol, own=None, noise=None):
+def rounding_floor(dtype, piece_scale):
+    """One unit of `dtype`'s precision at the largest magnitude among the values of that dtype judged together
+    (`piece_scale`: a piece's outputs, or its gradients): the absolute rounding noise a value computed from such
+    values can carry, however small the value itself is. `verdict` allows it only to a value that is mostly noise
+    (eager's own error against float64 at least half its magnitude): a gradient that is zero but for rounding (a
+    bias before a normalisation: ~1e-13 in float32 beside values ~0.4) is noise to either side, which no multiple
+    of eager's own error bounds, while a small value eager computes well keeps its own tolerance."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        return 0.0
+    return torch.finfo(dtype).eps * piece_scale
+
+
+def verdict(error, scale, rtol, atol, own=None, noise=None, floor=0.0):
     """(ratio, allowed, against float64): a value's largest `error` against its reference (largest magnitude
     `scale`) as a fraction of what is allowed; above 1 is a mismatch. Where that is above 1 and a float64 run is
     known (`own`: the value's largest error against it, `noise`: the reference's), the value is judged by `own`
-    against what is allowed plus NOISE_SLACK times `noise`. Exact types (rtol = atol = 0) allow nothing."""
+    against what is allowed plus NOISE_SLACK times `noise`, plus `floor` (`rounding_floor`) where the reference is
+    mostly noise (`noise` at least half of `scale`). Exact types (rtol = atol = 0) allow nothing."""
     if rtol == 0 and atol == 0:
         return (math.inf if error > 0 else 0.0), 0.0, False
     allowed = allowed_error(rtol, atol, scale)
     ratio = error / allowed if allowed > 0 else (math.inf if error > 0 else 0.0)
     if not ratio > 1.0 or own is None or noise is None:
         return ratio, allowed, False
-    allowed = allowed + NOISE_SLACK * noise
+    allowed = allowed + NOISE_SLACK * noise + (floor if 2 * noise >= scale else 0.0)
     return (own / allowed if allowed > 0 else (math.inf if own > 0 else 0.0)), allowed, True
 
 
@@ -282,6 +297,9 @@ def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
             pending.append(i)
             device_values += [max_abs_difference(a, e), max_magnitude(e)]
     numbers = scalars(device_values)
+    piece_scale: dict[torch.dtype, float] = {}  # the largest magnitude among the values of each dtype
+    for k, i in enumerate(pending):
+        piece_scale[eager[i].dtype] = max(piece_scale.get(eager[i].dtype, 0.0), numbers[2 * k + 1])
     beyond = []
     for k, i in enumerate(pending):
         error, scale = numbers[2 * k], numbers[2 * k + 1]
@@ -295,12 +313,12 @@ def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
     if beyond and float64 is not None:
         reference = float64()
         if reference is not None:
-            _judge_against_float64(results, beyond, actual, eager, reference)
+            _judge_against_float64(results, beyond, actual, eager, reference, piece_scale)
     return [results[i] for i in range(len(results))]
 
 
 def _judge_against_float64(results: dict[int, Judged], beyond: list[tuple[int, float]], actual, eager,
-                           reference) -> None:
+                           reference, piece_scale: dict[torch.dtype, float]) -> None:
     values, usable = [], []
     for i, scale in beyond:
         f = reference[i] if i < len(reference) else None
@@ -311,7 +329,8 @@ def _judge_against_float64(results: dict[int, Judged], beyond: list[tuple[int, f
     for k, (i, scale) in enumerate(usable):
         own, noise = numbers[2 * k], numbers[2 * k + 1]
         before = results[i]
-        ratio, allowed, _ = verdict(before.abs_error, scale, before.rtol, before.atol, own, noise)
+        floor = rounding_floor(eager[i].dtype, piece_scale.get(eager[i].dtype, 0.0))
+        ratio, allowed, _ = verdict(before.abs_error, scale, before.rtol, before.atol, own, noise, floor)
         results[i] = dataclasses.replace(before, ratio=ratio, allowed=allowed, reference=FLOAT64)
 
 

@@ -109,18 +109,31 @@ def allowed_error(rtol, atol, scale):
     return rtol * scale + atol * min(1.0, scale)
 
 
-def verdict(error, scale, rtol, atol, own=None, noise=None):
+def rounding_floor(dtype, piece_scale):
+    """One unit of `dtype`'s precision at the largest magnitude among the values of that dtype judged together
+    (`piece_scale`: a piece's outputs, or its gradients): the absolute rounding noise a value computed from such
+    values can carry, however small the value itself is. `verdict` allows it only to a value that is mostly noise
+    (eager's own error against float64 at least half its magnitude): a gradient that is zero but for rounding (a
+    bias before a normalisation: ~1e-13 in float32 beside values ~0.4) is noise to either side, which no multiple
+    of eager's own error bounds, while a small value eager computes well keeps its own tolerance."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        return 0.0
+    return torch.finfo(dtype).eps * piece_scale
+
+
+def verdict(error, scale, rtol, atol, own=None, noise=None, floor=0.0):
     """(ratio, allowed, against float64): a value's largest `error` against its reference (largest magnitude
     `scale`) as a fraction of what is allowed; above 1 is a mismatch. Where that is above 1 and a float64 run is
     known (`own`: the value's largest error against it, `noise`: the reference's), the value is judged by `own`
-    against what is allowed plus NOISE_SLACK times `noise`. Exact types (rtol = atol = 0) allow nothing."""
+    against what is allowed plus NOISE_SLACK times `noise`, plus `floor` (`rounding_floor`) where the reference is
+    mostly noise (`noise` at least half of `scale`). Exact types (rtol = atol = 0) allow nothing."""
     if rtol == 0 and atol == 0:
         return (math.inf if error > 0 else 0.0), 0.0, False
     allowed = allowed_error(rtol, atol, scale)
     ratio = error / allowed if allowed > 0 else (math.inf if error > 0 else 0.0)
     if not ratio > 1.0 or own is None or noise is None:
         return ratio, allowed, False
-    allowed = allowed + NOISE_SLACK * noise
+    allowed = allowed + NOISE_SLACK * noise + (floor if 2 * noise >= scale else 0.0)
     return (own / allowed if allowed > 0 else (math.inf if own > 0 else 0.0)), allowed, True
 
 
@@ -443,13 +456,14 @@ def _difference(actual, expected):
     return float(difference.max()), float(b.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
 
 
-def judge(actual, expected, eager_value=None, fp64_value=None):
+def judge(actual, expected, eager_value=None, fp64_value=None, floor=0.0):
     """(largest error between `actual` and `expected`, that error as a fraction of what is allowed: above 1 fails),
     by the correctness sentinel's rule (`verdict`, the same code as the sentinel's): within rtol * M + atol *
     min(1, M) of its reference, M the reference's largest magnitude; where not, and a float64 run of eager is known
     (`fp64_value`, run under `Float64Mode`), by its own distance to that run against what is allowed plus three
-    times eager's own distance to it. Against the run's outputs (`expected` is not `eager_value`: both sides
-    compiled), by its distance to them with the same allowance."""
+    times eager's own distance to it, plus `floor` (`rounding_floor` of the values judged with it). Against the run's
+    outputs (`expected` is not `eager_value`: both sides compiled), by its distance to them with the same
+    allowance."""
     error, scale = _difference(actual, expected)
     rtol, atol = tolerance(getattr(expected, "dtype", None))
     own = noise = None
@@ -457,7 +471,7 @@ def judge(actual, expected, eager_value=None, fp64_value=None):
             and isinstance(actual, torch.Tensor) and actual.shape == expected.shape == fp64_value.shape:
         noise, _ = _difference(eager_value, fp64_value)
         own = _difference(actual, fp64_value)[0] if expected is eager_value else error
-    ratio, _, _ = verdict(error, scale, rtol, atol, own, noise)
+    ratio, _, _ = verdict(error, scale, rtol, atol, own, noise, floor)
     return error, ratio
 
 
@@ -467,11 +481,16 @@ def compare(what, actual, expected, eager=None, fp64=None):
     if len(actual) != len(expected):
         print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
         return False
+    piece_scale = {}  # the largest magnitude among the values of each dtype, for `rounding_floor`
+    for e in expected:
+        if isinstance(e, torch.Tensor) and e.is_floating_point():
+            piece_scale[e.dtype] = max(piece_scale.get(e.dtype, 0.0), _difference(e, e)[1])
     worst_error, worst_ratio, index = 0.0, 0.0, None
     for i, (a, e) in enumerate(zip(actual, expected)):
         eager_value = eager[i] if eager is not None and i < len(eager) else None
         fp64_value = fp64[i] if fp64 is not None and i < len(fp64) else None
-        error, ratio = judge(a, e, eager_value, fp64_value)
+        floor = rounding_floor(getattr(e, "dtype", None), piece_scale.get(getattr(e, "dtype", None), 0.0))
+        error, ratio = judge(a, e, eager_value, fp64_value, floor)
         worst_error = max(worst_error, error)
         if index is None or ratio > worst_ratio:
             worst_ratio, index = ratio, i
