@@ -1,0 +1,82 @@
+"""The correctness sentinel on Hugging Face models of the zoo (benchmarks/harness.py, tiny, CPU), with real Thunder runs:
+its float64 reference runs on the FX graphs of the decoder splits in bf16 without raising, and training with every
+call checked at `fusion` is bit-identical to training with the check off, while the check compares something."""
+
+from __future__ import annotations
+
+import harness_path  # noqa: F401  (benchmarks/ on sys.path)
+import harness
+import pytest
+import torch
+
+from thunderfx_debug import ReportingBackend
+from thunderfx_debug.records import SplitKind
+from thunderfx_debug.recording import compare, region_check, split_check
+
+STEPS = 3
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _train(name: str, dtype: str, **options):
+    torch._dynamo.reset()
+    model, batch = harness.build(name, "tiny", "cpu", dtype)
+    backend = ReportingBackend(strict=True, **harness.thunder_options("cpu"), **options)
+    losses = harness.train(model, batch, backend, steps=STEPS)
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], backend
+
+
+def _beyond_eager(judge):
+    """The sentinel's `judge` with Thunder's side moved beyond its tolerance (a copy: the run's values are not
+    touched), so that every floating-point value goes to the float64 round: on CPU, bf16 Thunder and eager often
+    agree exactly, and the float64 reference would never run."""
+
+    def judged(labels, actual, eager, float64=None):
+        moved = [a + (a.detach().abs().amax() + 1) * 0.5 if isinstance(a, torch.Tensor) and a.is_floating_point()
+                 and a.numel() else a for a in actual]
+        return judge(labels, moved, eager, float64)
+
+    return judged
+
+
+def _checks(report):
+    splits = [s.check for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
+    regions = [f.check for g in report.graphs for s in g.splits for f in s.fusions]
+    return splits, regions
+
+
+@pytest.mark.parametrize("name", ["llama", "gptneox", "phi3"])
+def test_the_float64_reference_runs_on_the_decoder_splits_in_bf16(name, monkeypatch, one_thread):
+    """Hugging Face's rotary embedding takes `.float()` of int64 position ids inside the decoder split; the float64
+    run of that split and of its fusion regions, forward and backward, must be float64 throughout (on the H200 it
+    raised "expected scalar type Double but found Float" in the backward's float64 run)."""
+    monkeypatch.setattr(split_check, "judge", _beyond_eager(compare.judge))
+    monkeypatch.setattr(region_check, "judge", _beyond_eager(compare.judge))
+    _, _, backend = _train(name, "bfloat16", check="fusion", check_every=1)
+    splits, regions = _checks(backend.report())
+    assert backend.recorder.failures.total == 0
+    assert splits and all(c.calls == STEPS and c.reference == "float64 eager" and not c.failures for c in splits)
+    decoder = max(splits, key=lambda c: c.compared)
+    assert any(label.startswith("gradient of") for label in decoder.mismatched_values)  # the backward's round ran
+    assert regions and all(c.reference == "float64 eager" for c in regions if c.compared)
+
+
+@pytest.mark.parametrize("name, dtype", [("llama", "bfloat16"), ("phi3", "float32"), ("gpt2", "float32"),
+                                         ("bert", "float32")])
+def test_training_with_every_call_checked_is_bit_identical_to_training_unchecked(name, dtype, one_thread):
+    torch.manual_seed(0)
+    plain_losses, plain_params, _ = _train(name, dtype)
+    torch.manual_seed(0)
+    losses, params, backend = _train(name, dtype, check="fusion", check_every=1)
+    assert torch.equal(plain_losses, losses)
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
+    splits, regions = _checks(backend.report())
+    assert splits and all(c.calls == STEPS and c.compared and not c.mismatches and not c.failures for c in splits)
+    assert sum(c.verified_gradients for c in splits) > 0  # gradients were compared, their capture proved
+    assert regions and all(c.compared and not c.mismatches for c in regions)
