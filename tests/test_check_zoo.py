@@ -8,6 +8,7 @@ import harness_path  # noqa: F401  (benchmarks/ on sys.path)
 import harness
 import pytest
 import torch
+from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug import ReportingBackend
 from thunderfx_debug.records import SplitKind
@@ -45,6 +46,22 @@ def _beyond_eager(judge):
     return judged
 
 
+def _strict(mode, narrow: list[str]):
+    """`mode` (Float64Mode) that also notes every op given float64 and lower-precision floating-point tensors
+    together (a matmul of the two raises "expected scalar type Double but found Float"; an elementwise op
+    promotes, but computes from the rounded operand): in a float64 run there must be none."""
+
+    class Strict(mode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            dtypes = {t.dtype for t in tree_leaves((args, kwargs or {}))
+                      if isinstance(t, torch.Tensor) and t.is_floating_point()}
+            if torch.float64 in dtypes and len(dtypes) > 1 and len(narrow) < 20:
+                narrow.append(f"{getattr(func, '__name__', func)} got {sorted(map(str, dtypes))}")
+            return super().__torch_function__(func, types, args, kwargs)
+
+    return Strict
+
+
 def _checks(report):
     splits = [s.check for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
     regions = [f.check for g in report.graphs for s in g.splits for f in s.fusions]
@@ -58,9 +75,13 @@ def test_the_float64_reference_runs_on_the_decoder_splits_in_bf16(name, monkeypa
     raised "expected scalar type Double but found Float" in the backward's float64 run)."""
     monkeypatch.setattr(split_check, "judge", _beyond_eager(compare.judge))
     monkeypatch.setattr(region_check, "judge", _beyond_eager(compare.judge))
+    narrow: list[str] = []
+    monkeypatch.setattr(split_check, "Float64Mode", _strict(split_check.Float64Mode, narrow))
+    monkeypatch.setattr(region_check, "Float64Mode", _strict(region_check.Float64Mode, narrow))
     _, _, backend = _train(name, "bfloat16", check="fusion", check_every=1)
     splits, regions = _checks(backend.report())
     assert backend.recorder.failures.total == 0
+    assert not narrow  # position ids' .float() left in float32 gave "mul got ['torch.float32', 'torch.float64']"
     assert splits and all(c.calls == STEPS and c.reference == "float64 eager" and not c.failures for c in splits)
     decoder = max(splits, key=lambda c: c.compared)
     assert any(label.startswith("gradient of") for label in decoder.mismatched_values)  # the backward's round ran
