@@ -258,6 +258,31 @@ def test_the_zoo_checks_clean_with_nvfuser_and_its_training_is_unchanged(name):
     assert sum(c.verified_gradients for c in checks) > 0
 
 
+@pytest.mark.cuda
+def test_what_a_check_allocates_on_cuda_lies_in_its_own_pool_whichever_thread_allocates():
+    """The eager backward of a check runs its nodes on autograd's device thread: those allocations go to the check's
+    pool too, and none of the run's."""
+    from thunderfx_debug.recording.isolation import CheckIsolation
+
+    isolation = CheckIsolation()
+    x = torch.randn(512, 512, device="cuda", requires_grad=True)
+    with isolation.entered([x]):
+        doubled = x.detach() * 2
+        leaf = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad((leaf.sin() * 3).sum(), [leaf])
+    pool = next(iter(isolation._pools.values()))
+    snapshot = pool.snapshot() if hasattr(pool, "snapshot") else [
+        s for s in torch.cuda.memory._snapshot()["segments"] if tuple(s.get("segment_pool_id", ())) == pool.id]
+    segments = [(s["address"], s["address"] + s["total_size"]) for s in snapshot]
+
+    def inside(t):
+        return any(start <= t.data_ptr() < end for start, end in segments)
+
+    assert inside(doubled) and inside(grad) and not inside(x)
+    after = x * 2  # the training's allocations stay in the default pool
+    assert not inside(after)
+
+
 def test_a_checked_call_whose_backward_never_runs_frees_its_graph():
     """The hooks of a gradient check hold no autograd node: an evaluation step with grad enabled leaks nothing."""
     import gc
@@ -438,6 +463,8 @@ def test_a_write_behind_the_programs_back_is_a_mismatch_and_its_region_is_found_
     assert "the split's input 0 (x) changed while nvFusion1_forward ran (it is not an output of " \
            "nvFusion1_forward)" in found
     assert tallies["nvFusion0_forward"].record().mismatches == 1  # call 7 only: on call 8 the writer was named
+    assert culprit.writes_unowned_memory and not tallies["nvFusion0_forward"].record().writes_unowned_memory
+    assert victim.overwritten and tallies["nvFusion0_forward"].record().overwritten
     # an update through PyTorch (version bumped) is the program's own, and an unarmed trace checks nothing
     calls = split.calls
     call(9, torch.arange(4.0), lambda x, first: first[1].add_(1))
@@ -496,6 +523,27 @@ def test_summary_and_html_name_the_mismatching_piece():
     assert "<h3>Correctness</h3>" in page and "1 of 3 pieces MISMATCH" in page
     assert 'href="rank0/graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"' in page
     assert "correctness" not in render_summary(_report_with(None))
+
+
+def test_the_headline_names_a_region_that_writes_memory_it_does_not_own():
+    report = load_report(dump_fixtures() / "normal")
+    graph = report.graphs[0]
+    split = next(s for s in graph.splits if s.kind is SplitKind.THUNDER)
+    writer = Check(calls=2, mismatches=1, compared=9, first_mismatch_call=2, worst_call=2, worst_abs_error=2.0,
+                   worst_rel_error=math.inf, worst_ratio=math.inf, rtol=0.0, atol=0.0, allowed=0.0,
+                   worst_output="output 1 (t1) of nvFusion0_forward changed while TorchCompile0 ran (it is not an "
+                                "output of TorchCompile0)", reference="its own value when it was returned (or received)",
+                   writes_unowned_memory=True)
+    fusions = (dataclasses.replace(split.fusions[0], check=writer), *split.fusions[1:])
+    changed = dataclasses.replace(split, check=Check(calls=2, compared=4), fusions=fusions)
+    splits = tuple(changed if s.name == split.name else s for s in graph.splits)
+    report = dataclasses.replace(report, graphs=(dataclasses.replace(graph, splits=splits), *report.graphs[1:]))
+    summary = render_summary(report)
+    region = f"graph0/{split.name}/{split.fusions[0].qualified_name}"
+    headline = next(line for line in summary.splitlines() if line.startswith("correctness"))
+    assert headline.endswith(f"; {region} writes memory it does not own")
+    assert f"MISMATCH {region}: writes memory it does not own: output 1 (t1)" in summary
+    assert "writes memory it does not own" in render_html({0: report}, {0: "rank0/"})
 
 
 def test_diff_shows_the_mismatches_new_in_the_second_run():
