@@ -4,11 +4,12 @@ PyTorch, forward and gradients) and `region_check` (each fusion region against i
 what it returned still holds at the end of the split).
 
 A checked call runs as usual first; the references run afterwards on the same real inputs, detached, under
-`no_grad` (or on leaf copies for the gradients), with the CPU and CUDA random states saved and restored around
-them (`kept_random_state`), so that the training's random numbers, losses and parameters do not change. What a
-check finds goes into a `CheckTally` per piece (read into `records.Check` at report time); the values it made are
-dropped when it returns, except the host copies of the first mismatching call (`Evidence`, within
-THUNDERFX_DEBUG_INPUTS_MAX_MB) for the mismatch script written at flush.
+`no_grad` (or on leaf copies for the gradients), in the checks' isolation (`isolation`: on CUDA their own memory
+pool and stream; the CPU and CUDA random states saved and restored around them, `kept_random_state`), so that the
+training's random numbers, memory layout, losses and parameters do not change. What a check finds goes into a
+`CheckTally` per piece (read into `records.Check` at report time), including the calls on which the check itself
+failed (`guarded`); the values it made are dropped when it is done, except the host copies of the first mismatching
+call (`Evidence`, within THUNDERFX_DEBUG_INPUTS_MAX_MB) for the mismatch script written at flush.
 """
 
 from __future__ import annotations
