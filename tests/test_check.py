@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
-from wrong_executors import wrong_cos_executor, wrong_sin_executor
+from wrong_executors import slightly_wrong_sin_executor, wrong_cos_executor, wrong_sin_executor
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
 from thunderfx_debug.report import Report
@@ -127,12 +127,40 @@ def _run_mismatch_script(script: Path, tmp_path: Path) -> str:
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text("import thunderfx_debug\nimport wrong_executors\n"
-                                           "wrong_executors.wrong_sin_executor()\nwrong_executors.wrong_cos_executor()\n")
+                                           "wrong_executors.wrong_sin_executor()\nwrong_executors.wrong_cos_executor()\n"
+                                           "wrong_executors.slightly_wrong_sin_executor()\n")
     path = os.pathsep.join([str(site), str(Path(__file__).parent)])
     done = subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": path})
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     return [line for line in done.stdout.splitlines() if line.startswith("RESULT")][-1]
+
+
+def test_a_verdict_and_its_own_script_agree_on_a_small_error_in_bf16(tmp_path):
+    """bf16 values ~1e-3 computed 30% off: the sentinel's MISMATCH and its script's judgement of what the run
+    produced are one judgement (with a floor of atol = 0.05 the script used to find them within the tolerance)."""
+    import thunder
+
+    class Small(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(16, 16) / 4)
+
+        def forward(self, x):
+            return torch.sin(x @ self.w * 1e-3)
+
+    torch.manual_seed(0)
+    backend = ReportingBackend(dump_dir=tmp_path, check="split", check_every=1, strict=True,
+                               executors=[slightly_wrong_sin_executor(), *thunder.get_default_executors()])
+    model = Small().to(torch.bfloat16)
+    torch.compile(model, backend=backend)(torch.randn(8, 16, dtype=torch.bfloat16)).sum().backward()
+    check = backend.report().graphs[0].splits[0].check
+    assert check.mismatches == 1 and "forward output 0" in check.mismatched_values
+    assert 1 < check.worst_ratio < 10 and check.worst_abs_error < 0.05  # small: an atol of 0.05 would pass it
+    split = load_report(backend.flush()).graphs[0].splits[0]
+    script = tmp_path / "rank0" / split.files["repro_mismatch_thunder"]
+    assert _run_mismatch_script(script, tmp_path).startswith(
+        "RESULT MISMATCH (exit 1): in the run: beyond the tolerance; outside the run, with thunder: reproduces")
 
 
 def test_wrong_gradients_are_flagged_and_their_script_exits_1(tmp_path):
