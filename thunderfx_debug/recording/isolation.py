@@ -50,6 +50,11 @@ class CheckIsolation:
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._inside = threading.local()  # entered by this thread already (a check's work calling another's)
 
+    def __reduce__(self):
+        """A copy (a deep-copied model holding its compiled backend, a pickled trainer) gets pools and streams of its
+        own, made on first use: neither can be copied."""
+        return (CheckIsolation, ())
+
     def _device(self, values: list[Any]) -> int | None:
         for t in tensors(values):
             if t.is_cuda:

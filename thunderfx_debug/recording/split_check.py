@@ -187,8 +187,9 @@ def _as_received(inputs: list[Any], requires_grad: list[bool]) -> list[Any]:
 
 
 def _kept(x: Any, arg: Any) -> Any:
-    """What the backward check keeps of a reference input until the backward: a parameter as it is (the model keeps
-    it alive anyway), any other tensor as a copy, so that the run's own tensors are freed when the run frees them."""
+    """What the backward check keeps of a reference input until the split's backward: a parameter as it is (the
+    model keeps it alive anyway; copied once the split's backward ran), any other tensor as a copy, so that the run's
+    own tensors are freed when the run frees them."""
     if not isinstance(x, torch.Tensor) or isinstance(arg, torch.nn.Parameter):
         return x
     return x.detach().clone()
@@ -228,16 +229,19 @@ class _BackwardCheck:
                  first: list, last: list):
         self.owner, self.call, self.wanted = owner, call, wanted
         self.inputs = [_kept(x, a) for x, a in zip(inputs, args)]
+        self.parameters = [i for i, (x, a) in enumerate(zip(inputs, args))
+                           if isinstance(x, torch.Tensor) and isinstance(a, torch.nn.Parameter)]
         self.requires_grad = _requires_grad(args)
         self.state = {"started": False}  # read by the finalizer of a check whose backward never ran
         self.autocast = AutocastState.capture(inputs)
         self.versions = [version(a) for a in args]
         self.args = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
+        self.changed: list[int] = []  # inputs written in place between the forward and the split's backward
         first_ids = {id(node) for node in first}  # `first` holds these nodes, so their ids are theirs meanwhile
         # outputs the split computed (not an input passed through): their gradients flow through its backward
         self.own = [o is not None and id(o.grad_fn) in first_ids for o in outputs]
         self.incoming: list[torch.Tensor | None] = [None] * len(outputs)
-        self.passed_on: dict[int, list[torch.Tensor]] = {}  # input position -> what the split passed to it (copies)
+        self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a copy)
         self.delivered: dict[int, torch.Tensor | bool] = {}  # input position -> agreement with autograd's total
         self.settled = False
         self._queued = False
@@ -287,12 +291,13 @@ class _BackwardCheck:
                 for j, position in routes:
                     if j < len(grad_inputs) and grad_inputs[j] is not None:
                         routed.setdefault(position, []).append(grad_inputs[j])
-                if routed:
-                    with owner.isolation.entered(list(grad_inputs)):
-                        for position, grads in routed.items():
-                            before = self.passed_on.get(position)
-                            self.passed_on[position] = [_total(grads if before is None else [*before, *grads])]
-                self._last_left -= 1
+                with owner.isolation.entered([*grad_inputs, *self.inputs]):
+                    for position, grads in routed.items():
+                        before = self.passed_on.get(position)
+                        self.passed_on[position] = _total(grads if before is None else [before, *grads])
+                    self._last_left -= 1
+                    if self._last_left == 0:
+                        self._split_backward_done()
             return None
 
         return hook
@@ -315,6 +320,15 @@ class _BackwardCheck:
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._at_end_of_backward)
+
+    def _split_backward_done(self) -> None:
+        """The split's backward ran: the inputs are read now, while they are still what the forward had (FSDP2
+        frees its unsharded parameters after their block's backward, before the end of the whole backward)."""
+        self.changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
+                        if v is not None and ref is not None and ref() is not None and version(ref()) != v]
+        for i in self.parameters:
+            self.inputs[i] = self.inputs[i].detach().clone()
+        self.args = []
 
     def _at_end_of_backward(self) -> None:
         owner = self.owner
@@ -341,16 +355,13 @@ class _BackwardCheck:
             regions.backward_call = 0
 
     def _captured(self, i: int) -> torch.Tensor | None:
-        grads = self.passed_on.get(i)
-        return grads[0] if grads else None
+        return self.passed_on.get(i)
 
     # ---- the comparison, at the end of the backward ---------------------------------------------------------------
     def _check(self) -> None:
         owner, call = self.owner, self.call
-        changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
-                   if v is not None and ref is not None and ref() is not None and version(ref()) != v]
-        if changed:
-            names = ", ".join(owner._input(i) for i in changed)
+        if self.changed:
+            names = ", ".join(owner._input(i) for i in self.changed)
             owner.tally.skip(call, f"inputs changed in place between the forward and the backward ({names}): "
                                    "gradients not compared")
             return
