@@ -185,7 +185,7 @@ def _findings(backend) -> dict:
     return {
         "correctness": render_correctness(report),
         "checked": len(pieces),
-        "mismatching": {p.path: p.check.to_json() for p in pieces if p.check.mismatched},
+        "mismatching": {p.path: p.check.to_json() for p in pieces if p.status == "mismatch"},
         "scripts": {p.path: path for p in pieces for label, path in p.files.items() if "mismatch" in label},
         "reporting_failures": [f["what"] + ": " + f["error"] for f in report.meta.get("reporting_failures", [])],
     }
@@ -296,7 +296,7 @@ def _dead_proof(job: Job, error: str) -> dict:
         return result
     pieces = checked_pieces(report)
     result.update(correctness=render_correctness(report), checked=len(pieces),
-                  mismatching={p.path: p.check.to_json() for p in pieces if p.check.mismatched},
+                  mismatching={p.path: p.check.to_json() for p in pieces if p.status == "mismatch"},
                   scripts={p.path: path for p in pieces for label, path in p.files.items() if "mismatch" in label})
     return result
 

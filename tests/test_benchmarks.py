@@ -140,3 +140,27 @@ def test_check_sentinel_refuses_steps_that_are_not_whole_blocks(capsys):
     assert exit_info.value.code == 2 and "must be a multiple of --block" in capsys.readouterr().err
     args = check_sentinel.parse_args(["--every", "25"])
     assert (args.block, args.steps, args.cost_layers) == (25, 300, 12)  # a block holds one checked call
+
+
+def test_sentinel_zoo_maps_verdicts_to_parameters_and_says_what_failed():
+    """benchmarks/sentinel_zoo.py's bookkeeping (the runs themselves: RESULTS.md): Dynamo's names of lifted parameters
+    back to the model's, and the verdicts that make the run fail."""
+    zoo = _load("sentinel_zoo")
+    assert zoo._parameter_name("gradient of input 6 (l_self_modules_transformer_modules_h_modules_0_modules_ln_1_"
+                               "parameters_weight_)") == "transformer.h.0.ln_1.weight"
+    assert zoo._parameter_name("gradient of input 8 (l_args_0_modules_model_modules_layers_modules_0_modules_"
+                               "input_layernorm_parameters_weight_)") == "model.layers.0.input_layernorm.weight"
+    assert zoo._parameter_name("forward output 0") is None
+    args = zoo.parse_args(["--device", "cpu", "--expect-oob", "graph0/thunder_0/nvFusion0_forward"])
+    same = {"loss_bits": ["0x1.8p+1"], "parameters_sha256": "ab", "losses": [3.0]}
+    results = {"grads": {"gpt2": {"false_mismatches": ["graph0/thunder_2"]}, "llama": {"false_mismatches": []}},
+               "oob": {"sentinel": {"mismatching": ["graph0/thunder_0"]}},
+               "identity": {"llama": {"off": same, "fusion": {**same, "parameters_sha256": "cd"}},
+                            "bert": {"off": same, "fusion": same}},
+               "cost": {"error": "out of time after 150 s (--deadline)"}}
+    verdicts = zoo._verdicts(results, args)
+    assert not verdicts["ok"] and len(verdicts["problems"]) == 4
+    assert any("gpt2: false MISMATCH" in p for p in verdicts["problems"])
+    assert any("nvFusion0_forward not flagged" in p for p in verdicts["problems"])
+    assert any("identity llama: CHECK=fusion changed the training" in p for p in verdicts["problems"])
+    assert any(p.startswith("cost: out of time") for p in verdicts["problems"])

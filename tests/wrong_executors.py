@@ -32,3 +32,9 @@ def wrong_sin_executor():
 def wrong_cos_executor():
     """cos(x) * 1.5: Thunder differentiates sin with cos, so sin's gradient comes out wrong."""
     return _wrong_executor("thunderfx_debug_test_wrong_cos", "cos", lambda a: torch.cos(a) * 1.5)
+
+
+def slightly_wrong_sin_executor():
+    """sin(x) * 1.3: 30% off, which is well beyond bf16's rounding but within an absolute tolerance of 0.05 for
+    values ~1e-3."""
+    return _wrong_executor("thunderfx_debug_test_slightly_wrong_sin", "sin", lambda a: torch.sin(a) * 1.3)

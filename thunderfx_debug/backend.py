@@ -25,6 +25,7 @@ from thunderfx_debug.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
 from thunderfx_debug.recording.fallback import GraphFailureHandler
+from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.recording.wrap import wrap_graph
@@ -105,6 +106,7 @@ class ReportingBackend(ThunderCompiler):
         self._run = this_run()
         self._flusher: DumpFlusher | None = None
         self._periodic: PeriodicFlush | None = None
+        self._check_isolation = CheckIsolation()  # the correctness checks' memory pool and stream (CUDA), shared
         self._collectives = None  # the last flight-recorder log read (see `recording.collectives`)
         self._closed = False
         self._built_ns = time.time_ns()  # the flight recorder's clock: the collectives from here on are this run's
@@ -171,7 +173,7 @@ class ReportingBackend(ThunderCompiler):
         if self._torch_trace is not None:
             self._torch_trace.graph_compiled(state)
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          self._after_first_call, self._periodic)
+                          self._after_first_call, self._periodic, self._check_isolation)
 
     def _after_first_call(self, state) -> None:
         """Once a graph's first call has returned (Thunder has compiled its splits)."""

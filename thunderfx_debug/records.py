@@ -633,7 +633,15 @@ class Check:
     allowed: rtol * M + atol * min(1, M), M the reference's largest magnitude, plus three times eager's own error
     against float64 where the float64 reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
     returned"). `mismatched_values` names the values that were beyond tolerance (the first few distinct ones);
-    `skipped` says why values were not compared (random ops, inputs changed in place, ...).
+    `skipped` says why values were not compared (random ops, inputs changed in place, a backward that never ran, a
+    gradient whose capture could not be verified, ...). `failures` counts the checked calls on which the check
+    itself failed (an error of the sentinel, logged; what it did compare before still counts) and `failed` says what
+    failed (the first few distinct ones): such a piece is never counted as checked clean. `verified_gradients` counts
+    the gradients whose capture was proved to be what autograd delivered to the input (see
+    `recording.split_check`). A fusion region has `writes_unowned_memory` where a value it does not own (another
+    region's output, an input of the split) changed while it ran with no write PyTorch knows of, and `overwritten`
+    where a value it returned changed that way after it returned it (the region that wrote it is named on the next
+    checked call).
     """
 
     calls: int = 0
@@ -651,10 +659,20 @@ class Check:
     reference: str | None = None
     skipped: tuple[str, ...] = ()
     mismatched_values: tuple[str, ...] = ()
+    failures: int = 0
+    failed: tuple[str, ...] = ()
+    verified_gradients: int = 0
+    writes_unowned_memory: bool = False
+    overwritten: bool = False
 
     @property
     def mismatched(self) -> bool:
         return self.mismatches > 0
+
+    @property
+    def clean(self) -> bool:
+        """Values were compared, none mismatched, and the check never failed."""
+        return self.compared > 0 and not self.mismatches and not self.failures
 
     def describe(self) -> str:
         """One line: "3 checked calls, 1 mismatch (first at call 51): forward output 2 at call 51, error 0.31
@@ -672,12 +690,16 @@ class Check:
                      f"{_g(self.worst_ratio)} of the tolerance")
         if self.skipped:
             line += "; not compared: " + "; ".join(self.skipped)
+        if self.failures:
+            line += (f"; the check failed on {self.failures} call{'s' if self.failures != 1 else ''}: "
+                     + "; ".join(self.failed))
         return line
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["skipped"] = list(self.skipped)
         data["mismatched_values"] = list(self.mismatched_values)
+        data["failed"] = list(self.failed)
         # JSON has no infinity: a value that changed or an integer that differs is "inf" in the text
         return {k: (_json_float(v) if isinstance(v, float) else v) for k, v in data.items()}
 
@@ -711,6 +733,11 @@ class Check:
             reference=_get(data, "reference", str, where, default=None),
             skipped=_str_list(data, "skipped", where),
             mismatched_values=_str_list(data, "mismatched_values", where),
+            failures=count("failures"),
+            failed=_str_list(data, "failed", where),
+            verified_gradients=count("verified_gradients"),
+            writes_unowned_memory=_get(data, "writes_unowned_memory", bool, where, default=False),
+            overwritten=_get(data, "overwritten", bool, where, default=False),
         )
 
 

@@ -4,11 +4,12 @@ PyTorch, forward and gradients) and `region_check` (each fusion region against i
 what it returned still holds at the end of the split).
 
 A checked call runs as usual first; the references run afterwards on the same real inputs, detached, under
-`no_grad` (or on leaf copies for the gradients), with the CPU and CUDA random states saved and restored around
-them (`kept_random_state`), so that the training's random numbers, losses and parameters do not change. What a
-check finds goes into a `CheckTally` per piece (read into `records.Check` at report time); the values it made are
-dropped when it returns, except the host copies of the first mismatching call (`Evidence`, within
-THUNDERFX_DEBUG_INPUTS_MAX_MB) for the mismatch script written at flush.
+`no_grad` (or on leaf copies for the gradients), in the checks' isolation (`isolation`: on CUDA their own memory
+pool and stream; the CPU and CUDA random states saved and restored around them, `kept_random_state`), so that the
+training's random numbers, memory layout, losses and parameters do not change. What a check finds goes into a
+`CheckTally` per piece (read into `records.Check` at report time), including the calls on which the check itself
+failed (`guarded`); the values it made are dropped when it is done, except the host copies of the first mismatching
+call (`Evidence`, within THUNDERFX_DEBUG_INPUTS_MAX_MB) for the mismatch script written at flush.
 """
 
 from __future__ import annotations
@@ -87,16 +88,24 @@ class Evidence:
 
 
 class CheckTally:
-    """What the checks of one piece found so far; `record()` reads it as a `records.Check` (None before any check)."""
+    """What the checks of one piece found so far; `record()` reads it as a `records.Check` (None before any check).
+
+    Hooks of a backward check may run on autograd's device thread while the training thread runs another piece's
+    check; each change here is a few dict and set operations, which the GIL keeps whole."""
 
     def __init__(self):
         self._calls: set[int] = set()
         self._mismatching: set[int] = set()
+        self._failing: set[int] = set()
         self.compared = 0
         self.worst: tuple[Judged, int] | None = None
         self.skipped: dict[str, None] = {}
+        self.failed: dict[str, None] = {}
         self.mismatched_values: dict[str, None] = {}
         self.evidence: Evidence | None = None
+        self.verified_gradients = 0
+        self.writes_unowned_memory = False
+        self.overwritten = False
 
     def checked(self, call: int) -> None:
         self._calls.add(call)
@@ -122,6 +131,14 @@ class CheckTally:
         if reason not in self.skipped and len(self.skipped) < MAX_CHECK_REASONS:
             self.skipped[reason] = None
 
+    def fail(self, call: int, what: str, error: BaseException) -> None:
+        """The check itself failed on `call` while doing `what`: the piece is not checked clean on that call."""
+        self._calls.add(call)
+        self._failing.add(call)
+        reason = f"{what} raised {type(error).__name__}: {str(error).strip()[:200]}"
+        if reason not in self.failed and len(self.failed) < MAX_CHECK_REASONS:
+            self.failed[reason] = None
+
     @property
     def calls(self) -> int:
         return len(self._calls)
@@ -146,7 +163,27 @@ class CheckTally:
             reference=worst.reference if worst else None,
             skipped=tuple(self.skipped),
             mismatched_values=tuple(self.mismatched_values),
+            failures=len(self._failing),
+            failed=tuple(self.failed),
+            verified_gradients=self.verified_gradients,
+            writes_unowned_memory=self.writes_unowned_memory,
+            overwritten=self.overwritten,
         )
+
+
+@contextlib.contextmanager
+def guarded(failures: ReportingFailures, tally: CheckTally | None, call: int, what: str, label: str) -> Iterator[None]:
+    """Runs a block of a check: an exception in it is noted on `tally` (the check of the piece failed on `call`, so
+    the piece is not counted clean) and handed to `failures` as "`what` of `label`" (logged once, raised in strict
+    mode), as `ReportingFailures.guard` does."""
+    try:
+        yield
+    except Exception as error:
+        if tally is not None:
+            tally.fail(call, what, error)
+        failures.record(f"{what} of {label}", error)
+        if failures.strict:
+            raise
 
 
 def describe_findings(mismatches: Sequence[Judged]) -> list[str]:

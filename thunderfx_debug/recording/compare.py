@@ -1,16 +1,23 @@
-"""Judging a piece's values against its eager reference on the device: the rule of the correctness sentinel.
+"""Judging a piece's values against its eager reference on the device: the rule of the correctness sentinel, which the
+repro scripts apply too.
 
-The rule is the repro scripts' (`artifacts/repro`: the same dtype table, the same float64 slack), but for one thing:
-a floating-point value passes when its largest error is within rtol * M + atol * min(1, M), M the largest magnitude
-of its reference, plus, where eager itself rounds, three times eager's own largest error against a float64 run of
-eager: then the value is judged by its own distance to the float64 run. The scripts allow atol + rtol * M; a fixed
-floor lets any error pass in a tensor of small values (a bf16 model's gradients are ~1e-3, bf16's atol 5e-2), so
-here the floor shrinks with the values below 1. That is the
-accuracy minifier's idea (`torch._dynamo.utils.same` with `fp64_ref`: bf16 rounding is not a mismatch), with
-maxima instead of its RMSE, because a fault that corrupts a few hundred elements of a large tensor (the H200's
-nvFuser writing out of bounds) hardly moves an RMSE. Integer and bool values must be equal.
+A floating-point value passes when its largest error is within rtol * M + atol * min(1, M), M the largest magnitude
+of its reference, with its dtype's (rtol, atol); where it does not, it is judged by its own distance to a float64 run
+of the same code (`Float64Mode`), which may be that plus three times eager's own largest error against the float64
+run, plus one unit of the dtype's precision at the largest magnitude among the values judged with it
+(`rounding_floor`): rounding that eager does too (bf16 matmuls, an explicit cast to bf16 inside the piece) is not a
+mismatch, nor is the noise of a value that is zero but for rounding. The
+floor shrinks with the values below 1, because a fixed one lets any error pass in a tensor of small values (a bf16
+model's gradients are ~1e-3, bf16's atol 5e-2). That is the accuracy minifier's idea (`torch._dynamo.utils.same`
+with `fp64_ref`), with maxima instead of its RMSE, because a fault that corrupts a few hundred elements of a large
+tensor (the H200's nvFuser writing out of bounds) hardly moves an RMSE. Integer and bool values must be equal.
 
-Two rounds, each with one device synchronisation for all the values of a piece: first against eager in the
+The rule itself (the dtype table, `allowed_error`, `verdict`) and the float64 reference (`Float64Mode`,
+`to_float64`) are one block of code that `artifacts/repro/script_template.py` carries as an exact copy, because a
+repro script stands alone; `tests/test_check_rule.py` holds the two equal. So a MISMATCH of the sentinel and its
+script's "in the run" line are the same judgement.
+
+Two rounds here, each with one device synchronisation for all the values of a piece: first against eager in the
 piece's dtypes; only if some value is beyond its tolerance there is the float64 reference made (it costs as much as
 the piece's forward or more) and the values judged again. A value within tolerance of eager is within the float64
 bound too (|a - f| <= |a - e| + |e - f| <= allowed + 3 |e - f|), so the first round decides every verdict it passes.
@@ -39,9 +46,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-#: (rtol, atol) by dtype, the repro scripts' table: a compiled piece reorders floating-point work, so results differ
-#: by rounding, more with fewer mantissa bits. Integer and bool values must match exactly.
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+# ---- the judging rule: the same text in recording/compare.py and artifacts/repro/script_template.py ----------------
+
+#: (rtol, atol) by dtype: a compiled piece reorders floating-point work, so results differ by rounding, more with
+#: fewer mantissa bits. Integer and bool values must match exactly.
+TOLERANCES = {
     torch.float64: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-4),
     torch.complex64: (1e-4, 1e-4),
@@ -50,19 +59,147 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (5e-2, 5e-2),
 }
 _FLOAT8_TOLERANCE = (0.25, 0.25)
-#: Eager's own error against float64, times this, is added to what a value may differ by (see the module docstring).
+#: Eager's own largest error against float64, times this, is added to what a value may differ by.
 NOISE_SLACK = 3.0
 
-EAGER, FLOAT64, EXACT = "eager", "float64 eager", "exact"
 
-
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+def tolerance(dtype):
     """(rtol, atol) for values of `dtype`; (0, 0) for exact types."""
     if dtype in TOLERANCES:
         return TOLERANCES[dtype]
-    if dtype.is_floating_point:
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return _FLOAT8_TOLERANCE
     return (0.0, 0.0)
+
+
+def allowed_error(rtol, atol, scale):
+    """What a value whose reference's largest magnitude is `scale` may differ by, before eager's own noise.
+
+    Example (bfloat16: 5 % of the values' size, atol at full height only for values of 1 and above):
+        >>> allowed_error(0.05, 0.05, 10.0), allowed_error(0.05, 0.05, 1e-3)
+        (0.55, 0.0001)
+    """
+    return rtol * scale + atol * min(1.0, scale)
+
+
+def rounding_floor(dtype, piece_scale):
+    """One unit of `dtype`'s precision at the largest magnitude among the values of that dtype judged together
+    (`piece_scale`: a piece's outputs, or its gradients): the absolute rounding noise a value computed from such
+    values can carry, however small the value itself is. `verdict` allows it only to a value that is mostly noise
+    (eager's own error against float64 at least half its magnitude): a gradient that is zero but for rounding (a
+    bias before a normalisation: ~1e-13 in float32 beside values ~0.4) is noise to either side, which no multiple
+    of eager's own error bounds, while a small value eager computes well keeps its own tolerance."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        return 0.0
+    return torch.finfo(dtype).eps * piece_scale
+
+
+def verdict(error, scale, rtol, atol, own=None, noise=None, floor=0.0):
+    """(ratio, allowed, against float64): a value's largest `error` against its reference (largest magnitude
+    `scale`) as a fraction of what is allowed; above 1 is a mismatch. Where that is above 1 and a float64 run is
+    known (`own`: the value's largest error against it, `noise`: the reference's), the value is judged by `own`
+    against what is allowed plus NOISE_SLACK times `noise`, plus `floor` (`rounding_floor`) where the reference is
+    mostly noise (`noise` at least half of `scale`). Exact types (rtol = atol = 0) allow nothing."""
+    if rtol == 0 and atol == 0:
+        return (math.inf if error > 0 else 0.0), 0.0, False
+    allowed = allowed_error(rtol, atol, scale)
+    ratio = error / allowed if allowed > 0 else (math.inf if error > 0 else 0.0)
+    if not ratio > 1.0 or own is None or noise is None:
+        return ratio, allowed, False
+    allowed = allowed + NOISE_SLACK * noise + (floor if 2 * noise >= scale else 0.0)
+    return (own / allowed if allowed > 0 else (math.inf if own > 0 else 0.0)), allowed, True
+
+
+_LOWER_PRECISION_METHODS = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
+_LOWER_PRECISION_TYPE_NAMES = frozenset({"FloatTensor", "HalfTensor", "BFloat16Tensor"})
+_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.zeros, torch.ones, torch.empty,
+                        torch.full, torch.arange, torch.linspace, torch.logspace, torch.eye})
+_ENTER_AUTOCAST = getattr(torch.amp.autocast_mode, "_enter_autocast", None)
+
+
+def _widened(value):
+    """A dtype (or legacy tensor type name) an op is asked for, as its float64 (complex128) counterpart."""
+    if isinstance(value, torch.dtype):
+        if value.is_complex:
+            return torch.complex128
+        if value.is_floating_point:
+            return torch.float64
+    if isinstance(value, str) and value.startswith("torch.") and value.rpartition(".")[2] in _LOWER_PRECISION_TYPE_NAMES:
+        return value.rpartition(".")[0] + ".DoubleTensor"
+    return value
+
+
+def _wide_result(value):
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() and value.dtype is not torch.complex128:
+            return value.to(torch.complex128)
+        if value.is_floating_point() and value.dtype is not torch.float64:
+            return value.to(torch.float64)
+    return value
+
+
+class Float64Mode(TorchFunctionMode):
+    """Runs torch code in float64, the yardstick for rounding: every conversion to a floating dtype becomes one to
+    float64 whatever the source (`x.float()` of an int64 tensor, `x.to(torch.bfloat16)`, `x.type(torch.half)`,
+    `dtype=` keywords), factories without a dtype make float64, autocast is off (also where the code enters it),
+    and any floating result of lower precision left over is widened. With its inputs in float64 (`to_float64`), an
+    FX module or a fusion region's torch function computes in float64 throughout, so that the roundings the code
+    asks for (a bf16 cast inside a piece) count as eager's own noise, not as the yardstick's.
+
+    Why not `torch._dynamo.debug_utils.cast_to_fp64`: it rewrites the dtype arguments of aten-level FX graphs
+    (`prims.convert_element_type` and `dtype=` keywords) but not the `Tensor.to` / `.float()` method calls of the
+    Dynamo graphs ThunderFX splits, and a fusion region's reference is a Python function, not an FX graph.
+
+    Example:
+        >>> with Float64Mode():
+        ...     torch.ones(2, dtype=torch.bfloat16).dtype, torch.arange(3).float().dtype, torch.zeros(2).dtype
+        (torch.float64, torch.float64, torch.float64)
+    """
+
+    def __enter__(self):
+        self._autocast_off = [torch.autocast(device, enabled=False) for device in ("cpu", "cuda")
+                              if torch.is_autocast_enabled(device)]
+        for context in self._autocast_off:
+            context.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for context in reversed(self._autocast_off):
+                context.__exit__(None, None, None)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _LOWER_PRECISION_METHODS:
+            return args[0].to(torch.float64) if not args[0].is_complex() else func(*args, **kwargs)
+        if func is _ENTER_AUTOCAST:  # torch.autocast(device, dtype, enabled, cache) inside a Dynamo graph
+            return func(args[0], args[1], False, *args[3:])
+        args, kwargs = tree_map(_widened, (tuple(args), kwargs))
+        result = func(*args, **kwargs)
+        if func in _FACTORIES and kwargs.get("dtype") is None and isinstance(result, torch.Tensor) \
+                and result.is_floating_point() and result.dtype is not torch.float64:
+            return func(*args, **{**kwargs, "dtype": torch.float64})  # made as float64, not rounded first
+        return tree_map(_wide_result, result)
+
+
+def to_float64(values, requires_grad=False):
+    """Floating-point tensors as float64 copies (complex as complex128; leaves that require grad where
+    `requires_grad` and the original did); other values as they are."""
+    result = []
+    for x in values:
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+            wide = x.detach().to(torch.complex128 if x.is_complex() else torch.float64)
+            result.append(wide.requires_grad_(bool(requires_grad and x.requires_grad)))
+        else:
+            result.append(x)
+    return result
+
+# ---- end of the judging rule -----------------------------------------------------------------------------------------
+
+
+EAGER, FLOAT64, EXACT = "eager", "float64 eager", "exact"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +263,8 @@ def _comparable(actual: Any, expected: Any) -> str | None:
     return None
 
 
-def _scalars(values: list[torch.Tensor]) -> list[float]:
-    """One device-to-host copy (one synchronisation) for all the 0-dim tensors of a round."""
+def scalars(values: list[torch.Tensor]) -> list[float]:
+    """One device-to-host copy (one synchronisation) per device for all the 0-dim tensors of a round."""
     if not values:
         return []
     by_device: dict[torch.device, list[int]] = {}
@@ -142,9 +279,9 @@ def _scalars(values: list[torch.Tensor]) -> list[float]:
 
 def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
           float64: Callable[[], Sequence[Any] | None] | None = None) -> list[Judged]:
-    """Judges `actual[i]` against `eager[i]` (tensors, or Python values compared for equality), in two rounds (see
-    the module docstring). `float64()` runs eager in float64 and returns the values in the same order (or None
-    where it cannot be run); it is called at most once, and only when some floating-point value needs it."""
+    """Judges `actual[i]` against `eager[i]` (tensors, or Python values compared for equality) by `verdict`, in two
+    rounds (see the module docstring). `float64()` runs eager in float64 and returns the values in the same order
+    (or None where it cannot be run); it is called at most once, and only when some floating-point value needs it."""
     results: dict[int, Judged] = {}
     pending: list[int] = []
     device_values: list[torch.Tensor] = []
@@ -159,15 +296,16 @@ def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
         else:
             pending.append(i)
             device_values += [max_abs_difference(a, e), max_magnitude(e)]
-    numbers = _scalars(device_values)
+    numbers = scalars(device_values)
+    piece_scale: dict[torch.dtype, float] = {}  # the largest magnitude among the values of each dtype
+    for k, i in enumerate(pending):
+        piece_scale[eager[i].dtype] = max(piece_scale.get(eager[i].dtype, 0.0), numbers[2 * k + 1])
     beyond = []
     for k, i in enumerate(pending):
         error, scale = numbers[2 * k], numbers[2 * k + 1]
         rtol, atol = tolerance(eager[i].dtype)
+        ratio, allowed, _ = verdict(error, scale, rtol, atol)
         exact = rtol == 0 and atol == 0
-        allowed = allowed_error(rtol, atol, scale)
-        ratio = (math.inf if error > 0 else 0.0) if exact else (error / allowed if allowed > 0 else
-                                                                  (math.inf if error > 0 else 0.0))
         results[i] = Judged(labels[i], error, _relative(error, scale), ratio, rtol, atol, allowed,
                             EXACT if exact else EAGER)
         if ratio > 1.0 and not exact:
@@ -175,86 +313,28 @@ def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
     if beyond and float64 is not None:
         reference = float64()
         if reference is not None:
-            _judge_against_float64(results, beyond, actual, eager, reference)
+            _judge_against_float64(results, beyond, actual, eager, reference, piece_scale)
     return [results[i] for i in range(len(results))]
 
 
 def _judge_against_float64(results: dict[int, Judged], beyond: list[tuple[int, float]], actual, eager,
-                           reference) -> None:
+                           reference, piece_scale: dict[torch.dtype, float]) -> None:
     values, usable = [], []
     for i, scale in beyond:
         f = reference[i] if i < len(reference) else None
         if isinstance(f, torch.Tensor) and f.shape == actual[i].shape and f.device == actual[i].device:
             usable.append((i, scale))
             values += [max_abs_difference(actual[i], f), max_abs_difference(eager[i], f)]
-    numbers = _scalars(values)
+    numbers = scalars(values)
     for k, (i, scale) in enumerate(usable):
         own, noise = numbers[2 * k], numbers[2 * k + 1]
         before = results[i]
-        allowed = allowed_error(before.rtol, before.atol, scale) + NOISE_SLACK * noise
-        ratio = own / allowed if allowed > 0 else (math.inf if own > 0 else 0.0)
-        results[i] = dataclasses.replace(before, ratio=ratio,
-                                         allowed=allowed, reference=FLOAT64)
-
-
-def allowed_error(rtol: float, atol: float, scale: float) -> float:
-    """What a value whose reference's largest magnitude is `scale` may differ by, before eager's own noise.
-
-    Example (bfloat16: 5 % of the values' size, atol at full height only for values of 1 and above):
-        >>> allowed_error(0.05, 0.05, 10.0), allowed_error(0.05, 0.05, 1e-3)
-        (0.55, 0.0001)
-    """
-    return rtol * scale + atol * min(1.0, scale)
+        floor = rounding_floor(eager[i].dtype, piece_scale.get(eager[i].dtype, 0.0))
+        ratio, allowed, _ = verdict(before.abs_error, scale, before.rtol, before.atol, own, noise, floor)
+        results[i] = dataclasses.replace(before, ratio=ratio, allowed=allowed, reference=FLOAT64)
 
 
 def _relative(error: float, scale: float) -> float:
     if error == 0:
         return 0.0
     return error / scale if scale > 0 else math.inf
-
-
-# ---- the float64 reference ----------------------------------------------------------------------------------------
-
-_NARROWING_METHODS = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
-
-
-def _widened(value: Any) -> Any:
-    if isinstance(value, torch.dtype) and value.is_floating_point and value is not torch.float64:
-        return torch.float64
-    return value
-
-
-class Float64Mode(TorchFunctionMode):
-    """Runs torch code in float64: every floating dtype an op is asked for (`x.to(torch.bfloat16)`,
-    `torch.zeros(..., dtype=torch.float32)`, `x.float()`) becomes float64. With inputs in float64 (`to_float64`),
-    an FX module or a fusion region's torch function then computes in float64 throughout.
-
-    Why not `torch._dynamo.debug_utils.cast_to_fp64`: it rewrites the dtype arguments of aten-level FX graphs
-    (`prims.convert_element_type` and `dtype=` keywords) but not the `Tensor.to` / `.float()` method calls of the
-    Dynamo graphs ThunderFX splits, and a fusion region's reference is a Python function, not an FX graph.
-
-    Example:
-        >>> with Float64Mode():
-        ...     torch.ones(2, dtype=torch.bfloat16).dtype, torch.ones(2).double().float().dtype
-        (torch.float64, torch.float64)
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _NARROWING_METHODS:
-            return args[0].double() if args[0].is_floating_point() and not args[0].is_complex() else func(*args)
-        args, kwargs = tree_map(_widened, (tuple(args), kwargs))
-        return func(*args, **kwargs)
-
-
-def to_float64(values: Sequence[Any], requires_grad: bool = False) -> list[Any]:
-    """Floating-point tensors as float64 copies (leaves that require grad where `requires_grad` and the original
-    did); other values as they are."""
-    result = []
-    for x in values:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            wide = x.detach().to(torch.float64)
-            result.append(wide.requires_grad_(requires_grad and x.requires_grad))
-        else:
-            result.append(x)
-    return result

@@ -27,8 +27,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
-from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, kept_random_state, version
+from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
 from thunderfx_debug.recording.compare import Float64Mode, Judged, judge, max_abs_difference, to_float64
+from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
 
@@ -53,9 +54,11 @@ class RegionCheck:
     and changes of the split's inputs to `split_tally`."""
 
     def __init__(self, label: str, references: RegionReferences, tallies: dict[str, CheckTally],
-                 failures: ReportingFailures, evidence: EvidenceKeeper, split_tally: CheckTally | None = None):
+                 failures: ReportingFailures, evidence: EvidenceKeeper, split_tally: CheckTally | None = None,
+                 isolation: CheckIsolation | None = None):
         self.label, self.references, self.tallies = label, references, tallies
         self.failures, self.evidence = failures, evidence
+        self.isolation = isolation if isolation is not None else CheckIsolation()
         self.split_tally = split_tally if split_tally is not None else CheckTally()
         self.forward_call = 0
         self.backward_call = 0
@@ -89,7 +92,8 @@ class RegionCheck:
         self._localising, self._localise = self._localise, False
         inputs, self._split_inputs = self._split_inputs, []
         if phase == Phase.FORWARD:
-            with self.failures.guard(f"copying the inputs of {self.label}"):
+            with guarded(self.failures, self.split_tally, self._call, "copying the inputs", self.label), \
+                    self.isolation.entered([value for _, value in inputs]):
                 for label, value in inputs:
                     self._watch(None, label, value)
 
@@ -97,17 +101,21 @@ class RegionCheck:
         if not self._call:
             return
         self._inputs = inputs
-        with self.failures.guard(f"preparing the check of {self.label}/{key}"):
+        with guarded(self.failures, self._tally(key), self._call, "preparing the check", f"{self.label}/{key}"):
             if self.references.get(key).mutates_inputs:  # the reference needs the inputs as the region got them
-                self._inputs = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+                with self.isolation.entered(inputs):
+                    self._inputs = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs)
 
     def end_region(self, key: str, *outputs) -> None:
         if not self._call:
             return
         inputs, self._inputs = self._inputs, ()
-        with self.failures.guard(f"checking the fusion regions of {self.label}"):
+        tally, where = self._tally(key), f"{self.label}/{key}"
+        with guarded(self.failures, tally, self._call, "checking the fusion region", where), \
+                self.isolation.entered([*inputs, *outputs]):
             self._check(key, inputs, outputs)
-        with self.failures.guard(f"checking that the fusion regions' outputs held in {self.label}"):
+        with guarded(self.failures, tally, self._call, "checking that the fusion regions' outputs held", where), \
+                self.isolation.entered(outputs):
             if self._localising:
                 self._compare_watched(self._call, culprit=key)
             names = self.references.get(key).output_names
@@ -119,7 +127,8 @@ class RegionCheck:
         if not self._call or phase != self._phase:
             return
         call, self._call = self._call, 0
-        with self.failures.guard(f"checking that the fusion regions' outputs held in {self.label}"):
+        with guarded(self.failures, self.split_tally, call, "checking that the fusion regions' outputs held",
+                     self.label), self.isolation.entered(self._alive()):
             if self._compare_watched(call, culprit=None):
                 self._localise = True
         self._watched = {}
@@ -147,7 +156,7 @@ class RegionCheck:
                              "draws differently: its values are not compared, only that they hold")
             return
         values = tree_leaves(list(outputs))
-        with kept_random_state(inputs), torch.no_grad():
+        with torch.no_grad():
             expected = tree_leaves(reference.fn(*inputs))
         if len(expected) != len(values):
             tally.add(call, judge([f"outputs: {len(values)} values where the reference has {len(expected)}"],
@@ -155,7 +164,7 @@ class RegionCheck:
             return
 
         def float64():
-            with kept_random_state(inputs), torch.no_grad(), Float64Mode():
+            with torch.no_grad(), Float64Mode():
                 return tree_leaves(reference.fn(*to_float64(inputs)))
 
         judged = judge([self._output_label(reference.output_names, i) for i in range(len(values))], values,
@@ -180,6 +189,9 @@ class RegionCheck:
 
         watched[entry_id] = _Watched(key, label, weakref.ref(value, forget), value.detach().clone(), version(value))
 
+    def _alive(self) -> list[torch.Tensor]:
+        return [t for t in (entry.tensor() for entry in self._watched.values()) if t is not None]
+
     def _compare_watched(self, call: int, culprit: str | None) -> bool:
         """Compares the watched tensors still alive (and not updated through PyTorch) with their copies; records
         each one that changed, on `culprit` (the region that just ran) or, without one, on the tensor's own piece.
@@ -198,6 +210,7 @@ class RegionCheck:
             owner = "the split's " + entry.label if entry.key is None else f"{entry.label} of {entry.key}"
             if culprit is not None:
                 if difference > 0:  # blamed on the region that just ran; watched afresh for the regions after it
+                    self._tally(culprit).writes_unowned_memory = True
                     self._note(culprit, call, [_changed(f"{owner} changed while {culprit} ran (it is not an output "
                                                         f"of {culprit})", difference)])
                     self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone())
@@ -211,6 +224,7 @@ class RegionCheck:
                 judged = [_changed(f"{owner} changed after it was {done}, before {where}, with no write PyTorch "
                                    "knows of (the region that wrote it is looked for on the next checked call)",
                                    difference)]
+                tally.overwritten = True
                 if entry.key is None:
                     mismatches = self.split_tally.add(call, judged)
                     self.evidence.keep(self.split_tally, self.label, call, self._phase, None, None, mismatches)

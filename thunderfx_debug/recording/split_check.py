@@ -1,21 +1,34 @@
-"""The split-level check: a Thunder split's outputs, and on its sampled backward its input gradients, against its
-eager reference, the split's FX graph run by PyTorch on the same real inputs (see `check` for what keeps the
-training untouched, `compare` for the rule).
+"""The split-level check: a Thunder split's outputs, and on the backward of a checked call its input gradients, against
+its eager reference, the split's FX graph run by PyTorch on the same real inputs (see `check` for the tallies,
+`isolation` for what keeps the training untouched, `compare` for the rule).
 
 Forward: after the split ran, the FX graph runs under `no_grad` on the detached inputs (on copies taken before the
-split ran of the inputs the graph writes into), and each output is judged against eager's. Backward: the checked
-call's outputs get hooks on the split's own autograd nodes (`sampler.backward_nodes`): before the split's backward
-they note the incoming gradients, after it the gradients the split passes to each of its inputs (read off the
-edges of its autograd nodes, so a tied weight gets this split's part only); then the FX graph runs forward and
-backward on leaf copies of the inputs with the same incoming gradients, under the autocast settings of the forward,
-and each input's gradient is judged against eager's. Other calls get no hook and pay one comparison.
+split ran of the inputs the graph writes into), and each output is judged against eager's.
+
+Backward: every checked call whose outputs need a gradient gets a `_BackwardCheck`, which lives with that call's
+autograd graph (its hooks hold it) until its backward ran, so that a graph called several times per step (a per-layer
+graph, FSDP blocks) has the backward of each checked call checked. Hooks on the split's own autograd nodes
+(`sampler.backward_nodes`) note, before the split's backward, the gradients coming into its outputs, and after it
+the gradients it passes to each of its inputs (read off the edges of its nodes, so that a tied weight gets this
+split's part only); then the FX graph runs forward and backward on copies of the inputs with the same incoming
+gradients, under the autocast settings of the forward, and each input's gradient is judged against eager's.
+
+A capture is proved before a gradient is called a mismatch: a pre-hook on each input's gradient node receives the
+total gradient autograd delivers to that input in this backward. Where that total is what this split passed on (the
+input is used by this split only), the capture is verified; where it is not, the input is used elsewhere too (a tied
+weight, a residual stream), and this split's part of it cannot be told from the total. Only verified gradients can
+be MISMATCH; an unverified one that matches eager counts as compared, one that does not is reported as not
+compared, with the reason. The verdicts are settled once every input's gradient node ran, or at the end of the
+backward (`queue_callback`) for inputs whose node never ran.
+
+Where the split's backward never runs (an evaluation step under grad), the check dies with the autograd graph and
+the record says that the backward of that call never ran.
 
 Outputs and gradients that depend on random ops are not compared (`piece_facts`): the reason is recorded instead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import weakref
 from typing import Any
@@ -24,9 +37,10 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper,
-                                             kept_random_state, version)
-from thunderfx_debug.recording.compare import Float64Mode, judge, to_float64
+from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
+                                             version)
+from thunderfx_debug.recording.compare import Float64Mode, judge, max_abs_difference, scalars, to_float64
+from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
 from thunderfx_debug.safety import ReportingFailures
@@ -48,23 +62,28 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 
 class SplitCheck:
     """Checks one Thunder split on the calls `schedule` picks; results go to `tally`. `regions` (a
-    `region_check.RegionCheck`, at `fusion` level) is armed for the forward and backward of the checked calls."""
+    `region_check.RegionCheck`, at `fusion` level) is armed for the forward and backward of the checked calls.
+    `isolation` is where the check's work runs (its own memory pool and stream on CUDA)."""
 
     def __init__(self, label: str, module: torch.fx.GraphModule, input_names: list[str], schedule: CheckSchedule,
-                 tally: CheckTally, failures: ReportingFailures, evidence: EvidenceKeeper, regions=None):
+                 tally: CheckTally, failures: ReportingFailures, evidence: EvidenceKeeper, regions=None,
+                 isolation: CheckIsolation | None = None):
         self.label, self.module, self.input_names = label, module, input_names
         self.schedule, self.tally, self.failures, self.evidence = schedule, tally, failures, evidence
         self.regions = regions
+        self.isolation = isolation if isolation is not None else CheckIsolation()
         self.facts: SplitFacts = split_facts(module)
-        self._backward: weakref.ref | None = None  # the pending backward check of the last checked call
+
+    def guarded(self, call: int, what: str):
+        return guarded(self.failures, self.tally, call, what, self.label)
 
     # ---- called by the split's runner -----------------------------------------------------------------------------
     def before(self, call: int, args: tuple) -> _Call | None:
         """Before the split runs on checked call `call`."""
-        with self.failures.guard(f"preparing the check of {self.label}"):
-            self._cancel_backward(call)
-            copies = {i: _copy(args[i]) for i in self.facts.mutated_inputs
-                      if i < len(args) and isinstance(args[i], torch.Tensor)}
+        with self.guarded(call, "preparing the check"):
+            with self.isolation.entered(args):
+                copies = {i: _copy(args[i]) for i in self.facts.mutated_inputs
+                          if i < len(args) and isinstance(args[i], torch.Tensor)}
             pending = _Call(call, copies, [version(a) for a in args])
             if self.regions is not None:
                 self.regions.watch_inputs([(self._input(i), a) for i, a in enumerate(args)],
@@ -77,11 +96,12 @@ class SplitCheck:
         """After the split returned `out`: the forward check, and the hooks of the backward check."""
         if self.regions is not None:
             self.regions.forward_call = 0
-        with self.failures.guard(f"checking the forward of {self.label}"):
-            inputs = self._reference_inputs(pending, args)
-            if inputs is not None:
-                self._check_forward(pending.call, inputs, out, args)
-                self._arm_backward(pending.call, args, inputs, out)
+        with self.guarded(pending.call, "checking the forward"):
+            with self.isolation.entered([*args, *tree_leaves(out)]):
+                inputs = self._reference_inputs(pending, args)
+                if inputs is not None:
+                    self._check_forward(pending.call, inputs, out, args)
+                    self._arm_backward(pending.call, args, inputs, out)
 
     def abandon(self, pending: _Call) -> None:
         """The split raised: nothing to check."""
@@ -107,7 +127,7 @@ class SplitCheck:
 
     def _check_forward(self, call: int, inputs: list[Any], out: Any, args: tuple) -> None:
         outputs = tree_leaves(out)
-        with kept_random_state(inputs), torch.no_grad():
+        with torch.no_grad():
             eager = tree_leaves(self.module(*inputs))
         if len(eager) != len(outputs):
             self.tally.add(call, judge([f"forward outputs: {len(outputs)} values where eager has {len(eager)}"],
@@ -122,7 +142,7 @@ class SplitCheck:
             return
 
         def float64():
-            with kept_random_state(inputs), torch.no_grad(), Float64Mode():
+            with torch.no_grad(), Float64Mode():
                 wide = tree_leaves(self.module(*to_float64(inputs)))
             return [wide[i] for i in chosen]
 
@@ -130,8 +150,8 @@ class SplitCheck:
                        [eager[i] for i in chosen], float64)
         mismatches = self.tally.add(call, judged)
         if mismatches:
-            self.evidence.keep(self.tally, self.label, call, "forward", _as_received(inputs, args), outputs,
-                               mismatches, values=chosen)
+            self.evidence.keep(self.tally, self.label, call, "forward", _as_received(inputs, _requires_grad(args)),
+                               outputs, mismatches, values=chosen)
 
     # ---- backward -------------------------------------------------------------------------------------------------
     def _arm_backward(self, call: int, args: tuple, inputs: list[Any], out: Any) -> None:
@@ -143,68 +163,121 @@ class SplitCheck:
         if not first or not last or not wanted:
             return
         check = _BackwardCheck(self, call, args, inputs, outputs, wanted, first, last)
-        self._backward = weakref.ref(check)  # the hooks hold it, as long as the autograd graph lives
-
-    def _cancel_backward(self, call: int) -> None:
-        pending = self._backward() if self._backward is not None else None
-        self._backward = None
-        if pending is not None and not pending.done:
-            pending.cancel()
-            self.tally.skip(pending.call, f"the backward of a checked call did not run before the next checked call "
-                                          f"(call {pending.call}, then {call}): its gradients were not compared")
+        # Held by its hooks only, so it lives as long as the call's autograd graph; should that die before its
+        # backward ran, the record says so.
+        finalizer = weakref.finalize(check, _never_ran, self.tally, call, check.state)
+        finalizer.atexit = False
 
 
-def _as_received(inputs: list[Any], args: tuple) -> list[Any]:
-    """The reference inputs with the `requires_grad` of the split's own (a script reruns the backward from them)."""
-    return [x.detach().requires_grad_(bool(a.requires_grad)) if isinstance(x, torch.Tensor) and
-            isinstance(a, torch.Tensor) and (x.is_floating_point() or x.is_complex()) else x
-            for x, a in zip(inputs, args)]
+def _never_ran(tally: CheckTally, call: int, state: dict) -> None:
+    if not state["started"]:
+        tally.skip(call, f"the backward of checked call {call} never ran (an evaluation step under grad, or a "
+                         "backward that did not reach this split): its gradients were not compared")
+
+
+def _requires_grad(args) -> list[bool]:
+    return [isinstance(a, torch.Tensor) and bool(a.requires_grad) for a in args]
+
+
+def _as_received(inputs: list[Any], requires_grad: list[bool]) -> list[Any]:
+    """The reference inputs with the `requires_grad` the split's own had (a script reruns the backward from them)."""
+    return [x.detach().requires_grad_(wanted) if isinstance(x, torch.Tensor) and (x.is_floating_point() or
+                                                                                  x.is_complex()) else x
+            for x, wanted in zip(inputs, requires_grad)]
+
+
+def _kept(x: Any, arg: Any) -> Any:
+    """What the backward check keeps of a reference input until the split's backward: a parameter as it is (the
+    model keeps it alive anyway; copied once the split's backward ran), any other tensor as a copy, so that the run's
+    own tensors are freed when the run frees them."""
+    if not isinstance(x, torch.Tensor) or isinstance(arg, torch.nn.Parameter):
+        return x
+    return x.detach().clone()
+
+
+def _total(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the gradients passed to one input along its edges, as a copy of the check's own."""
+    total = grads[0].detach().clone()
+    for g in grads[1:]:
+        total += g
+    return total
+
+
+def _agreement(delivered: torch.Tensor | None, captured: torch.Tensor | None) -> torch.Tensor | bool:
+    """Whether autograd's total for an input is what the split passed on to it: True or False where that is known at
+    once, else a 0-dim tensor on the device (0 where equal), read with the other numbers of the check."""
+    if delivered is None or captured is None:
+        return delivered is None and captured is None
+    if delivered.shape != captured.shape or delivered.dtype != captured.dtype or delivered.device != captured.device:
+        return False
+    return max_abs_difference(delivered, captured)
 
 
 class _BackwardCheck:
-    """The gradient check of one checked call, run by hooks on the split's autograd nodes (see the module
-    docstring); the hooks are removed once it ran, or by `cancel()`."""
+    """The gradient check of one checked call (see the module docstring). Its hooks copy what they see (in the
+    check's isolation, so that the run's tensors are freed when the run frees them); the comparison runs in a
+    callback at the end of the backward, when every node has run: an eager backward started from inside a node's
+    hook would be reentrant, and the thread waiting for it would run other nodes of the training's backward inside
+    the check's memory pool and stream. Once settled, the hooks are removed and the copies dropped.
+
+    Nodes are matched by the identity of their Python objects while all of them are held: before torch 2.12 a C++
+    node's Python wrapper lives only as long as something references it (pytorch/pytorch#181390 made the node own
+    it), so the `id()` of a wrapper that was dropped can be that of another node's wrapper made later: keyed by such
+    ids, gradients went missing or to the wrong input."""
 
     def __init__(self, owner: SplitCheck, call: int, args: tuple, inputs: list[Any], outputs: list, wanted: list[int],
                  first: list, last: list):
-        self.owner, self.call, self.inputs, self.wanted = owner, call, inputs, wanted
-        self.done = False
+        self.owner, self.call, self.wanted = owner, call, wanted
+        self.inputs = [_kept(x, a) for x, a in zip(inputs, args)]
+        self.parameters = [i for i, (x, a) in enumerate(zip(inputs, args))
+                           if isinstance(x, torch.Tensor) and isinstance(a, torch.nn.Parameter)]
+        self.requires_grad = _requires_grad(args)
+        self.state = {"started": False}  # read by the finalizer of a check whose backward never ran
         self.autocast = AutocastState.capture(inputs)
         self.versions = [version(a) for a in args]
-        self.args = args
-        # The hooks hold no autograd node (a node holding a hook that holds it would never be freed, should the
-        # backward never run): the incoming gradients come from hooks on the output tensors, and each post-hook gets
-        # the routes from its node's edges to the inputs (edge index -> input position), read off here.
-        first_ids = {id(node) for node in first}
+        self.args = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
+        self.changed: list[int] = []  # inputs written in place between the forward and the split's backward
+        first_ids = {id(node) for node in first}  # `first` holds these nodes, so their ids are theirs meanwhile
         # outputs the split computed (not an input passed through): their gradients flow through its backward
         self.own = [o is not None and id(o.grad_fn) in first_ids for o in outputs]
         self.incoming: list[torch.Tensor | None] = [None] * len(outputs)
-        edges = {}
-        for i in wanted:
-            edge = get_gradient_edge(args[i])
-            edges[(id(edge.node), edge.output_nr)] = i
-        self.thunder_grads: dict[int, torch.Tensor] = {}
+        self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a copy)
+        self.delivered: dict[int, torch.Tensor | bool] = {}  # input position -> agreement with autograd's total
+        self.settled = False
+        self._queued = False
         self._last_left = len(last)
         self.handles = []
+        edges = [get_gradient_edge(args[i]) for i in wanted]  # held while the routes are read (see the class doc)
+        position_of = {(id(edge.node), edge.output_nr): i for edge, i in zip(edges, wanted)}
+        input_nodes: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+        for edge, i in zip(edges, wanted):
+            input_nodes.setdefault(id(edge.node), (edge.node, []))[1].append((i, edge.output_nr))
         try:
             for i, output in enumerate(outputs):
                 if self.own[i]:
                     self.handles.append(output.register_hook(self._incoming(i)))
             for node in last:
-                routes = [(j, edges[(id(next_node), nr)]) for j, (next_node, nr) in enumerate(node.next_functions)
-                          if (id(next_node), nr) in edges]
+                routes = [(j, position_of[(id(next_node), nr)]) for j, (next_node, nr) in enumerate(node.next_functions)
+                          if (id(next_node), nr) in position_of]
                 self.handles.append(node.register_hook(self._passed_on(routes)))
+            # The hooks hold no node: a node holding a hook that holds it would never be freed.
+            for node, positions in input_nodes.values():
+                self.handles.append(node.register_prehook(self._delivered_to(positions)))
         except BaseException:
-            self.cancel()
+            self.remove_hooks()
             raise
 
+    # ---- hooks, in the backward -----------------------------------------------------------------------------------
     def _incoming(self, i: int):
         def hook(grad):
             owner = self.owner
-            with owner.failures.guard(f"noting the incoming gradients of {owner.label}"):
+            with owner.guarded(self.call, "noting the incoming gradients"):
+                self._started()
                 if owner.regions is not None:
                     owner.regions.backward_call = self.call  # before the split's backward trace runs
-                self.incoming[i] = grad
+                if grad is not None:  # torch < 2.12 also calls a tensor's hook for a gradient that is not there
+                    with owner.isolation.entered([grad]):
+                        self.incoming[i] = grad.detach().clone()
             return None  # the gradient passes unchanged
 
         return hook
@@ -212,24 +285,68 @@ class _BackwardCheck:
     def _passed_on(self, routes: list[tuple[int, int]]):
         def hook(grad_inputs, grad_outputs):
             owner = self.owner
-            with owner.failures.guard(f"checking the backward of {owner.label}"):
+            with owner.guarded(self.call, "noting the gradients passed on"):
+                self._started()
+                routed: dict[int, list[torch.Tensor]] = {}
                 for j, position in routes:
-                    if j >= len(grad_inputs) or grad_inputs[j] is None:
-                        continue
-                    before = self.thunder_grads.get(position)
-                    self.thunder_grads[position] = grad_inputs[j] if before is None else before + grad_inputs[j]
-                self._last_left -= 1
-                if self._last_left == 0:
-                    try:
-                        self._check()
-                    finally:
-                        self.cancel()
+                    if j < len(grad_inputs) and grad_inputs[j] is not None:
+                        routed.setdefault(position, []).append(grad_inputs[j])
+                with owner.isolation.entered([*grad_inputs, *self.inputs]):
+                    for position, grads in routed.items():
+                        before = self.passed_on.get(position)
+                        self.passed_on[position] = _total(grads if before is None else [before, *grads])
+                    self._last_left -= 1
+                    if self._last_left == 0:
+                        self._split_backward_done()
             return None
 
         return hook
 
-    def cancel(self) -> None:
-        self.done = True
+    def _delivered_to(self, positions: list[tuple[int, int]]):
+        def hook(grad_outputs):
+            owner = self.owner
+            with owner.guarded(self.call, "verifying the captured gradients"):
+                with owner.isolation.entered(list(grad_outputs)):
+                    for i, output_nr in positions:
+                        grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
+                        self.delivered[i] = _agreement(grad, self._captured(i))
+            return None
+
+        return hook
+
+    def _started(self) -> None:
+        """The backward reached this split: the comparison runs at its end."""
+        self.state["started"] = True
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._at_end_of_backward)
+
+    def _split_backward_done(self) -> None:
+        """The split's backward ran: the inputs are read now, while they are still what the forward had (FSDP2
+        frees its unsharded parameters after their block's backward, before the end of the whole backward)."""
+        self.changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
+                        if v is not None and ref is not None and ref() is not None and version(ref()) != v]
+        for i in self.parameters:
+            self.inputs[i] = self.inputs[i].detach().clone()
+        self.args = []
+
+    def _at_end_of_backward(self) -> None:
+        owner = self.owner
+        try:
+            with owner.guarded(self.call, "checking the backward"):
+                if self._last_left > 0:
+                    owner.tally.skip(self.call, f"the backward of checked call {self.call} did not run all of the "
+                                                "split's autograd nodes (a backward to some inputs only): its "
+                                                "gradients were not compared")
+                elif not self.settled:
+                    self.settled = True
+                    with owner.isolation.entered([*self.inputs, *self.incoming]):
+                        self._check()
+        finally:
+            self.remove_hooks()
+            self.inputs, self.incoming, self.passed_on, self.delivered = [], [], {}, {}
+
+    def remove_hooks(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
@@ -237,11 +354,14 @@ class _BackwardCheck:
         if regions is not None and regions.backward_call == self.call:
             regions.backward_call = 0
 
+    def _captured(self, i: int) -> torch.Tensor | None:
+        return self.passed_on.get(i)
+
+    # ---- the comparison, at the end of the backward ---------------------------------------------------------------
     def _check(self) -> None:
         owner, call = self.owner, self.call
-        changed = [i for i, (a, v) in enumerate(zip(self.args, self.versions)) if v is not None and version(a) != v]
-        if changed:
-            names = ", ".join(owner._input(i) for i in changed)
+        if self.changed:
+            names = ", ".join(owner._input(i) for i in self.changed)
             owner.tally.skip(call, f"inputs changed in place between the forward and the backward ({names}): "
                                    "gradients not compared")
             return
@@ -253,7 +373,7 @@ class _BackwardCheck:
         if not chosen:
             return
         eager = self._eager_gradients(self.inputs, self.incoming, chosen, wide=False)
-        thunder = [self.thunder_grads.get(i) for i in chosen]
+        thunder = [self._captured(i) for i in chosen]
         thunder = [t if t is not None or e is None else torch.zeros_like(e) for t, e in zip(thunder, eager)]
         eager = [e if e is not None or t is None else torch.zeros_like(t) for t, e in zip(thunder, eager)]
 
@@ -263,19 +383,38 @@ class _BackwardCheck:
                                              else None) for w, e in zip(wide, eager)]
 
         judged = judge([f"gradient of {owner._input(i)}" for i in chosen], thunder, eager, float64)
-        mismatches = owner.tally.add(call, judged)
+        verified = self._verified(chosen)
+        owner.tally.verified_gradients += len(verified)
+        counted = []
+        for i, judgement in zip(chosen, judged):
+            if i in verified or not judgement.mismatch:  # a capture gone wrong cannot match eager by chance
+                counted.append(judgement)
+                continue
+            how = ("its gradient node did not run in this backward" if i not in self.delivered else
+                   "autograd's total for it is not what this split passed on (the input is used elsewhere too, "
+                   "e.g. a tied weight or a residual stream)")
+            owner.tally.skip(call, f"the gradient of {owner._input(i)} differs from eager's, but the capture of this "
+                                   f"split's part of it cannot be verified: {how}; not called a mismatch")
+        mismatches = owner.tally.add(call, counted)
         if mismatches:
             passed_on = [thunder[chosen.index(i)] if i in chosen else None for i in self.wanted]
-            owner.evidence.keep(owner.tally, owner.label, call, "backward", _as_received(self.inputs, self.args),
-                                passed_on, mismatches, values=[self.wanted.index(i) for i in chosen],
-                                grad_outputs=self.incoming)
+            owner.evidence.keep(owner.tally, owner.label, call, "backward",
+                                _as_received(self.inputs, self.requires_grad), passed_on, mismatches,
+                                values=[self.wanted.index(i) for i in chosen], grad_outputs=self.incoming)
+
+    def _verified(self, chosen: list[int]) -> set[int]:
+        """The inputs whose gradient autograd delivered is exactly what this split passed on (one synchronisation)."""
+        pending = [(i, d) for i, d in self.delivered.items() if i in chosen and isinstance(d, torch.Tensor)]
+        differences = dict(zip([i for i, _ in pending], scalars([d for _, d in pending])))
+        return {i for i in chosen if self.delivered.get(i) is True or differences.get(i) == 0.0}
 
     def _eager_gradients(self, inputs: list[Any], incoming: list, chosen: list[int], wide: bool) -> list:
         wanted = set(self.wanted)
         leaves = [x.detach().requires_grad_(i in wanted) if isinstance(x, torch.Tensor) else x
                   for i, x in enumerate(inputs)]
-        mode = Float64Mode() if wide else contextlib.nullcontext()
-        with kept_random_state(inputs), torch.enable_grad(), self.autocast.restored(), mode:
+        # Float64Mode turns autocast off itself: the float64 run is the yardstick, whatever the forward ran in.
+        mode = Float64Mode() if wide else self.autocast.restored()
+        with torch.enable_grad(), mode:
             outputs = tree_leaves(self.owner.module(*leaves))
             own = self.own + [False] * len(outputs)
             pairs = [(o, g) for o, g, mine in zip(outputs, incoming + [None] * len(outputs), own)
@@ -287,4 +426,3 @@ class _BackwardCheck:
                 grads = [g.detach().to(torch.float64) if g.is_floating_point() else g for g in grads]
             found = torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in chosen], grads, allow_unused=True)
         return list(found)
-

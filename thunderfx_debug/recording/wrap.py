@@ -13,6 +13,7 @@ from thunderfx_debug.recording.capture import InputCapture, RegionCapture
 from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
+from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.region_check import RegionCheck
@@ -43,10 +44,11 @@ def _host_series(state: GraphState) -> tuple[SampleSeries | None, SampleSeries |
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
                capture: InputCapture | None, on_error: GraphErrorHandler,
                after_first_call: Callable[[GraphState], None] | None = None,
-               periodic: PeriodicFlush | None = None) -> GraphRunner:
+               periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None) -> GraphRunner:
     """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
     `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
-    `periodic`, shared by the backend's graphs, is the trigger of the periodic flush.
+    `periodic`, shared by the backend's graphs, is the trigger of the periodic flush; `isolation`, shared too, is
+    where the correctness checks run (their memory pool and stream on CUDA).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
@@ -56,6 +58,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     schedule, evidence = None, None
     if config.check > CheckLevel.OFF:
         schedule = CheckSchedule(config.check_every)
+        isolation = isolation if isolation is not None else CheckIsolation()
         evidence = EvidenceKeeper(config.inputs_max_mb, failures)
         sampling = TimingBesideChecks(sampling, schedule)  # a checked call is not timed (its check would be)
     hold = None
@@ -99,10 +102,10 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                     split.check = CheckTally()
                     if config.check >= CheckLevel.FUSION:
                         regions = RegionCheck(label, RegionReferences(split.split.compiled), split.region_checks,
-                                              failures, evidence, split.check)
+                                              failures, evidence, split.check, isolation)
                         observers.append(regions)
                     runner.check = SplitCheck(label, split.split.original_module, split.split.input_names, schedule,
-                                              split.check, failures, evidence, regions)
+                                              split.check, failures, evidence, regions, isolation)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts)

@@ -1,53 +1,107 @@
-"""The correctness section of the summary and the HTML page (THUNDERFX_DEBUG_CHECK): which Thunder pieces were
-checked against eager, which mismatched (the piece, the call, the worst error against its tolerance), which could
-not be compared and why. Records in, text out.
+"""The correctness section of the summary and the HTML page (THUNDERFX_DEBUG_CHECK): every Thunder piece the check
+covers (each Thunder split, and at `fusion` each fusion region), which mismatched (the piece, the call, the worst
+error against its tolerance), which were compared clean, and which could not be compared and why (a check that
+failed, values drawn at random, a region other than the one of the trace, a backward that never ran, ...). A piece
+whose check failed is never counted clean; a region seen writing memory it does not own is named so. Records in,
+text out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
-from thunderfx_debug.records import Check, RankRecord
+from thunderfx_debug.records import Check, RankRecord, SplitKind
 
 #: Pieces listed by name in the text summary's section; the rest are counted.
 MAX_LISTED = 20
 
+#: Short names of why values were not compared, for the headline, by a phrase of the recorded reason.
+_WHY = (
+    ("raised", "the check failed"),
+    ("random", "random numbers"),
+    ("not the one of the trace", "a region other than the one of the trace"),
+    ("never ran", "a backward that never ran"),
+    ("cannot be verified", "a gradient whose capture could not be verified"),
+    ("wrote into inputs", "inputs written in place"),
+    ("changed in place", "inputs written in place"),
+    ("no checked call", "never run on a checked call"),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckedPiece:
-    """A checked piece: `path` is "graph0/thunder_0" (a split) or "graph0/thunder_0/nvFusion0_forward" (a
-    fusion region); `files` its record's files (the mismatch script among them)."""
+    """A piece the check covers: `path` is "graph0/thunder_0" (a split) or "graph0/thunder_0/nvFusion0_forward" (a
+    fusion region); `check` its record (None: no checked call ran it); `files` its record's files (the mismatch
+    script among them)."""
 
     path: str
     level: str  # "split" | "fusion"
-    check: Check
+    check: Check | None
     files: dict[str, str]
+
+    @property
+    def status(self) -> str:
+        """"mismatch", "failed" (the check itself failed), "clean", or "not compared"."""
+        c = self.check
+        if c is None:
+            return "not compared"
+        if c.mismatched:
+            return "mismatch"
+        if c.failures:
+            return "failed"
+        return "clean" if c.compared else "not compared"
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why values of this piece were not compared (or its check failed)."""
+        if self.check is None:
+            return ("no checked call ran it",)
+        return (*self.check.failed, *self.check.skipped) or (() if self.check.compared else ("nothing to compare",))
+
+
+def check_level(report: RankRecord) -> str:
+    """"off", "split" or "fusion": the run's THUNDERFX_DEBUG_CHECK (from the manifest; for a dump without it, what
+    its records show)."""
+    config = report.meta.get("config")
+    level = config.get("check") if isinstance(config, dict) else None
+    if level in ("split", "fusion"):
+        return level
+    splits = [s for g in report.graphs for s in g.splits]
+    if any(f.check is not None for s in splits for f in s.fusions):
+        return "fusion"
+    return "split" if any(s.check is not None for s in splits) else "off"
 
 
 def checked_pieces(report: RankRecord) -> list[CheckedPiece]:
-    """Every piece with a check record, splits before their regions, in report order."""
+    """Every piece the run's check level covers, splits before their regions, in report order; none where the check
+    was off."""
+    level = check_level(report)
+    if level == "off":
+        return []
     pieces = []
     for graph in report.graphs:
         for split in graph.splits:
             path = f"{graph.name}/{split.name}"
-            if split.check is not None:
+            if split.kind is SplitKind.THUNDER or split.check is not None:
                 pieces.append(CheckedPiece(path, "split", split.check, dict(split.files)))
             for fusion in split.fusions:
-                if fusion.check is not None:
+                if level == "fusion" or fusion.check is not None:
                     pieces.append(CheckedPiece(f"{path}/{fusion.qualified_name}", "fusion", fusion.check,
                                                dict(fusion.files)))
     return pieces
 
 
 def mismatching(report: RankRecord) -> list[CheckedPiece]:
-    return [p for p in checked_pieces(report) if p.check.mismatched]
+    return [p for p in checked_pieces(report) if p.status == "mismatch"]
 
 
 def mismatch_line(piece: CheckedPiece) -> str:
     """"graph0/thunder_2: forward output 0 at call 1, error 16 (relative 235) against 0.000108 allowed (float64
     eager), 1.5e+05 x the tolerance; 2 of 2 checked calls mismatched (first at call 1)"."""
     c = piece.check
-    line = (f"{piece.path}: {c.worst_output} at call {c.worst_call}, error {_g(c.worst_abs_error)} (relative "
+    unowned = "writes memory it does not own: " if c.writes_unowned_memory else ""
+    line = (f"{piece.path}: {unowned}{c.worst_output} at call {c.worst_call}, error {_g(c.worst_abs_error)} (relative "
             f"{_g(c.worst_rel_error)}) against {_g(c.allowed)} allowed ({c.reference}), {_g(c.worst_ratio)} x the "
             f"tolerance; {c.mismatches} of {c.calls} checked calls mismatched (first at call {c.first_mismatch_call})")
     others = [label for label in c.mismatched_values if label != c.worst_output]
@@ -60,17 +114,36 @@ def _g(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def why(reason: str) -> str:
+    """The short name of a reason for the headline."""
+    return next((short for phrase, short in _WHY if phrase in reason), "other reasons")
+
+
+def headline(pieces: list[CheckedPiece]) -> str:
+    """The section's first line: mismatches, what was compared clean, and how many pieces could not be compared,
+    by why."""
+    by_status = Counter(p.status for p in pieces)
+    bad, clean = by_status["mismatch"], by_status["clean"]
+    uncompared = [p for p in pieces if p.status in ("failed", "not compared")]
+    text = "correctness (Thunder against eager on checked calls): "
+    text += f"{bad} of {len(pieces)} pieces MISMATCH" if bad else f"no mismatch in {clean} compared pieces"
+    if uncompared:
+        kinds = Counter(why(p.reasons[0]) if p.status == "not compared" else "the check failed" for p in uncompared)
+        text += (f"; {len(uncompared)} of {len(pieces)} pieces not compared ("
+                 + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()) + ")")
+    unowned = [p.path for p in pieces if p.check is not None and p.check.writes_unowned_memory]
+    if unowned:
+        text += f"; {', '.join(unowned)} writes memory it does not own"
+    return text
+
+
 def render_correctness(report: RankRecord) -> list[str]:
     """The summary's section; no lines for a run that checked nothing."""
     pieces = checked_pieces(report)
     if not pieces:
         return []
-    bad = [p for p in pieces if p.check.mismatched]
-    uncompared = [p for p in pieces if not p.check.mismatched and p.check.compared == 0]
-    clean = [p for p in pieces if not p.check.mismatched and p.check.compared]
-    lines = [f"correctness (Thunder against eager on checked calls): {len(bad)} of {len(pieces)} checked pieces "
-             "MISMATCH" if bad else
-             f"correctness (Thunder against eager on checked calls): no mismatch in {len(pieces)} checked pieces"]
+    lines = [headline(pieces)]
+    bad = [p for p in pieces if p.status == "mismatch"]
     for piece in bad[:MAX_LISTED]:
         lines.append(f"  MISMATCH {mismatch_line(piece)}")
         script = next((path for label, path in piece.files.items() if "mismatch" in label), None)
@@ -78,13 +151,21 @@ def render_correctness(report: RankRecord) -> list[str]:
             lines.append(f"    script: {script}")
     if len(bad) > MAX_LISTED:
         lines.append(f"  ... and {len(bad) - MAX_LISTED} more mismatching pieces")
+    overwritten = [p for p in pieces if p.check is not None and p.check.overwritten]
+    for piece in overwritten[:MAX_LISTED]:
+        lines.append(f"  overwritten: {piece.path}: values it returned (or received) changed behind the program's "
+                     "back, written by work that writes memory it does not own")
+    clean = [p for p in pieces if p.status == "clean"]
     if clean:
         splits = sum(p.level == "split" for p in clean)
         lines.append(f"  checked clean: {splits} splits, {len(clean) - splits} fusion regions")
+    uncompared = [p for p in pieces if p.status in ("failed", "not compared")]
     for piece in uncompared[:MAX_LISTED]:
-        reason = "; ".join(piece.check.skipped) or "nothing to compare"
-        lines.append(f"  not compared: {piece.path}: {reason}")
-    partly = [p for p in clean if p.check.skipped]
+        word = "check failed" if piece.status == "failed" else "not compared"
+        lines.append(f"  {word}: {piece.path}: {'; '.join(piece.reasons)}")
+    if len(uncompared) > MAX_LISTED:
+        lines.append(f"  ... and {len(uncompared) - MAX_LISTED} more pieces not compared")
+    partly = [p for p in pieces if p.status in ("clean", "mismatch") and p.check.skipped]
     for piece in partly[:MAX_LISTED]:
         lines.append(f"  partly compared: {piece.path}: {'; '.join(piece.check.skipped)}")
     return lines

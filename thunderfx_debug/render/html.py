@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from thunderfx_debug import layout
-from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
+from thunderfx_debug.records import Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import accounting, correctness, digest, flush_triage, minimized
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
@@ -303,18 +303,22 @@ def _correctness(report: RankRecord, prefix: str | None) -> str:
     pieces = correctness.checked_pieces(report)
     if not pieces:
         return ""
-    bad = [p for p in pieces if p.check.mismatched]
+    line = correctness.headline(pieces).split(": ", 1)[1]
+    flagged = any(p.status != "clean" for p in pieces)
     html = "<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
-    html += (f'<span class="flag">{len(bad)} of {len(pieces)} checked pieces mismatch</span></p>' if bad
-             else f"no mismatch in {len(pieces)} checked pieces.</p>")
+    html += (f'<span class="flag">{esc(line)}</span></p>' if flagged else f"{esc(line)}.</p>")
+    order = {"mismatch": 0, "failed": 1, "not compared": 2, "clean": 3}
     rows = []
-    for p in sorted(pieces, key=lambda p: (not p.check.mismatched, p.path)):
-        c = p.check
-        verdict = '<span class="flag">MISMATCH</span>' if c.mismatched else ("not compared" if not c.compared else "ok")
+    for p in sorted(pieces, key=lambda p: (order[p.status], p.path)):
+        c = p.check or Check()
+        verdict = {"mismatch": '<span class="flag">MISMATCH</span>', "failed": '<span class="flag">check failed</span>',
+                   "not compared": "not compared", "clean": "ok"}[p.status]
+        if c.writes_unowned_memory:
+            verdict += ' <span class="flag">writes memory it does not own</span>'
         rows.append([verdict, esc(p.path), f"{c.mismatches} / {c.calls}", esc(str(c.first_mismatch_call or "-")),
                      esc(c.worst_output or "-"), esc(str(c.worst_call or "-")), _number(c.worst_abs_error),
                      _number(c.worst_rel_error), _number(c.allowed), esc(c.reference or "-"), _number(c.worst_ratio),
-                     esc("; ".join(c.skipped)),
+                     esc("; ".join(p.reasons if p.status != "clean" else c.skipped)),
                      _links({k: v for k, v in p.files.items() if "mismatch" in k}, prefix)])
     return html + _table(["", "piece", "mismatching / checked calls", "first mismatch", "worst value", "at call",
                           "abs error", "rel error", "allowed", "against", "x tolerance", "not compared", "script"],

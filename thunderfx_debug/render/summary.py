@@ -322,7 +322,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
         if cost:
             lines.append(f"    {cost}")
         if split.check is not None:
-            lines.append(f"    check: {'MISMATCH ' if split.check.mismatched else ''}{split.check.describe()}")
+            word = "MISMATCH " if split.check.mismatched else "CHECK FAILED " if split.check.failures else ""
+            lines.append(f"    check: {word}{split.check.describe()}")
         for group in digest.group_reasons([GraphRecord(graph.name, graph.index, splits=(split,))]):
             lines.append(f"    split reason: {group.type} {group.op}" + (f" (x{group.count})" if group.count > 1 else ""))
             lines += [f"      exception: {e}" for e in group.exceptions]
@@ -335,7 +336,12 @@ def render_graph(graph: GraphRecord) -> list[str]:
                     head = headline(fusion.timing, left_out)
                     line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
                 if fusion.check is not None:
-                    line += f", check: {'MISMATCH' if fusion.check.mismatched else 'ok'} ({fusion.check.calls} calls)"
+                    c = fusion.check
+                    word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else
+                            "ok" if c.compared else "not compared")
+                    if c.writes_unowned_memory:
+                        word += ", writes memory it does not own"
+                    line += f", check: {word} ({c.calls} calls)"
                 lines.append(line)
         for key, timing in sorted(split.outside_fusions_timing.items()):
             line = _timing_line(f"outside fusions, {digest.outside_phase(key)}", timing, left_out)

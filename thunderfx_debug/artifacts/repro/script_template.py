@@ -18,6 +18,7 @@ A native abort (e.g. an inductor kernel's bounds assertion) ends the process wit
 """
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -29,7 +30,8 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 #: Every run of the piece (compiled, eager, float64) starts from this seed, and so do the inputs.
 SEED = 0
@@ -71,8 +73,10 @@ class Refused(Exception):
     """The inputs were refused before the piece ran (they cannot be valid inputs of the piece)."""
 
 
+# ---- the judging rule: the same text in recording/compare.py and artifacts/repro/script_template.py ----------------
+
 #: (rtol, atol) by dtype: a compiled piece reorders floating-point work, so results differ by rounding, more with
-#: fewer mantissa bits. Integer and bool outputs must match exactly.
+#: fewer mantissa bits. Integer and bool values must match exactly.
 TOLERANCES = {
     torch.float64: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-4),
@@ -82,15 +86,144 @@ TOLERANCES = {
     torch.bfloat16: (5e-2, 5e-2),
 }
 _FLOAT8_TOLERANCE = (0.25, 0.25)
+#: Eager's own largest error against float64, times this, is added to what a value may differ by.
+NOISE_SLACK = 3.0
 
 
 def tolerance(dtype):
-    """(rtol, atol) for comparing outputs of `dtype`; (0, 0) for exact types."""
+    """(rtol, atol) for values of `dtype`; (0, 0) for exact types."""
     if dtype in TOLERANCES:
         return TOLERANCES[dtype]
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return _FLOAT8_TOLERANCE
     return (0.0, 0.0)
+
+
+def allowed_error(rtol, atol, scale):
+    """What a value whose reference's largest magnitude is `scale` may differ by, before eager's own noise.
+
+    Example (bfloat16: 5 % of the values' size, atol at full height only for values of 1 and above):
+        >>> allowed_error(0.05, 0.05, 10.0), allowed_error(0.05, 0.05, 1e-3)
+        (0.55, 0.0001)
+    """
+    return rtol * scale + atol * min(1.0, scale)
+
+
+def rounding_floor(dtype, piece_scale):
+    """One unit of `dtype`'s precision at the largest magnitude among the values of that dtype judged together
+    (`piece_scale`: a piece's outputs, or its gradients): the absolute rounding noise a value computed from such
+    values can carry, however small the value itself is. `verdict` allows it only to a value that is mostly noise
+    (eager's own error against float64 at least half its magnitude): a gradient that is zero but for rounding (a
+    bias before a normalisation: ~1e-13 in float32 beside values ~0.4) is noise to either side, which no multiple
+    of eager's own error bounds, while a small value eager computes well keeps its own tolerance."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        return 0.0
+    return torch.finfo(dtype).eps * piece_scale
+
+
+def verdict(error, scale, rtol, atol, own=None, noise=None, floor=0.0):
+    """(ratio, allowed, against float64): a value's largest `error` against its reference (largest magnitude
+    `scale`) as a fraction of what is allowed; above 1 is a mismatch. Where that is above 1 and a float64 run is
+    known (`own`: the value's largest error against it, `noise`: the reference's), the value is judged by `own`
+    against what is allowed plus NOISE_SLACK times `noise`, plus `floor` (`rounding_floor`) where the reference is
+    mostly noise (`noise` at least half of `scale`). Exact types (rtol = atol = 0) allow nothing."""
+    if rtol == 0 and atol == 0:
+        return (math.inf if error > 0 else 0.0), 0.0, False
+    allowed = allowed_error(rtol, atol, scale)
+    ratio = error / allowed if allowed > 0 else (math.inf if error > 0 else 0.0)
+    if not ratio > 1.0 or own is None or noise is None:
+        return ratio, allowed, False
+    allowed = allowed + NOISE_SLACK * noise + (floor if 2 * noise >= scale else 0.0)
+    return (own / allowed if allowed > 0 else (math.inf if own > 0 else 0.0)), allowed, True
+
+
+_LOWER_PRECISION_METHODS = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
+_LOWER_PRECISION_TYPE_NAMES = frozenset({"FloatTensor", "HalfTensor", "BFloat16Tensor"})
+_FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.scalar_tensor, torch.zeros, torch.ones, torch.empty,
+                        torch.full, torch.arange, torch.linspace, torch.logspace, torch.eye})
+_ENTER_AUTOCAST = getattr(torch.amp.autocast_mode, "_enter_autocast", None)
+
+
+def _widened(value):
+    """A dtype (or legacy tensor type name) an op is asked for, as its float64 (complex128) counterpart."""
+    if isinstance(value, torch.dtype):
+        if value.is_complex:
+            return torch.complex128
+        if value.is_floating_point:
+            return torch.float64
+    if isinstance(value, str) and value.startswith("torch.") and value.rpartition(".")[2] in _LOWER_PRECISION_TYPE_NAMES:
+        return value.rpartition(".")[0] + ".DoubleTensor"
+    return value
+
+
+def _wide_result(value):
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() and value.dtype is not torch.complex128:
+            return value.to(torch.complex128)
+        if value.is_floating_point() and value.dtype is not torch.float64:
+            return value.to(torch.float64)
+    return value
+
+
+class Float64Mode(TorchFunctionMode):
+    """Runs torch code in float64, the yardstick for rounding: every conversion to a floating dtype becomes one to
+    float64 whatever the source (`x.float()` of an int64 tensor, `x.to(torch.bfloat16)`, `x.type(torch.half)`,
+    `dtype=` keywords), factories without a dtype make float64, autocast is off (also where the code enters it),
+    and any floating result of lower precision left over is widened. With its inputs in float64 (`to_float64`), an
+    FX module or a fusion region's torch function computes in float64 throughout, so that the roundings the code
+    asks for (a bf16 cast inside a piece) count as eager's own noise, not as the yardstick's.
+
+    Why not `torch._dynamo.debug_utils.cast_to_fp64`: it rewrites the dtype arguments of aten-level FX graphs
+    (`prims.convert_element_type` and `dtype=` keywords) but not the `Tensor.to` / `.float()` method calls of the
+    Dynamo graphs ThunderFX splits, and a fusion region's reference is a Python function, not an FX graph.
+
+    Example:
+        >>> with Float64Mode():
+        ...     torch.ones(2, dtype=torch.bfloat16).dtype, torch.arange(3).float().dtype, torch.zeros(2).dtype
+        (torch.float64, torch.float64, torch.float64)
+    """
+
+    def __enter__(self):
+        self._autocast_off = [torch.autocast(device, enabled=False) for device in ("cpu", "cuda")
+                              if torch.is_autocast_enabled(device)]
+        for context in self._autocast_off:
+            context.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for context in reversed(self._autocast_off):
+                context.__exit__(None, None, None)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _LOWER_PRECISION_METHODS:
+            return args[0].to(torch.float64) if not args[0].is_complex() else func(*args, **kwargs)
+        if func is _ENTER_AUTOCAST:  # torch.autocast(device, dtype, enabled, cache) inside a Dynamo graph
+            return func(args[0], args[1], False, *args[3:])
+        args, kwargs = tree_map(_widened, (tuple(args), kwargs))
+        result = func(*args, **kwargs)
+        if func in _FACTORIES and kwargs.get("dtype") is None and isinstance(result, torch.Tensor) \
+                and result.is_floating_point() and result.dtype is not torch.float64:
+            return func(*args, **{**kwargs, "dtype": torch.float64})  # made as float64, not rounded first
+        return tree_map(_wide_result, result)
+
+
+def to_float64(values, requires_grad=False):
+    """Floating-point tensors as float64 copies (complex as complex128; leaves that require grad where
+    `requires_grad` and the original did); other values as they are."""
+    result = []
+    for x in values:
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+            wide = x.detach().to(torch.complex128 if x.is_complex() else torch.float64)
+            result.append(wide.requires_grad_(bool(requires_grad and x.requires_grad)))
+        else:
+            result.append(x)
+    return result
+
+# ---- end of the judging rule -----------------------------------------------------------------------------------------
 
 
 # ---- inputs ---------------------------------------------------------------------------------------------------------
@@ -344,24 +477,32 @@ def _differentiable(outputs):
     return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
 
 
-def _grad_outputs(outputs):
-    generator = torch.Generator().manual_seed(SEED)  # the same cotangents for every run of the piece
-    return [torch.randn(o.shape, generator=generator, dtype=torch.float32).to(o.device, o.dtype) for o in outputs]
+def _grad_outputs(outputs, dtypes=None):
+    """The same cotangents for every run of the piece: drawn in float32, rounded to the output's dtype (or to
+    `dtypes[i]`, those of eager's outputs, for the float64 run, which then differentiates the very same numbers)."""
+    generator = torch.Generator().manual_seed(SEED)
+    dtypes = dtypes if dtypes is not None and len(dtypes) == len(outputs) else [o.dtype for o in outputs]
+    return [torch.randn(o.shape, generator=generator, dtype=torch.float32).to(o.device, dtype).to(o.dtype)
+            for o, dtype in zip(outputs, dtypes)]
 
 
-def run(fn, inputs, backward):
+def run(fn, inputs, backward, float64=False, cotangent_dtypes=None):
     """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one. Every run
-    starts from the same seed, so random ops draw the same numbers where the backend draws them as eager does."""
+    starts from the same seed, so random ops draw the same numbers where the backend draws them as eager does.
+    With `float64`, the piece runs under `Float64Mode` (the inputs should be `to_float64` copies)."""
     args = fresh(inputs)
     torch.manual_seed(SEED)
-    outputs = tree_leaves(fn(*args))
+    with (Float64Mode() if float64 else contextlib.nullcontext()):
+        outputs = tree_leaves(fn(*args))
     if not backward:
         return outputs, None
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
     differentiable = _differentiable(outputs)
     if not wanted or not differentiable:
         return outputs, None
-    grads = torch.autograd.grad(differentiable, wanted, _grad_outputs(differentiable), allow_unused=True)
+    cotangents = _grad_outputs(differentiable, cotangent_dtypes)
+    with (Float64Mode() if float64 else contextlib.nullcontext()):
+        grads = torch.autograd.grad(differentiable, wanted, cotangents, allow_unused=True)
     return outputs, list(grads)
 
 
@@ -385,45 +526,23 @@ def _difference(actual, expected):
     return float(difference.max()), float(b.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
 
 
-def _rms_difference(actual, expected):
-    """The root mean square of the difference (elements that match as in `_difference` count as 0)."""
-    a, b = _wide(actual, expected)
-    if a.numel() == 0:
-        return 0.0
-    matching = (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
-    difference = torch.where(matching, torch.zeros_like(a.real), (a - b).abs()).nan_to_num(nan=math.inf)
-    return float(difference.square().mean().sqrt())
-
-
-def judge(actual, expected, eager_value=None, fp64_value=None):
-    """(largest error between `actual` and `expected`, that error as a fraction of what is allowed: above 1 fails).
-
-    Allowed: the largest error within the dtype's tolerance relative to the largest magnitude of the value (a
-    compiled piece reorders sums, so an element that cancels large terms legitimately differs by more than its own
-    size), plus the rounding noise of eager itself, where a float64 run of eager measures it: as torch._dynamo's
-    accuracy checks do, an op like sinc's backward near 0 is inaccurate in float32 eager, and a compiled version
-    rounds differently. The noise is allowed two ways, either sufficing: the largest error within three times eager's
-    largest error against float64, or the root-mean-square error within three times eager's (plus atol/10, as
-    `torch._dynamo.utils.same` with fp64_ref). Against eager, a compiled result is measured by its own distance to
-    float64; against the run's outputs (both sides compiled and rounded), by its distance to them, with 4x.
-    """
+def judge(actual, expected, eager_value=None, fp64_value=None, floor=0.0):
+    """(largest error between `actual` and `expected`, that error as a fraction of what is allowed: above 1 fails),
+    by the correctness sentinel's rule (`verdict`, the same code as the sentinel's): within rtol * M + atol *
+    min(1, M) of its reference, M the reference's largest magnitude; where not, and a float64 run of eager is known
+    (`fp64_value`, run under `Float64Mode`), by its own distance to that run against what is allowed plus three
+    times eager's own distance to it, plus `floor` (`rounding_floor` of the values judged with it). Against the run's
+    outputs (`expected` is not `eager_value`: both sides compiled), by its distance to them with the same
+    allowance."""
     error, scale = _difference(actual, expected)
     rtol, atol = tolerance(getattr(expected, "dtype", None))
-    if rtol == 0 and atol == 0:
-        return error, (math.inf if error > 0 else 0.0)
-    allowed = atol + rtol * scale
-    ratio = error / allowed
-    usable = isinstance(fp64_value, torch.Tensor) and isinstance(eager_value, torch.Tensor) \
-        and isinstance(actual, torch.Tensor) and actual.shape == expected.shape == fp64_value.shape
-    if ratio <= 1 or not usable:
-        return error, ratio
-    noise, _ = _difference(eager_value, fp64_value)
-    rms_noise = _rms_difference(eager_value, fp64_value)
-    if expected is eager_value:  # judged by its own distance to float64
-        own, _ = _difference(actual, fp64_value)
-        return error, min(own / (allowed + 3 * noise),
-                          _rms_difference(actual, fp64_value) / (3 * rms_noise + atol / 10))
-    return error, min(error / (allowed + 4 * noise), _rms_difference(actual, expected) / (4 * rms_noise + atol / 10))
+    own = noise = None
+    if isinstance(fp64_value, torch.Tensor) and isinstance(eager_value, torch.Tensor) \
+            and isinstance(actual, torch.Tensor) and actual.shape == expected.shape == fp64_value.shape:
+        noise, _ = _difference(eager_value, fp64_value)
+        own = _difference(actual, fp64_value)[0] if expected is eager_value else error
+    ratio, _, _ = verdict(error, scale, rtol, atol, own, noise, floor)
+    return error, ratio
 
 
 def compare(what, actual, expected, eager=None, fp64=None):
@@ -432,11 +551,16 @@ def compare(what, actual, expected, eager=None, fp64=None):
     if len(actual) != len(expected):
         print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
         return False
+    piece_scale = {}  # the largest magnitude among the values of each dtype, for `rounding_floor`
+    for e in expected:
+        if isinstance(e, torch.Tensor) and e.is_floating_point():
+            piece_scale[e.dtype] = max(piece_scale.get(e.dtype, 0.0), _difference(e, e)[1])
     worst_error, worst_ratio, index = 0.0, 0.0, None
     for i, (a, e) in enumerate(zip(actual, expected)):
         eager_value = eager[i] if eager is not None and i < len(eager) else None
         fp64_value = fp64[i] if fp64 is not None and i < len(fp64) else None
-        error, ratio = judge(a, e, eager_value, fp64_value)
+        floor = rounding_floor(getattr(e, "dtype", None), piece_scale.get(getattr(e, "dtype", None), 0.0))
+        error, ratio = judge(a, e, eager_value, fp64_value, floor)
         worst_error = max(worst_error, error)
         if index is None or ratio > worst_ratio:
             worst_ratio, index = ratio, i
@@ -445,23 +569,20 @@ def compare(what, actual, expected, eager=None, fp64=None):
         return True
     dtype = getattr(expected[index], "dtype", type(expected[index]).__name__)
     rtol, atol = tolerance(dtype)
-    slack = ", + a few times eager's own error against float64" if fp64 is not None else ""
-    verdict = "OK" if worst_ratio <= 1.0 else "MISMATCH"
+    slack = f", + {NOISE_SLACK:g} x eager's own error against float64" if fp64 is not None else ""
+    verdict_word = "OK" if worst_ratio <= 1.0 else "MISMATCH"
     print(f"  {what}: largest error {worst_error:.3g}; worst value {index} ({str(dtype).replace('torch.', '')}) at "
-          f"{worst_ratio:.2g} of what is allowed (atol={atol:g} + rtol={rtol:g} * its largest magnitude{slack}): "
-          f"{verdict}")
+          f"{worst_ratio:.2g} of what is allowed (rtol={rtol:g} * M + atol={atol:g} * min(1, M), M its largest "
+          f"magnitude{slack}): {verdict_word}")
     return worst_ratio <= 1.0
 
 
-def _in_float64(inputs):
-    return [x.detach().double().requires_grad_(x.requires_grad)
-            if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x for x in inputs]
-
-
-def _run_float64(eager, inputs, backward):
-    """Eager in float64, the yardstick for rounding; (None, None) where the piece cannot run in float64."""
+def _run_float64(eager, inputs, backward, like=None):
+    """Eager under `Float64Mode`, the yardstick for rounding, with the cotangents of eager's run (`like`: its
+    outputs); (None, None) where the piece cannot run in float64."""
+    dtypes = [o.dtype for o in _differentiable(like)] if like is not None else None
     try:
-        return run(eager, _in_float64(inputs), backward)
+        return run(eager, to_float64(inputs, requires_grad=True), backward, float64=True, cotangent_dtypes=dtypes)
     except Exception as e:  # e.g. an op without a float64 kernel: judge with the dtype's tolerance alone
         print(f"  (no float64 reference: {type(e).__name__}: {str(e)[:200]})")
         return None, None
@@ -525,7 +646,8 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
             traceback.print_exc()
             return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__} on these inputs: {str(error)[:300]}")
     # Random numbers drawn in float64 are other numbers: with random ops, the float64 run measures nothing.
-    fp64_outputs, fp64_grads = (None, None) if random_ops else _run_float64(reference, inputs, backward)
+    fp64_outputs, fp64_grads = (None, None) if random_ops else _run_float64(reference, inputs, backward,
+                                                                          like=eager_outputs)
     ok = True
     if expected_outputs is not None:
         ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs)
@@ -572,18 +694,21 @@ def load_gradients(path, script):
             None if passed_on is None else [_rebuild(x) for x in passed_on])
 
 
-def _gradients(fn, inputs, incoming):
-    """The gradients of the inputs of `fn` that require one, for the given incoming gradients of its outputs."""
+def _gradients(fn, inputs, incoming, float64=False):
+    """The gradients of the inputs of `fn` that require one, for the given incoming gradients of its outputs (with
+    `float64`, under `Float64Mode`)."""
     args = fresh(inputs)
     torch.manual_seed(SEED)
-    outputs = tree_leaves(fn(*args))
+    with (Float64Mode() if float64 else contextlib.nullcontext()):
+        outputs = tree_leaves(fn(*args))
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
     pairs = [(o, g) for o, g in zip(outputs, list(incoming) + [None] * len(outputs))
              if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)]
     if not pairs or not wanted:
         return [None] * len(wanted)
-    grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.device, o.dtype) for o, g in pairs],
-                                allow_unused=True)
+    with (Float64Mode() if float64 else contextlib.nullcontext()):
+        grads = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.device, o.dtype) for o, g in pairs],
+                                    allow_unused=True)
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wanted)]
 
 
@@ -610,8 +735,7 @@ def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
         if incoming is None:
             return "not saved", "not rerun (the incoming gradients were not saved)"
         expected = _gradients(reference, inputs, incoming)
-        wide = _gradients(reference, _in_float64(inputs), [g.double() if isinstance(g, torch.Tensor)
-                                                          and g.is_floating_point() else g for g in incoming])
+        wide = _gradients(reference, to_float64(inputs, requires_grad=True), to_float64(incoming), float64=True)
         in_run = "not saved"
         if passed_on is not None:
             ok = compare("the run's gradients vs eager", _picked(passed_on, picked), _picked(expected, picked),
