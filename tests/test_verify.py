@@ -135,7 +135,7 @@ def test_bad_arguments_and_damaged_dumps_are_one_line_and_exit_status_2(dump, ca
         ([tmp_path / "nothing"], "does not exist"),
         ([dump, "--only", "*nvFusion*"], "no script of"),
         ([dump, "--jobs", "0"], "not a whole number of at least 1"),
-        ([dump, "--timeout", "-1"], "must be more than 0 seconds"),
+        ([dump, "--timeout", "-1"], "give a number of seconds > 0"),
         ([dump, "--rank", "3"], "has no rank 3"),
     ]
     if not CUDA:

@@ -201,21 +201,30 @@ class Series:
     points: tuple[tuple[float, float], ...]
 
 
+#: Outliers are rare spikes: the largest share of a series' samples (one at least) that may be drawn as outliers.
+OUTLIER_SHARE = 0.1
+
+
 def outlier_limit(values: Sequence[float]) -> float:
     """The value above which a sample of a series is drawn as an outlier: 3 interquartile ranges above the upper
     quartile, and at least 1.5 times that quartile (so that a series of near-equal samples does not mark its
-    ordinary jitter). Fewer than 4 samples: none is an outlier.
+    ordinary jitter). Fewer than 4 samples: none is an outlier; nor where more than one sample and more than
+    `OUTLIER_SHARE` of them lie above it (a level the run reached, such as steps three times slower from some call
+    on, is drawn on the axis).
 
-    Example (one late compile among steady steps):
+    Example (one late compile among steady steps; a fifth of the run at a higher level):
         >>> outlier_limit([1.0, 1.1, 0.9, 1.0, 1.05, 640.0]) < 640
         True
         >>> outlier_limit([1.0, 2.0, 3.0]) == float("inf")
+        True
+        >>> outlier_limit([1.0] * 8 + [3.0] * 2) == float("inf")
         True
     """
     if len(values) < 4:
         return math.inf
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return max(q3 + 3 * (q3 - q1), 1.5 * q3)
+    limit = max(q3 + 3 * (q3 - q1), 1.5 * q3)
+    return math.inf if sum(v > limit for v in values) > max(1.0, OUTLIER_SHARE * len(values)) else limit
 
 
 #: With `axis_from`, the axis reaches this many times the top of those series (room for the others above them).
