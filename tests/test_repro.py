@@ -160,8 +160,20 @@ def test_scripts_import_only_torch_thunder_and_the_standard_library(dumps):
                 assert "thunder" not in imported and "import_thunder()" not in text, script.name
 
 
+def _one_of_each_kind(scripts: dict[str, Path]) -> list[Path]:
+    """The first script of each level (graph, split, fusion region) and kind (repro_eager, repro_thunder, ...)."""
+    chosen: dict[tuple[int, str], Path] = {}
+    for key, path in sorted(scripts.items()):
+        owner, _, kind = key.partition(":")
+        chosen.setdefault((owner.count("/"), kind), path)
+    return list(chosen.values())
+
+
 def test_every_script_runs_and_checks_itself(dumps):
-    scripts = sorted(str(p) for rank_dir in dumps.values() for p in _expected_scripts(rank_dir).values())
+    # Every script of the dump with real inputs; of the metadata dump, one of each level and kind (tests/test_zoo.py
+    # runs every script of three zoo models' metadata dumps).
+    scripts = sorted(str(p) for p in [*_expected_scripts(dumps["real"]).values(),
+                                      *_one_of_each_kind(_expected_scripts(dumps["meta"]))])
     done = subprocess.run(
         [sys.executable, "-c", FORK_RUNNER, *scripts], env=SCRIPT_ENV, capture_output=True, text=True, timeout=900
     )
