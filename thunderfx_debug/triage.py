@@ -49,7 +49,7 @@ from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
 from thunderfx_debug.config import TriageLevel
-from thunderfx_debug.records import ClockKind, SplitKind, Triage
+from thunderfx_debug.records import DEVIATION, ClockKind, SplitKind, Triage
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.check import AutocastState, kept_random_state
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
@@ -268,7 +268,7 @@ class _RunsAs:
 @dataclasses.dataclass(frozen=True)
 class TriageSettings:
     level: TriageLevel = TriageLevel.OFF
-    deviation: float = 1.2
+    deviation: float = DEVIATION
     looks: tuple[int, ...] = LOOKS
     calls: int = CALLS
 
