@@ -191,3 +191,17 @@ def test_a_record_with_a_field_type_the_codec_does_not_know_is_refused():
 def test_the_deviation_default_is_one_constant():
     assert Config().deviation == Triage().deviation == DEVIATION
     assert Triage.from_json({}, "triage").deviation == DEVIATION  # a record that does not say its own
+
+
+def test_a_checks_line_is_rendered_in_render_not_by_the_record():
+    from thunderfx_debug.render.correctness import describe_check
+
+    assert not hasattr(Check, "describe")
+    check = Check(calls=3, mismatches=1, compared=9, first_mismatch_call=51, worst_output="forward output 2",
+                  worst_call=51, worst_abs_error=0.31, worst_rel_error=0.05, worst_ratio=24.8, rtol=0.05, atol=0.05,
+                  allowed=0.0125, reference="float64 eager", skipped=("random ops",))
+    assert describe_check(check) == (
+        "3 checked calls, 1 mismatch (first at call 51); worst: forward output 2 at call 51, error 0.31 (relative "
+        "0.05) against 0.0125 allowed (rtol 0.05, atol 0.05, against float64 eager): 24.8 of the tolerance; not "
+        "compared: random ops")
+    assert describe_check(Check(calls=1)) == "1 checked call, nothing compared"
