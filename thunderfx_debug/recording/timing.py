@@ -223,9 +223,9 @@ class DeviceHold:
     host anyway); other calls pay nothing, and no result changes.
 
     The sleep is 1.25x the host time the same phase took on the previous sampled call (first sampled call: 10 ms),
-    within `device_timer`'s limits for a hold (1 ms to 1 s). One hold serves a graph and its splits: `begin` sleeps once per phase of a call, whichever
-    piece's mark comes first (in the backward, autograd may run a split's hook before the graph's), and only the
-    graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
+    within `device_timer`'s limits for a hold (1 ms to 1 s). One hold serves a graph and its splits: `begin` sleeps
+    once per phase of a call, whichever piece's mark comes first (in the backward, autograd may run a split's hook
+    before the graph's), and only the graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
     stream tests use), and `cycles_per_ms` the device's clock rate in kHz.
 
     Example (a recording sleep and a host counter one millisecond per reading):
