@@ -175,7 +175,7 @@ def test_the_collective_log_is_read_back_and_a_damaged_one_refused(tmp_path):
 
     manifest["collectives"]["calls"]["seq"] = ["1", 2]
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(DumpError, match=r"collectives\.calls\.seq: expected a list of int"):
+    with pytest.raises(DumpError, match=r"collectives\.calls\.seq: expected a list of whole numbers"):
         load_report(dump)
     manifest["collectives"]["calls"]["seq"] = [1]
     manifest_path.write_text(json.dumps(manifest))

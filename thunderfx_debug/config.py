@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from thunderfx_debug.records import DEVIATION
+
 log = logging.getLogger("thunderfx_debug")
 
 
@@ -89,7 +91,7 @@ class Config:
     check: CheckLevel = CheckLevel.OFF
     check_every: int = 50
     triage: TriageLevel = TriageLevel.OFF
-    deviation: float = 1.2  # Thunder/inductor time ratio beyond which a triaged piece deviates
+    deviation: float = DEVIATION  # Thunder/inductor time ratio beyond which a triaged piece deviates
     minimize: bool = False  # at flush, shrink every piece the sentinel flagged to its minimal failing script
     minimize_budget: float = 120.0  # seconds of minimizing per piece
 
@@ -180,9 +182,9 @@ def _ratio_above_one(text: str) -> float:
     try:
         value = float(text.strip())
     except ValueError:
-        raise ValueError("allowed: a time ratio > 1, such as 1.2") from None
+        raise ValueError(f"allowed: a time ratio > 1, such as {DEVIATION}") from None
     if not 1 < value < float("inf"):
-        raise ValueError("allowed: a time ratio > 1, such as 1.2")
+        raise ValueError(f"allowed: a time ratio > 1, such as {DEVIATION}")
     return value
 
 

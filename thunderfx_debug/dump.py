@@ -355,7 +355,7 @@ def _load_rank(rank_dir: Path) -> Report:
             raise DumpError(f"{where} must be an object with a 'path'")
         graph_path = _inside(rank_dir, entry["path"], where)
         data = _read_json(graph_path, "listed in manifest.json")
-        graphs.append(GraphRecord.from_json(data, str(graph_path), _split_traces(rank_dir, data, str(graph_path))))
+        graphs.append(_with_traces(rank_dir, GraphRecord.from_json(data, str(graph_path)), str(graph_path)))
     meta = {k: v for k, v in manifest.items() if k not in ("graphs", "schema_version")}
     meta["dump_dir"] = str(rank_dir)
     report = Report(graphs=tuple(graphs), meta=meta, schema_version=version)
@@ -428,23 +428,20 @@ def _inside(rank_dir: Path, relative: str, where: str) -> Path:
         raise DumpError(f"{where}: {e}") from None
 
 
-def _split_traces(rank_dir: Path, graph_data: Any, where: str) -> dict[str, dict[str, str | None]]:
-    traces: dict[str, dict[str, str | None]] = {}
-    if not isinstance(graph_data, dict) or not isinstance(graph_data.get("splits"), list):
-        return traces
-    for split in graph_data["splits"]:
-        if not isinstance(split, dict) or not isinstance(split.get("files"), dict):
-            continue
+def _with_traces(rank_dir: Path, graph: GraphRecord, where: str) -> GraphRecord:
+    """The graph with its splits' final traces, read from the files their records name (`files`)."""
+    splits = []
+    for split in graph.splits:
         found = {}
         for label in ("fwd_trace", "bwd_trace"):
-            relative = split["files"].get(label)
-            if isinstance(relative, str):
-                path = _inside(rank_dir, relative, f"{where}: {split.get('name')}.files.{label}")
+            relative = split.files.get(label)
+            if relative is not None:
+                path = _inside(rank_dir, relative, f"{where}: {split.name}.files.{label}")
                 try:
                     # A missing (or not regular, or huge) trace file loses the trace text, not the report.
                     ok = path.is_file() and path.stat().st_size <= MAX_JSON_BYTES
                     found[label] = path.read_text(encoding="utf-8") if ok else None
                 except (OSError, UnicodeDecodeError):
                     found[label] = None
-        traces[str(split.get("name"))] = found
-    return traces
+        splits.append(dataclasses.replace(split, **found) if found else split)
+    return dataclasses.replace(graph, splits=tuple(splits))

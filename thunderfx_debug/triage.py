@@ -49,7 +49,8 @@ from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
 from thunderfx_debug.config import TriageLevel
-from thunderfx_debug.records import ClockKind, SplitKind, Triage
+from thunderfx_debug.records import DEVIATION, ClockKind, SplitKind, Triage
+from thunderfx_debug.recording import device_timer
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.check import AutocastState, kept_random_state
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
@@ -90,23 +91,13 @@ def host_round(call: Callable[[], Any], calls: int) -> float:
 
 
 def cuda_round(call: Callable[[], Any], calls: int) -> float:
-    """Device ms per call of `calls` back-to-back calls: queued behind a spin kernel long enough that the host's
-    launches stay ahead of the device, timed with CUDA events; synchronises once per round (at flush, not training)."""
+    """Device ms per call of `calls` back-to-back calls (`device_timer.held_device_ms`), behind a hold sized from one
+    call timed alone; waits for the device each round (at flush, not training)."""
     torch.cuda.synchronize()
     started = time.perf_counter()
     call()  # a host estimate of one call, to size the hold
     torch.cuda.synchronize()
-    host_ms = (time.perf_counter() - started) * 1e3
-    cycles_per_ms = float(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0)
-                          or 1_500_000)
-    torch.cuda._sleep(int(min(max(1.5 * host_ms * calls, 0.5), 2000.0) * cycles_per_ms))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+    return device_timer.held_device_ms(call, calls, host_ms=(time.perf_counter() - started) * 1e3)
 
 
 def interleaved(thunder: Callable[[], Any], inductor: Callable[[], Any], timer: RoundTimer = host_round,
@@ -268,7 +259,7 @@ class _RunsAs:
 @dataclasses.dataclass(frozen=True)
 class TriageSettings:
     level: TriageLevel = TriageLevel.OFF
-    deviation: float = 1.2
+    deviation: float = DEVIATION
     looks: tuple[int, ...] = LOOKS
     calls: int = CALLS
 

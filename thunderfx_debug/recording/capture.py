@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from thunderfx_debug.recording import device_timer
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.safety import ReportingFailures
 
@@ -191,8 +192,7 @@ def observe(values: Sequence[Any], statistics: bool = True, references: bool = F
         captured.pending.append(numbers)
         on_cuda |= numbers is not None and numbers.device.type == "cuda"
     if on_cuda:
-        captured.ready = torch.cuda.Event()
-        captured.ready.record()
+        captured.ready = device_timer.mark(timing=False)
     return captured
 
 

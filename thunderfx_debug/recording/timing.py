@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from thunderfx_debug.recording import device_timer
 from thunderfx_debug.records import BETWEEN_OPS, ClockKind, Phase, Timing
 from thunderfx_debug.recording.samples import SampleStream
 
@@ -52,24 +53,16 @@ class HostClock:
 
 
 class CudaClock:
-    """CUDA events on the current stream. `elapsed_ms` only waits (synchronises on the event) when asked to,
-    which happens at flush, never on the training path."""
+    """CUDA events on the current stream (`device_timer`). `elapsed_ms` only waits (synchronises on the event) when
+    asked to, which happens at flush, never on the training path."""
 
     kind = ClockKind.CUDA
 
     def mark(self):
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return device_timer.mark()
 
     def elapsed_ms(self, start, end, wait: bool) -> float | None:
-        if not end.query():
-            if not wait:
-                return None
-            end.synchronize()
-        return start.elapsed_time(end)
+        return device_timer.elapsed_ms(start, end, wait)
 
 
 def clock_for(devices: set[str]) -> Clock:
@@ -230,9 +223,9 @@ class DeviceHold:
     host anyway); other calls pay nothing, and no result changes.
 
     The sleep is 1.25x the host time the same phase took on the previous sampled call (first sampled call: 10 ms),
-    within 1-100 ms. One hold serves a graph and its splits: `begin` sleeps once per phase of a call, whichever
-    piece's mark comes first (in the backward, autograd may run a split's hook before the graph's), and only the
-    graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
+    within `device_timer`'s limits for a hold (1 ms to 1 s). One hold serves a graph and its splits: `begin` sleeps
+    once per phase of a call, whichever piece's mark comes first (in the backward, autograd may run a split's hook
+    before the graph's), and only the graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
     stream tests use), and `cycles_per_ms` the device's clock rate in kHz.
 
     Example (a recording sleep and a host counter one millisecond per reading):
@@ -243,7 +236,7 @@ class DeviceHold:
         [10000, 1250]
     """
 
-    FIRST_MS, FACTOR, MIN_MS, MAX_MS = 10.0, 1.25, 1.0, 100.0
+    FIRST_MS, FACTOR = 10.0, 1.25
 
     def __init__(self, sleep: Callable[[int], None], cycles_per_ms: float,
                  counter: Callable[[], int] = time.perf_counter_ns):
@@ -256,13 +249,11 @@ class DeviceHold:
     def for_current_cuda_device(cls) -> "DeviceHold":
         import torch
 
-        # clock_rate (kHz) is the SM clock; 1.5 GHz where this torch does not report it.
-        khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
-        return cls(torch.cuda._sleep, float(khz))
+        return cls(torch.cuda._sleep, device_timer.cycles_per_ms())
 
     def sleep_ms(self, ms: float) -> None:
-        """Enqueues a sleep of about `ms` milliseconds on the current stream (the repro scripts' device timing)."""
-        self._sleep(int(ms * self._cycles_per_ms))
+        """Enqueues a sleep of about `ms` milliseconds on the current stream, within `device_timer`'s limits."""
+        self._sleep(device_timer.hold_cycles(ms, self._cycles_per_ms))
 
     def begin(self, phase: Phase, call: int) -> None:
         """Before the first mark of the phase of sampled call `call`: enqueue the sleep and start the host clock of
@@ -270,8 +261,7 @@ class DeviceHold:
         if self._held_call.get(phase) == call:
             return
         self._held_call[phase] = call
-        ms = min(self.MAX_MS, max(self.MIN_MS, self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR)))
-        self.sleep_ms(ms)
+        self.sleep_ms(self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR))
         self._started[phase] = self._counter()
 
     def end(self, phase: Phase) -> None:

@@ -110,6 +110,29 @@ def mismatch_line(piece: CheckedPiece) -> str:
     return line
 
 
+def describe_check(check: Check) -> str:
+    """One line on what the check of a piece found: "3 checked calls, 1 mismatch (first at call 51); worst: forward
+    output 2 at call 51, error 0.31 (relative 0.05) against 0.0125 allowed (rtol 0.05, atol 0.05, against float64
+    eager): 24.8 of the tolerance"."""
+    line = f"{check.calls} checked call{'s' if check.calls != 1 else ''}"
+    if check.mismatches:
+        line += (f", {check.mismatches} mismatch{'es' if check.mismatches != 1 else ''}"
+                 f" (first at call {check.first_mismatch_call})")
+    else:
+        line += ", no mismatch" if check.compared else ", nothing compared"
+    if check.worst_output is not None:
+        line += (f"; worst: {check.worst_output} at call {check.worst_call}, error {_g(check.worst_abs_error)} "
+                 f"(relative {_g(check.worst_rel_error)}) against {_g(check.allowed)} allowed "
+                 f"(rtol {_g(check.rtol)}, atol {_g(check.atol)}, against {check.reference}): "
+                 f"{_g(check.worst_ratio)} of the tolerance")
+    if check.skipped:
+        line += "; not compared: " + "; ".join(check.skipped)
+    if check.failures:
+        line += (f"; the check failed on {check.failures} call{'s' if check.failures != 1 else ''}: "
+                 + "; ".join(check.failed))
+    return line
+
+
 def _g(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 

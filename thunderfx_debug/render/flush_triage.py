@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html as _html
 
-from thunderfx_debug.records import RankRecord, SplitKind, Triage
+from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.text import ms, plural
 
@@ -107,7 +107,7 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
     judged = [p for p in pieces if p.triage.error is None]
     deviating = [p for p in judged if p.triage.deviates]
     clocks = sorted({p.triage.clock.value for p in judged})
-    deviation = pieces[0].triage.deviation if pieces else 1.2
+    deviation = pieces[0].triage.deviation if pieces else DEVIATION
     lines = [f"# ThunderFX against inductor, in the training process{': ' + title if title else ''}", "",
              f"{plural(len(judged), 'piece')} timed ({sum(p.level == 'split' for p in judged)} Thunder splits, "
              f"{sum(p.level == 'fusion' for p in judged)} fusion regions), {len(deviating)} deviate beyond "

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from thunderfx_debug.records import ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import accounting, digest, flush_triage, minimized
-from thunderfx_debug.render.correctness import render_correctness
+from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
 
@@ -323,7 +323,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
             lines.append(f"    {cost}")
         if split.check is not None:
             word = "MISMATCH " if split.check.mismatched else "CHECK FAILED " if split.check.failures else ""
-            lines.append(f"    check: {word}{split.check.describe()}")
+            lines.append(f"    check: {word}{describe_check(split.check)}")
         for group in digest.group_reasons([GraphRecord(graph.name, graph.index, splits=(split,))]):
             lines.append(f"    split reason: {group.type} {group.op}" + (f" (x{group.count})" if group.count > 1 else ""))
             lines += [f"      exception: {e}" for e in group.exceptions]

@@ -798,27 +798,72 @@ DEVICE_CALLS = 20  # calls per device-time measurement: queued behind one hold, 
 DEVICE_ROUNDS = 5  # measurements; the median is reported
 
 
+# ---- the device timer: the same text in recording/device_timer.py and artifacts/repro/script_template.py ----------
+
+#: How long a hold lasts, in ms, whatever the host's time for the work behind it. At least 1 ms: a hold sized from a
+#: tiny host time would end before the host has queued the first kernels, and 1 ms is nothing to a sampled call or a
+#: flush. At most 1 s: the host cannot run further ahead of the device than CUDA's launch queue (about a thousand
+#: kernels) lets it, which takes it well under a second, so a longer hold only adds waiting; and a spin kernel of
+#: seconds could trip the watchdog of a GPU that also drives a display.
+HOLD_MIN_MS, HOLD_MAX_MS = 1.0, 1000.0
+#: The hold in front of timed calls, over the host's time for them: room for the host to queue them all.
+HOLD_OVER_HOST = 1.5
+
+
+def mark(cuda=None, timing=True):
+    """A CUDA event recorded now on the current stream (`timing`: one `elapsed_ms` can read); never waits."""
+    cuda = cuda or torch.cuda
+    event = cuda.Event(enable_timing=timing)
+    event.record()
+    return event
+
+
+def elapsed_ms(start, end, wait):
+    """Milliseconds from mark `start` to mark `end`; None where `end` is not complete yet and `wait` is False
+    (with `wait`, waits for `end`: at flush or in a script, never on the training path)."""
+    if not end.query():
+        if not wait:
+            return None
+        end.synchronize()
+    return start.elapsed_time(end)
+
+
+def cycles_per_ms(cuda=None):
+    """The current device's SM clock rate in kHz, the cycles of a spin kernel per millisecond (1.5 GHz where this
+    torch does not report it)."""
+    cuda = cuda or torch.cuda
+    return float(getattr(cuda.get_device_properties(cuda.current_device()), "clock_rate", 0) or 1_500_000)
+
+
+def hold_cycles(ms, per_ms):
+    """The spin-kernel cycles of a hold of about `ms` milliseconds, kept within HOLD_MIN_MS and HOLD_MAX_MS."""
+    return int(min(max(ms, HOLD_MIN_MS), HOLD_MAX_MS) * per_ms)
+
+
+def held_device_ms(call, calls, host_ms, cuda=None):
+    """Device milliseconds per call of `calls` back-to-back `call()`s, timed with CUDA events behind a hold of
+    HOLD_OVER_HOST times their host time (`host_ms` per call), so that the host's launches stay ahead of the device.
+    Waits for the device before the hold and for the last event."""
+    cuda = cuda or torch.cuda
+    cuda.synchronize()
+    cuda._sleep(hold_cycles(HOLD_OVER_HOST * host_ms * calls, cycles_per_ms(cuda)))
+    start = mark(cuda)
+    for _ in range(calls):
+        call()
+    end = mark(cuda)
+    return elapsed_ms(start, end, wait=True) / calls
+
+
+# ---- end of the device timer
+
+
 def device_ms(call, host_ms):
     """Median device milliseconds per `call()` on CUDA: the GPU's own time for the call's kernels.
 
     A standalone call of a small region is mostly host overhead, which the region does not pay inside a compiled
-    graph. So the calls are queued behind a sleep kernel as long as 1.5x their host time (`torch.cuda._sleep`, a
-    spin kernel; cycles from the SM clock rate), and CUDA events around them time the kernels back to back, as the
-    backend's fusion-level timing does."""
-    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-    cycles_per_ms = float(getattr(properties, "clock_rate", 0) or 1_500_000)  # kHz; 1.5 GHz where not reported
-    per_call = []
-    for _ in range(DEVICE_ROUNDS):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(min(max(1.5 * host_ms * DEVICE_CALLS, 1.0), 1000.0) * cycles_per_ms))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(DEVICE_CALLS):
-            call()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) / DEVICE_CALLS)
-    return statistics.median(per_call)
+    graph. So the calls are queued behind a hold (`held_device_ms`: a spin kernel longer than their host time), and
+    CUDA events around them time the kernels back to back, as the backend's fusion-level timing does."""
+    return statistics.median(held_device_ms(call, DEVICE_CALLS, host_ms) for _ in range(DEVICE_ROUNDS))
 
 
 @dataclasses.dataclass(frozen=True)

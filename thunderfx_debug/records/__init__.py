@@ -1,0 +1,29 @@
+"""The report's records and their JSON form (the dump schema).
+
+Plain frozen dataclasses: no torch or thunder import, so a dump can be read and rendered on a laptop. Every record
+has `to_json()` and a `from_json(data, where)` that validates what it reads and raises `DumpError` with the field
+that was wrong; both come from one codec driven by the records' fields and type hints (`records.codec`).
+
+- `records.pieces`: graphs, their splits and fusion regions, inputs, split reasons, the rank's collectives;
+- `records.timing`: timing samples, disturbed calls, compile costs;
+- `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts.
+"""
+
+from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError
+from thunderfx_debug.records.pieces import (
+    BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
+    RankRecord, SplitKind, SplitReason, SplitRecord, storage_span,
+)
+from thunderfx_debug.records.timing import (
+    ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, SampleTotals, Timing,
+    TimingWindow, percentile,
+)
+from thunderfx_debug.records.verdicts import DEVIATION, MAX_CHECK_REASONS, Check, Minimized, Triage
+
+__all__ = [
+    "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "Check",
+    "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen", "DisturbedCall",
+    "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Minimized", "OpGroup",
+    "Phase", "RankRecord", "SampleTotals", "SplitKind", "SplitReason", "SplitRecord", "Timing", "TimingWindow",
+    "Triage", "percentile", "storage_span",
+]

@@ -1,0 +1,142 @@
+"""What the backend judged about a piece: the correctness sentinel's `Check`, flush-time `Triage` against inductor,
+and the `Minimized` script of a piece the sentinel flagged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from thunderfx_debug.records.codec import Count, JsonRecord
+from thunderfx_debug.records.timing import ClockKind
+
+#: The Thunder/inductor time ratio beyond which a triaged piece deviates, either way: THUNDERFX_DEBUG_DEVIATION's
+#: default, and the deviation of a triage record that does not say its own.
+DEVIATION = 1.2
+
+#: Reasons a check keeps at most (distinct ones; the first reasons are the informative ones).
+MAX_CHECK_REASONS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Check(JsonRecord):
+    """What the correctness sentinel (THUNDERFX_DEBUG_CHECK) found for one piece: a Thunder split, or a fusion
+    region at `fusion` level. None on a record where nothing was checked.
+
+    `calls` is the number of checked calls of the piece, `mismatches` how many of them had a value beyond the
+    tolerance (or a value that changed after the piece returned it), `first_mismatch_call` the first of those
+    (calls are 1-based call numbers of the piece's graph); `compared` counts the values compared over all calls.
+    The worst value is the one whose error was the largest fraction of what was allowed (`worst_ratio`; above 1
+    is a mismatch): `worst_output` names it ("forward output 2", "gradient of input 5 (l_w_)"), `worst_call` is
+    its call, `worst_abs_error` its largest absolute error, `worst_rel_error` that error over the largest magnitude
+    of its reference. The tolerance used for it: `rtol`, `atol` (its dtype's), `allowed` (the absolute error
+    allowed: rtol * M + atol * min(1, M), M the reference's largest magnitude, plus three times eager's own error
+    against float64 where the float64 reference was needed), `reference` ("eager", "float64 eager", "exact", or "its own value right after it
+    returned"). `mismatched_values` names the values that were beyond tolerance (the first few distinct ones);
+    `skipped` says why values were not compared (random ops, inputs changed in place, a backward that never ran, a
+    gradient whose capture could not be verified, ...). `failures` counts the checked calls on which the check
+    itself failed (an error of the sentinel, logged; what it did compare before still counts) and `failed` says what
+    failed (the first few distinct ones): such a piece is never counted as checked clean. `verified_gradients` counts
+    the gradients whose capture was proved to be what autograd delivered to the input (see
+    `recording.split_check`). A fusion region has `writes_unowned_memory` where a value it does not own (another
+    region's output, an input of the split) changed while it ran with no write PyTorch knows of, and `overwritten`
+    where a value it returned changed that way after it returned it (the region that wrote it is named on the next
+    checked call).
+    """
+
+    calls: Count = 0
+    mismatches: Count = 0
+    compared: Count = 0
+    first_mismatch_call: int | None = None
+    worst_output: str | None = None
+    worst_call: int | None = None
+    worst_abs_error: float | None = None
+    worst_rel_error: float | None = None
+    worst_ratio: float | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    allowed: float | None = None
+    reference: str | None = None
+    skipped: tuple[str, ...] = ()
+    mismatched_values: tuple[str, ...] = ()
+    failures: Count = 0
+    failed: tuple[str, ...] = ()
+    verified_gradients: Count = 0
+    writes_unowned_memory: bool = False
+    overwritten: bool = False
+
+    @property
+    def mismatched(self) -> bool:
+        return self.mismatches > 0
+
+    @property
+    def clean(self) -> bool:
+        """Values were compared, none mismatched, and the check never failed."""
+        return self.compared > 0 and not self.mismatches and not self.failures
+
+
+@dataclasses.dataclass(frozen=True)
+class Triage(JsonRecord):
+    """A piece timed against inductor at flush, in the training process, on the inputs of a recorded call.
+
+    `thunder_ms` and `inductor_ms` are ms per call on `clock` (median of the rounds; a split's forward and backward
+    together, a fusion region's call), `ratio` Thunder's time over inductor's with its 95% interval
+    [`ratio_low`, `ratio_high`] (Yuen's trimmed t on the rounds' log times, the two sides interleaved), `deviates`
+    when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `ms_per_step` is the
+    time Thunder loses there per training step against inductor, (thunder_ms - inductor_ms) x `calls_per_step`
+    (negative: it gains). `inputs` says where the inputs came from ("real": the run's tensors; "meta": rebuilt from
+    the recorded metadata; "the run's tensors" where they were all alive). `error` says why a piece could not be
+    judged (then no figures), whole. `compile_s` is what compiling inductor's counterpart and both sides' first calls
+    took, `timing_s` the rounds."""
+
+    JSON_DERIVED = ("ms_per_step",)  # for readers of the JSON; computed again on load
+
+    clock: ClockKind = ClockKind.HOST
+    thunder_ms: float | None = None
+    inductor_ms: float | None = None
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    deviation: float = DEVIATION
+    deviates: bool = False
+    calls_per_step: float = 1.0
+    rounds: int = 0
+    inputs: str = "meta"
+    error: str | None = None
+    compile_s: float | None = None
+    timing_s: float | None = None
+
+    @property
+    def ms_per_step(self) -> float:
+        if self.thunder_ms is None or self.inductor_ms is None:
+            return 0.0
+        return (self.thunder_ms - self.inductor_ms) * self.calls_per_step
+
+    @property
+    def why(self) -> str | None:
+        """"slower_than_inductor" or "faster_than_inductor" for a deviating piece (its scripts' names say so)."""
+        if not self.deviates or self.ratio is None:
+            return None
+        return "slower_than_inductor" if self.ratio > 1 else "faster_than_inductor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Minimized(JsonRecord):
+    """A piece the sentinel flagged, shrunk at flush (THUNDERFX_DEBUG_MINIMIZE=1) to the fewest ops that still fail
+    the same way: `ops_before` -> `ops_after` (and its inputs and outputs), in `trials` runs of cuts of it (child
+    processes) and `seconds`; `script` the minimal script's path in the dump. `verdict` is the full piece's RESULT
+    line, `final` the minimal script's. Where nothing was written (`script` None), `note` says why (the piece did
+    not fail outside the training process, failed at random, ...); `budget_spent` where its time ran out first."""
+
+    ops_before: Count
+    ops_after: Count | None = None
+    inputs_before: Count = 0
+    inputs_after: Count | None = None
+    outputs_before: Count = 0
+    outputs_after: Count | None = None
+    trials: Count = 0
+    seconds: float = 0.0
+    script: str | None = None
+    verdict: str = ""
+    final: str = ""
+    kept: tuple[str, ...] = ()
+    budget_spent: bool = False
+    note: str = ""
