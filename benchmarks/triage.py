@@ -111,7 +111,7 @@ def run_model(name: str, args) -> dict:
     import torch
 
     from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.render import flush_triage
+    from thunderfx_debug.render import triage_findings as flush_triage
 
     size = harness.SIZES[args.size]
     if args.layers is not None:

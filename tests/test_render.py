@@ -23,7 +23,7 @@ from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
-from thunderfx_debug.render.triage import render_triage
+from thunderfx_debug.bench_report import render_triage
 from conftest import dump_fixtures
 
 FIXTURES = dump_fixtures()

@@ -214,7 +214,7 @@ def _diff_runs(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from thunderfx_debug import bench
     from thunderfx_debug.dump import rank_dirs
-    from thunderfx_debug.render.triage import render_triage
+    from thunderfx_debug.bench_report import render_triage
 
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
     rank_dir = Path(report.meta["dump_dir"])

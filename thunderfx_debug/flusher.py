@@ -43,7 +43,7 @@ from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_
 from thunderfx_debug.records import GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.report import Report
-from thunderfx_debug.triage import Triager, TriageSettings, deviating
+from thunderfx_debug.flush_triage import Triager, TriageSettings, deviating
 
 log = logging.getLogger("thunderfx_debug")
 

@@ -22,10 +22,10 @@ from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
-from thunderfx_debug.render.flush_triage import render_triage_md
+from thunderfx_debug.render.triage_findings import render_triage_md
 from thunderfx_debug.report import Report
 from thunderfx_debug.safety import ReportingFailures
-from thunderfx_debug.triage import TriageIndex, deviating
+from thunderfx_debug.flush_triage import TriageIndex, deviating
 
 DumpFiles = list[tuple[str, str | bytes]]
 

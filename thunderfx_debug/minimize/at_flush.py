@@ -66,7 +66,7 @@ def _real_inputs(captured) -> list[Any] | None:
 
 
 def _rebuilt(metas, names) -> list[Any]:
-    from thunderfx_debug.triage import rebuilt_inputs
+    from thunderfx_debug.flush_triage import rebuilt_inputs
 
     for i, meta in enumerate(metas):
         if meta.kind is InputKind.OTHER:
