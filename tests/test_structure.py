@@ -230,10 +230,11 @@ def test_only_the_thunder_subpackage_calls_torch_private_apis():
 
 def test_the_torch_private_check_finds_imports_and_attributes():
     source = ("import torch\nimport torch._dynamo\nfrom torch import _C\nfrom torch.utils._pytree import tree_map\n"
-              "def f(gm, args):\n    return torch._inductor.compile(gm, args), torch.cuda._sleep(1), torch.__version__\n"
+              "def f(gm, args):\n"
+              "    return torch._inductor.compile(gm, args), torch.cuda._sleep(1), torch.__version__\n"
               "def g():\n    torch.autograd.Variable._execution_engine.queue_callback(f)\n")
-    assert _torch_private(source) == [("torch._dynamo", 2), ("torch._C", 3), ("torch._inductor", 6),
-                                      ("torch.autograd.Variable._execution_engine", 8)]
+    assert _torch_private(source) == [("torch._dynamo", 2), ("torch._C", 3), ("torch._inductor", 7),
+                                      ("torch.autograd.Variable._execution_engine", 9)]
 
 
 def test_only_the_thunder_subpackage_imports_thunder_internals():
