@@ -1,6 +1,6 @@
 """torch's private APIs the package calls, in one place: they change between torch releases as Thunder's internals
 do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py keeps them here). Checked against torch
-2.11-2.13. Importing this module imports nothing; each function imports what it calls.
+2.11-2.13. Importing this module imports neither torch nor thunder; each function imports what it calls.
 
 - `inductor_compile`: `torch._inductor.compile`, as ThunderFX compiles its inductor splits (the fallback of a graph
   that failed under Thunder, the flush-time triage's counterparts);
