@@ -72,7 +72,7 @@ def paired(thunder_ms: list[float], inductor_ms: list[float]) -> dict:
         >>> round(g["gap_ms"], 2), round(g["ratio"], 2), g["pairs"]
         (2.0, 3.0, 4)
     """
-    from thunderfx_debug.render import noise
+    from thunderfx_debug import stats as noise
 
     def interval(values):
         t = noise.trimmed(values)
@@ -111,7 +111,7 @@ def run_model(name: str, args) -> dict:
     import torch
 
     from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.render import flush_triage
+    from thunderfx_debug.render import triage_findings as flush_triage
 
     size = harness.SIZES[args.size]
     if args.layers is not None:

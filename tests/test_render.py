@@ -23,7 +23,7 @@ from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
-from thunderfx_debug.render.triage import render_triage
+from thunderfx_debug.bench_report import render_bench_report
 from conftest import dump_fixtures
 
 FIXTURES = dump_fixtures()
@@ -365,14 +365,14 @@ def test_triage_ranks_by_time_lost_per_step():
     assert explained.split_loss_ms == pytest.approx(0.5)
     assert explained.regions_beyond_loss_ms == pytest.approx(0.35)
 
-    text = render_triage(ranked, 0.10, "fixture", script_prefix="rank0/")
+    text = render_bench_report(ranked, 0.10, "fixture", script_prefix="rank0/")
     listed = text.split("## Where ThunderFX loses time")[1].split("## Where ThunderFX gains")[0]
     assert "nvFusion3" in listed and "nvFusion0" in listed and "nvFusion1" not in listed
     assert "rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion3_backward_repro_nvfuser.py" in listed
     assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions beyond tolerance
     outside = explained.split_loss_ms - explained.regions_loss_ms  # what the split loses outside its regions
     assert f"| 70% | {outside:.3f} | - |" in text  # no run timing given
-    text = render_triage(ranked, 0.10, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
+    text = render_bench_report(ranked, 0.10, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
     assert f"| 70% | {outside:.3f} | 1.250 |" in text
     # With a 60% tolerance the fusion regions (at most 1.5x) are all within it.
     wide = bench.rank(comparisons, results, tolerance=0.6)
@@ -397,7 +397,7 @@ def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
     assert region.clock == "device" and region.ratio == pytest.approx(0.055 / 0.040)
     assert region.loss_ms > 0 and region.beyond  # on the wall clock it would have been a 3x gain
     assert by_path[split.path].clock == "wall" and by_path[split.path].ratio == pytest.approx(2.0)
-    text = render_triage(list(by_path.values()), 0.10, "fixture")
+    text = render_bench_report(list(by_path.values()), 0.10, "fixture")
     assert "| device |" in text and "| wall |" in text
 
     out = tmp_path / "negative.json"
@@ -471,6 +471,6 @@ def test_run_script_follows_the_json_contract(tmp_path):
                                   "mismatch_repro_inductor.py")
     ranked = bench.rank([comparison], {"good_repro_thunder.py": good, "mismatch_repro_inductor.py": mismatch})
     assert ranked[0].ours_ms == 1.5 and ranked[0].theirs_ms == 0.5  # forward only: inductor measured no backward
-    assert "MISMATCH" in render_triage(ranked, 0.1, "t").split("failed their own check")[1]
+    assert "MISMATCH" in render_bench_report(ranked, 0.1, "t").split("failed their own check")[1]
     assert bench.run_script(rank_dir, "../escape.py", results, timeout_s=60).error
     assert bench.run_script(rank_dir, "missing_repro_thunder.py", results, timeout_s=60).error

@@ -1,5 +1,21 @@
-"""The package's structure: no import cycles (imports inside functions and under TYPE_CHECKING included), Thunder's
-private names read only in `thunderfx_debug/thunder/`, and `import thunderfx_debug` leaving Thunder as it ships."""
+"""The package's structure: no import cycles, imports only downwards through the layers below (imports inside
+functions and under TYPE_CHECKING included), Thunder's private names read only in `thunderfx_debug/thunder/`, torch's
+private APIs called only there, and `import thunderfx_debug` leaving Thunder as it ships.
+
+The layers, bottom first; a module imports from its own layer and those below it, never from one above:
+
+1. records and settings: `records`, `config`, `layout`, `safety`, `runs`, `sigterm`, `stats` (the statistics the
+   diff's noise model and the flush-time triage share), `models` (the demo's models): import nothing above;
+2. render: `render/`, `report`, `progress`: records in, text out (so a dump renders without torch or Thunder);
+3. dump: `dump`: a dump's files written and read back;
+4. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
+5. recording: `recording/`, `manifest`: the training path and what it records;
+6. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
+7. flush-time work: `piece_inputs`, `flush_triage`, `minimize/`: what a flush runs on the recorded pieces (the triage
+   against inductor, the minimizer), their results handed to the artifacts as records;
+8. the run: `flusher`, `backend`, the package itself (`thunderfx_debug/__init__.py`);
+9. commands: `cli`, `__main__`, `demo`, `bench`, `bench_worker`, `bench_report`, `verify`, `worker_pool`.
+"""
 
 from __future__ import annotations
 
@@ -47,6 +63,48 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
     return found
 
 
+#: (layer, its modules: a name and what lies under it, relative to the package; "" is the package's __init__),
+#: bottom first (see the module docstring).
+LAYERS = (
+    ("records and settings", ("records", "config", "layout", "safety", "runs", "sigterm", "stats", "models")),
+    ("render", ("render", "report", "progress")),
+    ("dump", ("dump",)),
+    ("thunder", ("thunder",)),
+    ("recording", ("recording", "manifest")),
+    ("artifacts", ("artifacts",)),
+    ("flush-time work", ("piece_inputs", "flush_triage", "minimize")),
+    ("the run", ("flusher", "backend", "")),
+    ("commands", ("cli", "__main__", "demo", "bench", "bench_worker", "bench_report", "verify", "worker_pool")),
+)
+
+
+def _layer(module: str, layers=LAYERS) -> int | None:
+    """The index of the layer `module` ("thunderfx_debug.render.text") belongs to, the longest name matching."""
+    relative = module.partition(".")[2]
+    best = None
+    for i, (_, names) in enumerate(layers):
+        for name in names:
+            if relative == name or (name and relative.startswith(f"{name}.")):
+                if best is None or len(name) > len(best[1]):
+                    best = (i, name)
+    return None if best is None else best[0]
+
+
+def _upward_imports(modules: dict[str, Path], layers=LAYERS) -> list[str]:
+    """Every import of a module from a layer above its own, and every module in no layer."""
+    found = []
+    for name, path in sorted(modules.items()):
+        own = _layer(name, layers)
+        if own is None:
+            found.append(f"{name} is in no layer (add it to LAYERS)")
+            continue
+        for target, line in sorted(set(_imports(name, path, modules)), key=lambda t: (t[1], t[0])):
+            theirs = _layer(target, layers)
+            if theirs is not None and theirs > own:
+                found.append(f"{name}:{line} ({layers[own][0]}) imports {target} ({layers[theirs][0]})")
+    return found
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module, or a module importing itself (Tarjan)."""
     index, low, stack, on_stack, result = {}, {}, [], set(), []
@@ -90,6 +148,93 @@ def test_the_cycle_finder_finds_a_cycle_through_a_deferred_import(tmp_path):
     assert _cycles(graph) == [["a", "b", "c"]]
     (tmp_path / "m.py").write_text("def f():\n    from pkg import n\n")
     assert _imports("pkg.m", tmp_path / "m.py", {"pkg.m": tmp_path / "m.py", "pkg.n": tmp_path / "n.py"}) == [("pkg.n", 2)]
+
+
+def test_every_import_goes_down_the_layers():
+    assert _upward_imports(_modules()) == []
+
+
+def test_the_layer_check_finds_an_upward_import_inside_a_function_and_under_type_checking(tmp_path):
+    # The test above must be able to fail: a low module importing a higher one, however deferred, is found.
+    (tmp_path / "low.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import high\n"
+                                     "def f():\n    import pkg.high\n")
+    (tmp_path / "high.py").write_text("from pkg import low\n")
+    (tmp_path / "stray.py").write_text("")
+    modules = {f"pkg.{n}": tmp_path / f"{n}.py" for n in ("low", "high", "stray")}
+    layers = (("bottom", ("low",)), ("top", ("high",)))
+    assert _upward_imports(modules, layers) == [
+        "pkg.low:3 (bottom) imports pkg.high (top)", "pkg.low:5 (bottom) imports pkg.high (top)",
+        "pkg.stray is in no layer (add it to LAYERS)"]
+
+
+#: Private names of torch that any module may use, and why.
+TORCH_PRIVATE_ANYWHERE = {
+    # Dynamo's own pytree (flatten, map over nested outputs): kept stable for torch's own users; no public twin.
+    "torch.utils._pytree": "torch's pytree",
+    # The spin kernel a CUDA-event timer queues its calls behind (the package's timing primitive and the repro
+    # scripts' copy of it); torch has no public kernel that holds the device for a given time.
+    "torch.cuda._sleep": "the timers' spin kernel",
+}
+#: Modules outside `thunder/` that may use torch's private APIs, and why.
+TORCH_PRIVATE_MODULES = {
+    # The repro scripts' template: a script stands alone (torch, thunder, nvFuser only), so it cannot call the
+    # package's wrappers and carries its own (inductor's config for `fallback_random`).
+    "thunderfx_debug.artifacts.repro.script_template": "a standalone script",
+    # A demo model: `torch._dynamo.graph_break()` stands for user code that breaks the graph, as user code calls it.
+    "thunderfx_debug.models": "user code's graph break",
+}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _torch_private(source: str) -> list[tuple[str, int]]:
+    """(private torch name, line) for every import of, or attribute reached through, a name of torch that starts
+    with an underscore (dunders aside), not counting `TORCH_PRIVATE_ANYWHERE`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Attribute):
+            names = [_dotted(node) or ""]
+        for dotted in names:
+            parts = dotted.split(".")
+            private = [i for i, p in enumerate(parts) if i and p.startswith("_") and not p.startswith("__")]
+            if parts[0] != "torch" or not private:
+                continue
+            name = ".".join(parts[: private[0] + 1])
+            if name not in TORCH_PRIVATE_ANYWHERE:
+                found.append((name, node.lineno))
+    return sorted(set(found), key=lambda f: (f[1], f[0]))
+
+
+def test_only_the_thunder_subpackage_calls_torch_private_apis():
+    """torch's private APIs (inductor's compile, the c10d bindings, the CUDA allocator's pools, autograd's engine)
+    change between releases like Thunder's internals: they are called in `thunder/` only (`thunder/torch_private`),
+    but for the names and modules listed above with their reasons."""
+    offending = []
+    for name, path in _modules().items():
+        if name.startswith("thunderfx_debug.thunder.") or name in TORCH_PRIVATE_MODULES:
+            continue
+        offending += [f"{name}:{line} uses {private}" for private, line in _torch_private(path.read_text())]
+    assert offending == []
+
+
+def test_the_torch_private_check_finds_imports_and_attributes():
+    source = ("import torch\nimport torch._dynamo\nfrom torch import _C\nfrom torch.utils._pytree import tree_map\n"
+              "def f(gm, args):\n"
+              "    return torch._inductor.compile(gm, args), torch.cuda._sleep(1), torch.__version__\n"
+              "def g():\n    torch.autograd.Variable._execution_engine.queue_callback(f)\n")
+    assert _torch_private(source) == [("torch._dynamo", 2), ("torch._C", 3), ("torch._inductor", 6),
+                                      ("torch.autograd.Variable._execution_engine", 8)]
 
 
 def test_only_the_thunder_subpackage_imports_thunder_internals():

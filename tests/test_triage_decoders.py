@@ -13,8 +13,7 @@ import torch
 
 import thunderfx_debug
 from thunderfx_debug import load_report, piece_inputs
-from thunderfx_debug.artifacts.artifact import ArtifactSettings
-from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.records import InputKind
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -52,7 +51,7 @@ def test_the_llama_decoder_split_and_its_regions_are_judged_on_inputs_placed_as_
     snapshot = backend.recorder.snapshot(wait=True)[0]
     decoder = max((s for s in snapshot.splits if s.state.split.kind.value == "thunder"),
                   key=lambda s: len(s.state.split.ops))
-    metas = ScriptBuilder(snapshot, ArtifactSettings(), backend.recorder.failures).split_metas(decoder)
+    metas = repro_inputs.split_metas(snapshot, decoder)
     shared = [(i, m.alias_of) for i, m in enumerate(metas) if m.alias_of is not None]
     assert shared, "the decoder split's inputs share no storage: this test no longer holds the case it is about"
     # The root cause, held: each input on a storage of its own is refused by Thunder's prologue for its alias check.

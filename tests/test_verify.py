@@ -58,7 +58,8 @@ def dump(tmp_path):
     root = tmp_path / "dump"
     shutil.copytree(dump_fixtures() / "normal", root)
     rank = root / "rank0"
-    for path, code in STAND_INS.items():
+    for path, code in STAND_INS.items():  # the fixture lists the scripts and does not keep them
+        (rank / path).parent.mkdir(parents=True, exist_ok=True)
         (rank / path).write_text(code)
     for trace in rank.rglob("*_trace.py"):
         trace.write_text(NOT_A_SCRIPT)

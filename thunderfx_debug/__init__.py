@@ -21,7 +21,7 @@ from thunderfx_debug.config import ConfigError
 from thunderfx_debug.dump import load_report, load_reports
 from thunderfx_debug.records import DumpError
 from thunderfx_debug.report import Report
-from thunderfx_debug.thunder.import_order import ThunderImportOrderError, check_import_order, import_reporting_backend
+from thunderfx_debug.thunder.import_order import ThunderImportOrderError, check_import_order, import_checked
 from thunderfx_debug.thunder.workarounds import install_import_workaround
 
 check_import_order()  # a Thunder half-imported before us: say what to do, instead of failing later and obscurely
@@ -38,8 +38,14 @@ if TYPE_CHECKING:
     from thunderfx_debug.backend import ReportingBackend
 
 
+def _reporting_backend():
+    from thunderfx_debug.backend import ReportingBackend
+
+    return ReportingBackend
+
+
 def __getattr__(name: str):
     # ReportingBackend imports thunder; loaded on first use only.
     if name == "ReportingBackend":
-        return import_reporting_backend()
+        return import_checked("thunderfx_debug.ReportingBackend", _reporting_backend)
     raise AttributeError(f"module 'thunderfx_debug' has no attribute {name!r}")

@@ -33,7 +33,7 @@ from thunderfx_debug.records import SplitKind
 from thunderfx_debug.report import Report
 from thunderfx_debug.runs import this_run
 from thunderfx_debug.sigterm import chain_sigterm
-from thunderfx_debug.triage import TriageSettings
+from thunderfx_debug.flush_triage import TriageSettings
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import THUNDERFX_OWN_OPTIONS, describe_options, jit_arguments, unread_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled

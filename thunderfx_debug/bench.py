@@ -5,7 +5,7 @@ the repro scripts: they write {"script", "piece", "executor", "outcome", "forwar
     fusion regions:  ..._nvFusionN_<phase>_repro_nvfuser.py  against  ..._nvFusionN_<phase>_repro_inductor.py
     thunder splits:  ..._thunder_N_repro_thunder.py          against  ..._thunder_N_repro_inductor.py
 then ranks the pieces by the time ThunderFX loses (or gains) per training step there: (ours - inductor) x calls
-per step, the calls per step coming from the records (see `render.digest`). `render.triage` writes the report.
+per step, the calls per step coming from the records (see `render.digest`). `bench_report` writes the report.
 
 Planning and ranking are pure and run anywhere (tests use fixture results); running needs the scripts' own
 requirements (CUDA, thunder, nvFuser), checked by the command, not imported here.

@@ -214,7 +214,7 @@ def _diff_runs(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from thunderfx_debug import bench
     from thunderfx_debug.dump import rank_dirs
-    from thunderfx_debug.render.triage import render_triage
+    from thunderfx_debug.bench_report import render_bench_report
 
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
     rank_dir = Path(report.meta["dump_dir"])
@@ -279,7 +279,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Scripts as the user who ran bench types them: relative to the current directory where the dump lies below
     # it, else absolute (the same text goes to the terminal and into the report).
     prefix = _typed_path(rank_dir) + "/"
-    text = render_triage(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix,
+    text = render_bench_report(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix,
                          outside_in_run=bench.outside_in_run(report))
     _write(out, text, "triage report")
     print(text, end="")

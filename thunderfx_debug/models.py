@@ -11,7 +11,6 @@ backward cancels in float32, and eager and inductor round it differently by more
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch import nn
@@ -107,7 +106,3 @@ def synthetic_batches(config: GPTConfig, batch_size: int, device: str | torch.de
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def tokens_per_second(batch_size: int, seq: int, step_seconds: float) -> float:
-    return batch_size * seq / step_seconds if step_seconds > 0 else math.inf

@@ -44,9 +44,7 @@ def call_inputs(captured: Captured | None, metas: Sequence[InputMeta],
     """
     live = _live_tensors(captured, metas)
     if captured is not None and captured.inputs is not None:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
-        values, kind = [script_template._rebuild(x) for x in captured.inputs], "real"
+        values, kind = captured_values(captured), "real"
     else:
         unresolvable = [i for i, m in enumerate(metas) if m.kind is InputKind.OTHER and i not in live]
         if unresolvable:
@@ -61,6 +59,14 @@ def call_inputs(captured: Captured | None, metas: Sequence[InputMeta],
     if live and len(live) == tensors and kind == "meta":
         return values, "the run's tensors"
     return values, kind if not live else f"{kind}, the run's tensors for {len(live)} of {tensors} inputs"
+
+
+def captured_values(captured: Captured) -> list[Any]:
+    """The inputs `captured` holds (THUNDERFX_DEBUG_INPUTS=real, or a mismatching call's), as the run had them, by
+    the code a repro script loads its inputs file with (`script_template._rebuild`, which scripts carry as source)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
+    return [script_template._rebuild(x) for x in captured.inputs]
 
 
 def rebuilt_inputs(metas: Sequence[InputMeta], names: Sequence[str] = ()) -> list[Any]:

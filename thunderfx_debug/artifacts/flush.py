@@ -5,7 +5,7 @@ A flush has two halves. `ArtifactCache.artifacts` makes the traces and repro scr
 recorder's snapshots (it reads Thunder's objects, so it runs in the training process's own thread), once per graph
 and again only when what they are made from changed. `report_files` turns the finished records into graph.json,
 summary.txt, trace.json and manifest.json: records in, text out, nothing else touched, so it may run in another
-thread. `dump_files` does both.
+thread. Between the two, `artifacts.report_builder.build_report` makes the records (`flusher` calls the three).
 """
 
 from __future__ import annotations
@@ -17,33 +17,16 @@ from typing import Any
 from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts_for_graph
-from thunderfx_debug.artifacts.report_builder import FileIndex, build_report
+from thunderfx_debug.artifacts.report_builder import FileIndex
 from thunderfx_debug.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
-from thunderfx_debug.render.flush_triage import render_triage_md
+from thunderfx_debug.render.triage_findings import render_triage_md
 from thunderfx_debug.report import Report
 from thunderfx_debug.safety import ReportingFailures
-from thunderfx_debug.triage import TriageIndex, deviating
 
 DumpFiles = list[tuple[str, str | bytes]]
-
-
-def dump_files(snapshots: list[GraphSnapshot], meta: Mapping[str, Any], settings: ArtifactSettings,
-               failures: ReportingFailures, show_progress: bool = False,
-               cache: ArtifactCache | None = None, triage: TriageIndex | None = None) -> tuple[Report, DumpFiles]:
-    """The report and the files of a dump: traces, repro scripts (as `settings` ask; a graph that failed under
-    Thunder gets the scripts of its failing piece regardless), graph.json per graph, summary.txt, trace.json and
-    manifest.json. A piece whose artifacts cannot be made is a reporting failure; the others are still made.
-    `show_progress`: progress of the scripts (`progress`: a bar on a terminal, log lines otherwise) where making
-    them takes more than a second. `cache` (one per dump being written) keeps the traces and scripts of earlier
-    flushes. `triage` (owner -> its triage, see `thunderfx_debug.triage`) goes into the records, and the pieces it
-    found deviating get their scripts."""
-    artifacts = (cache or ArtifactCache()).artifacts(snapshots, settings, failures, show_progress,
-                                                     deviating(triage or {}))
-    report = build_report(snapshots, file_index(artifacts), meta, failures, triage)
-    return report, report_files(report, artifacts, failures)
 
 
 def file_index(artifacts: list[Artifact]) -> FileIndex:
@@ -82,7 +65,8 @@ class ArtifactCache:
 
     def artifacts(self, snapshots: list[GraphSnapshot], settings: ArtifactSettings, failures: ReportingFailures,
                   show_progress: bool = False, deviating: Mapping[str, str] | None = None) -> list[Artifact]:
-        """The artifacts of every graph of `snapshots`, in their order; `show_progress` as in `dump_files`;
+        """The artifacts of every graph of `snapshots`, in their order; `show_progress`: progress of the scripts
+        (`progress`: a bar on a terminal, log lines otherwise) where making them takes more than a second;
         `deviating` (owner -> why) the pieces the triage found deviating, which get scripts too."""
         if settings != self._settings:  # other scripts asked for: none of the cached ones is right
             self._graphs, self._settings = {}, settings

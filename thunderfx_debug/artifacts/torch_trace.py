@@ -24,7 +24,7 @@ from thunderfx_debug.records import FusionRecord, GraphRecord, SplitKind, SplitR
 from thunderfx_debug.recording.recorder import GraphState, Recorder
 from thunderfx_debug.thunder import torch_trace
 
-Artifact = tuple[str, Any]  # (artifact name, payload: text or JSON-able)
+TraceArtifact = tuple[str, Any]  # (artifact name, payload: text or JSON-able)
 
 
 def _stats(timing: Timing | None) -> dict[str, Any] | None:
@@ -38,7 +38,7 @@ def _extra(record: SplitRecord | FusionRecord, key: str) -> Any:
     return record.to_json().get(key)
 
 
-def structure_artifacts(graph: GraphRecord) -> list[Artifact]:
+def structure_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
     """How ThunderFX split the graph and why: known at compile."""
     payload = {
         "graph": graph.name,
@@ -54,9 +54,9 @@ def structure_artifacts(graph: GraphRecord) -> list[Artifact]:
     return [(torch_trace.artifact_name(graph.name, "splits"), payload)]
 
 
-def trace_artifacts(graph: GraphRecord) -> list[Artifact]:
+def trace_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
     """The final traces and fusion regions of each thunder split that has run."""
-    artifacts: list[Artifact] = []
+    artifacts: list[TraceArtifact] = []
     for split in graph.splits:
         if split.kind is not SplitKind.THUNDER:
             continue
@@ -71,7 +71,7 @@ def trace_artifacts(graph: GraphRecord) -> list[Artifact]:
     return artifacts
 
 
-def summary_artifacts(graph: GraphRecord) -> list[Artifact]:
+def summary_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
     """Timing statistics of the graph, its splits and fusion regions; the checks where any piece has one."""
     splits = []
     for split in graph.splits:
@@ -85,7 +85,7 @@ def summary_artifacts(graph: GraphRecord) -> list[Artifact]:
         splits.append(entry)
     timing = {"graph": graph.name, "compile_id": graph.compile_id, "calls": graph.calls,
               "forward": _stats(graph.timing), "backward": _stats(graph.backward_timing), "splits": splits}
-    artifacts: list[Artifact] = [(torch_trace.artifact_name(graph.name, "timing"), timing)]
+    artifacts: list[TraceArtifact] = [(torch_trace.artifact_name(graph.name, "timing"), timing)]
     checks = []
     for split in graph.splits:
         fusions = [{"name": f.name, "phase": f.phase.value, "check": c} for f in split.fusions

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug import layout
+from thunderfx_debug import layout, piece_inputs
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
-from thunderfx_debug.artifacts.repro import fx_facts, script_template, writers
+from thunderfx_debug.artifacts.repro import fx_facts, writers
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.minimize.piece import Reduction, minimize_piece
 from thunderfx_debug.minimize.shrink import full_values
@@ -58,20 +58,14 @@ class MinimizeSettings:
 
 
 def _real_inputs(captured) -> list[Any] | None:
-    if captured is None or captured.inputs is None:
-        return None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
-    return [script_template._rebuild(x) for x in captured.inputs]
+    return None if captured is None or captured.inputs is None else piece_inputs.captured_values(captured)
 
 
 def _rebuilt(metas, names) -> list[Any]:
-    from thunderfx_debug.triage import rebuilt_inputs
-
     for i, meta in enumerate(metas):
         if meta.kind is InputKind.OTHER:
             raise ValueError(f"input {i} ({meta.value}) cannot be rebuilt from its metadata")
-    return list(rebuilt_inputs(metas, names))
+    return list(piece_inputs.rebuilt_inputs(metas, names))
 
 
 def _namespace(prelude: str) -> dict[str, Any]:
@@ -134,7 +128,7 @@ class Minimizer:
                runner: TrialRunner, failures: ReportingFailures) -> tuple[Minimized, list[Artifact]]:
         graph, split_name = snapshot.state.name, split.state.name
         if region is None:
-            spec, code, prelude, inputs = self._split(snapshot, split, evidence, settings, failures)
+            spec, code, prelude, inputs = self._split(snapshot, split, evidence, settings)
             folder = layout.split_dir(graph, split_name)
         else:
             spec, code, prelude, inputs = self._region(split, region, evidence, graph)
@@ -157,13 +151,10 @@ class Minimizer:
         return record_of(reduction, script), files
 
     @staticmethod
-    def _split(snapshot: GraphSnapshot, split: SplitSnapshot, evidence, settings: ArtifactSettings,
-               failures: ReportingFailures):
-        from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
-
+    def _split(snapshot: GraphSnapshot, split: SplitSnapshot, evidence, settings: ArtifactSettings):
         graph, name = snapshot.state.name, split.state.name
         module = split.state.split.original_module
-        metas = ScriptBuilder(snapshot, ArtifactSettings(), failures).split_metas(split)
+        metas = repro_inputs.split_metas(snapshot, split)
         source = thunder_scripts.module_source(module, writers.MODULE_CLASS)
         code = PieceCode.parse(source, writers.MODULE_CLASS)
         prelude = "\n".join(thunder_scripts.fx_builtin_imports())
@@ -201,8 +192,7 @@ class Minimizer:
             executor="nvfuser" if executor == "nvfuser" else "")
         inputs = _real_inputs(evidence.captured)
         if inputs is None:
-            metas = repro_inputs.with_index_bounds(split.region_metas(region),
-                                                   thunder_scripts.region_index_bounds(region.bsym))
+            metas = repro_inputs.region_metas(split, region)
             metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
             inputs = _rebuilt(metas, region.inputs)
         return spec, code, prelude, inputs

@@ -26,28 +26,15 @@ def _into(log: str) -> None:
         faulthandler.enable(file=sys.stderr)
 
 
-def _fresh_compile_state() -> None:
-    """A fork of the training process holds its Dynamo caches and inductor's pool of compile workers, whose
-    processes belong to the parent: the child compiles on its own, in its own thread."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    try:
-        torch._dynamo.reset()
-        from torch._inductor import config as inductor_config
-
-        inductor_config.compile_threads = 1
-    except Exception:  # a torch without these: the script compiles as it would anyway
-        pass
-
-
 def run_script(script: str, log: str, argv: list[str]) -> None:
     """Runs `script` as `__main__` and ends the process with its exit status (never returns)."""
     code = 1
     try:
         _into(log)
         os.chdir(os.path.dirname(script) or ".")
-        _fresh_compile_state()
+        from thunderfx_debug.thunder.torch_private import fresh_compile_state
+
+        fresh_compile_state()  # a fork of the training process holds its Dynamo caches and inductor's workers
         sys.argv = [script, *argv]
         try:
             runpy.run_path(script, run_name="__main__")

@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 from thunderfx_debug.records import CollectiveCall, CollectiveLog
+from thunderfx_debug.thunder import torch_private
 
 BUFFER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
@@ -67,10 +68,8 @@ def read_flight_recorder(since_ns: int = 0) -> CollectiveLog | None:
 
     if not dist.is_available():
         return None
-    from torch._C import _distributed_c10d as c10d
-
     for name in _dump_functions(_backend()):
-        dump = getattr(c10d, name, None)
+        dump = torch_private.c10d_function(name)
         if dump is None:
             continue
         try:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import torch
-
 from thunderfx_debug.config import OnError
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.recorder import GraphState, Recorder
 from thunderfx_debug.safety import describe_exception
+from thunderfx_debug.thunder import torch_private
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -42,7 +41,7 @@ class GraphFailureHandler:
             "inductor from now on", state.name, type(error).__name__, str(error)[:200],
         )
         try:
-            return torch._inductor.compile(state.gm, list(args))
+            return torch_private.inductor_compile(state.gm, args)
         except Exception as inductor_error:
             log.warning("thunderfx_debug: inductor failed on %s too (%s); running it eagerly", state.name, inductor_error)
             state.error += "\n\nThe inductor fallback failed as well:\n" + describe_exception(inductor_error)

@@ -10,7 +10,7 @@ comparisons) goes into its own memory pool (`torch.cuda.MemPool`) on its own str
   thread that does the work: the forward check on the training thread, the backward check's hooks on whichever
   thread the engine runs them (on CUDA a per-device thread, or the training thread for a node with no CUDA input,
   such as Thunder's `ThunderFunction`, whose input is a meta tensor). While entered, every allocation made on the
-  check's stream goes to the pool, from whichever thread makes it (`torch._C._cuda_beginAllocateCurrentStreamToPool`,
+  check's stream goes to the pool, from whichever thread makes it (`thunder.torch_private.allocating_to`,
   as CUDA graph capture routes a stream's allocations): the eager backward of a check runs some of its nodes on
   autograd's device thread, on the check's stream. Where torch lacks that, `torch.cuda.use_mem_pool` routes the
   entering thread's allocations only.
@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.recording.check import kept_random_state, tensors
+from thunderfx_debug.thunder import torch_private
 
 
 class CheckIsolation:
@@ -77,24 +78,8 @@ class CheckIsolation:
             stream.wait_stream(torch.cuda.current_stream(device))
             self._inside.device = device
             try:
-                with torch.cuda.device(device), torch.cuda.stream(stream), _allocating_to(pool, device):
+                with torch.cuda.device(device), torch.cuda.stream(stream), torch_private.allocating_to(pool, device):
                     yield
             finally:
                 self._inside.device = None
                 stream.synchronize()
-
-
-@contextlib.contextmanager
-def _allocating_to(pool, device: int) -> Iterator[None]:
-    """Every allocation on the current stream, from any thread, goes to `pool` (see the module docstring)."""
-    route = getattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool", None)
-    if route is None:
-        with torch.cuda.use_mem_pool(pool, device):
-            yield
-        return
-    route(device, pool.id)
-    try:
-        yield
-    finally:  # as torch.cuda.use_mem_pool ends its routing
-        torch._C._cuda_endAllocateToPool(device, pool.id)
-        torch._C._cuda_releasePool(device, pool.id)

@@ -44,6 +44,7 @@ from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
 from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder import torch_private
 
 
 @dataclasses.dataclass
@@ -319,7 +320,7 @@ class _BackwardCheck:
         self.state["started"] = True
         if not self._queued:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._at_end_of_backward)
+            torch_private.queue_at_end_of_backward(self._at_end_of_backward)
 
     def _split_backward_done(self) -> None:
         """The split's backward ran: the inputs are read now, while they are still what the forward had (FSDP2

@@ -5,7 +5,7 @@ them), from few samples each, on machines whose speed drifts within a run and di
 misleads a plain per-piece test, and each has a part here:
 
 1. Timings are multiplicative and have outliers (a GC pause, a preempted call): each piece is compared on the log
-   of its times with Yuen's test, a Welch t test of 20%-trimmed means with winsorised variances (`TRIM`), which a
+   of its times with Yuen's test, a Welch t test of 20%-trimmed means with winsorised variances (`stats.TRIM`), which a
    few outliers cannot move, and which keeps far more power at six samples than a rank test (Mann-Whitney with 6
    against 6 samples cannot reach p < 0.0022).
 2. A few percent of difference between two runs is the machine, not the code: the test asks whether the change is
@@ -34,13 +34,12 @@ import math
 from collections.abc import Sequence
 
 from thunderfx_debug.render.headline import MIN_SAMPLES
+from thunderfx_debug.stats import t_isf, t_sf, yuen
 
 #: Family-wise error rate of one diff: the chance that any piece of two runs without change is flagged.
 ALPHA = 0.05
 #: Changes up to this size (relative) are not changes: 10%.
 MIN_EFFECT = 0.10
-#: Share of samples trimmed from each end before comparing means.
-TRIM = 0.2
 #: A piece that could not show a change of this ratio beyond noise (with `POWER`) is "too noisy to judge".
 NOISY_RESOLUTION = 1.5
 #: ... where "could show" means: a change of that size would be flagged with this probability.
@@ -92,121 +91,6 @@ class Judgement:
     @property
     def shift_reported(self) -> bool:
         return self.shift is not None and abs(math.log(self.shift)) >= math.log1p(SHIFT_REPORTED)
-
-
-# ---- Student's t distribution ------------------------------------------------------------------------------------
-def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (modified Lentz's method)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 400):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= c * d
-        if abs(c * d - 1.0) < 1e-13:
-            break
-    return result
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """I_x(a, b), the regularised incomplete beta function."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with `df` degrees of freedom.
-
-    Example (the 97.5% point of t with 10 degrees of freedom is 2.228):
-        >>> round(t_sf(2.228, 10), 4), t_sf(0.0, 3)
-        (0.025, 0.5)
-    """
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
-
-
-def _t_pdf(t: float, df: float) -> float:
-    log_density = (math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-                   - (df + 1) / 2 * math.log1p(t * t / df))
-    return math.exp(log_density)
-
-
-def t_isf(p: float, df: float) -> float:
-    """The t with P(T > t) = p (0 < p < 0.5): Newton's method, kept inside a bracket that bisection narrows.
-
-    Example:
-        >>> round(t_isf(0.025, 10), 3), round(t_isf(0.005, 3), 3)
-        (2.228, 5.841)
-    """
-    low, high = 0.0, 1.0
-    while t_sf(high, df) > p:
-        low, high = high, 2.0 * high
-    t = (low + high) / 2.0
-    for _ in range(60):
-        excess = t_sf(t, df) - p
-        if excess > 0:
-            low = t
-        else:
-            high = t
-        if abs(excess) <= 1e-10 * p or high - low < 1e-10 * max(1.0, high):
-            break
-        step = t + excess / _t_pdf(t, df)  # P(T > t) falls by the density
-        if abs(step - t) < 1e-12 * max(1.0, t):
-            break
-        t = step if low < step < high else (low + high) / 2.0
-    return t
-
-
-# ---- Yuen's trimmed-means test -----------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Trimmed:
-    """A sample's trimmed mean, the squared standard error of it (from the winsorised variance), and how many
-    values the trimmed mean kept."""
-
-    mean: float
-    error2: float
-    kept: int
-
-
-def trimmed(values: Sequence[float], trim: float = TRIM) -> Trimmed:
-    """Example: the outlier 100 is trimmed away (mean of 2, 3, 4) and winsorised (variance of 2, 2, 3, 4, 4):
-        >>> t = trimmed([1.0, 2.0, 3.0, 4.0, 100.0]); t.mean, t.kept, round(t.error2, 4)
-        (3.0, 3, 0.6667)
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    g = int(math.floor(trim * n))
-    kept = ordered[g:n - g]
-    h = len(kept)
-    winsorised = [ordered[g]] * g + kept + [ordered[n - g - 1]] * g
-    mean_w = math.fsum(winsorised) / n
-    variance_w = math.fsum((v - mean_w) ** 2 for v in winsorised) / (n - 1)
-    return Trimmed(math.fsum(kept) / h, (n - 1) * variance_w / (h * (h - 1)), h)
-
-
-def yuen(a: Sequence[float], b: Sequence[float], trim: float = TRIM) -> tuple[float, float, float]:
-    """(trimmed mean of b - trimmed mean of a, its standard error, Welch's degrees of freedom); each sample needs
-    enough values that at least 2 survive the trimming."""
-    ta, tb = trimmed(a, trim), trimmed(b, trim)
-    error2 = ta.error2 + tb.error2
-    if error2 <= 0:
-        return tb.mean - ta.mean, 0.0, float(ta.kept + tb.kept - 2)
-    df = error2 * error2 / (ta.error2 ** 2 / (ta.kept - 1) + tb.error2 ** 2 / (tb.kept - 1))
-    return tb.mean - ta.mean, math.sqrt(error2), df
 
 
 # ---- a whole diff ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from thunderfx_debug.records import ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, digest, flush_triage, minimized
+from thunderfx_debug.render import accounting, digest, minimized, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
@@ -248,7 +248,7 @@ def render_overview(report: RankRecord) -> list[str]:
     correctness = render_correctness(report)
     if correctness:
         lines += ["", *correctness]
-    lines += flush_triage.summary_lines(report)
+    lines += triage_findings.summary_lines(report)
     lines += minimized.summary_lines(report)
     for warning in report.meta.get("warnings", []):
         lines.append(f"warning: {warning}")

@@ -1,4 +1,5 @@
-"""Everything that reads Lightning Thunder's internals (and the few Dynamo internals ThunderFX depends on).
+"""Everything that reads Lightning Thunder's internals (and the few Dynamo internals ThunderFX depends on, and torch's
+private APIs).
 
 A Thunder upgrade should touch this subpackage only. Its modules turn Thunder objects into plain values and
 `records`, and never keep references to activations:
@@ -13,6 +14,8 @@ A Thunder upgrade should touch this subpackage only. Its modules turn Thunder ob
   executor's helpers as standalone code, a region's random ops and index inputs);
 - `instrument`: the trace transform that brackets fusion regions with timing calls;
 - `options`: Thunder options and executors, by name.
+- `torch_private`: torch's private APIs the package calls (inductor's compile, the c10d bindings, the CUDA
+  allocator's pools, autograd's engine), which change between torch releases as Thunder's internals do.
 
 Importing this subpackage imports neither torch nor thunder; its modules do.
 """

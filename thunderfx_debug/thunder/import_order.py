@@ -14,8 +14,12 @@ import importlib.metadata
 import re
 import sys
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 from thunderfx_debug.thunder.workarounds import needs_named_tensor_placeholders
+
+T = TypeVar("T")
 
 
 class ThunderImportOrderError(ImportError):
@@ -68,11 +72,11 @@ def check_import_order() -> None:
 TRANSFORMER_ENGINE_MISSING = "transformer_engine module not found!"
 
 
-def import_reporting_backend():
-    """`thunderfx_debug.backend.ReportingBackend`, for the package's lazy attribute. An AttributeError while importing
-    it (a half-imported Thunder: "partially initialized module 'thunder' has no attribute 'core'") becomes an
-    ImportError that says so: raised from a module `__getattr__`, Python would report it as "cannot import name"
-    without its cause."""
+def import_checked(what: str, load: Callable[[], T]) -> T:
+    """`load()`, an import that imports Thunder (the package's lazy `ReportingBackend`, whose import `what` names),
+    after `check_import_order`. An AttributeError while importing (a half-imported Thunder: "partially initialized
+    module 'thunder' has no attribute 'core'") becomes an ImportError that says so: raised from a module
+    `__getattr__`, Python would report it as "cannot import name" without its cause."""
     check_import_order()
     try:
         with warnings.catch_warnings():
@@ -80,10 +84,9 @@ def import_reporting_backend():
             # (thunder/executors/transformer_engineex.py): not news to a user of this package, whose import of
             # Thunder this is. An `import thunder` of the user's own still warns (Thunder is left as it is).
             warnings.filterwarnings("ignore", message=re.escape(TRANSFORMER_ENGINE_MISSING), category=UserWarning)
-            from thunderfx_debug.backend import ReportingBackend
+            return load()
     except AttributeError as e:
         modules = half_imported_thunder_modules()
         if modules:
             raise ThunderImportOrderError(import_order_message(modules, e)) from e
-        raise ImportError(f"thunderfx_debug.ReportingBackend cannot be imported ({type(e).__name__}: {e})") from e
-    return ReportingBackend
+        raise ImportError(f"{what} cannot be imported ({type(e).__name__}: {e})") from e

@@ -1,5 +1,5 @@
-"""Thunder options and executors, by name: for the manifest, and for repro scripts that rebuild the run's
-executors in another process."""
+"""Thunder options and executors, by name: for the manifest, and for the repro scripts, which name the run's
+executors."""
 
 from __future__ import annotations
 
@@ -34,19 +34,6 @@ def executor_names(thunder_options: dict[str, Any]) -> list[str] | None:
 
     value = thunder_options.get("executors")
     return None if value is None else [ex.name for ex in resolve_executors(value)]
-
-
-def executor_by_name(name: str):
-    """A registered Thunder executor by its name; a repro script's way to get back the run's executors."""
-    from thunder.extend import get_executor
-
-    executor = get_executor(name)
-    if executor is None:
-        raise LookupError(
-            f"Thunder has no executor named {name!r} in this process; a custom executor must be registered "
-            "(imported) before this script builds its Thunder function"
-        )
-    return executor
 
 
 def jit_arguments() -> frozenset[str]:

@@ -114,11 +114,6 @@ def _needs_backward(metas) -> bool:
     return any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas)
 
 
-def _with_fx_bounds(gm: torch.fx.GraphModule, metas: tuple[InputMeta, ...]) -> tuple[InputMeta, ...]:
-    shapes = {i: m.shape for i, m in enumerate(metas) if m.kind is InputKind.TENSOR}
-    return repro_inputs.with_index_bounds(metas, fx_facts.index_bounds(gm, shapes))
-
-
 def _placeholder_names(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return tuple(node.name for node in gm.graph.find_nodes(op="placeholder"))
 
@@ -183,7 +178,7 @@ class ScriptBuilder:
             description = f"The Dynamo graph {state.name} (compile id {state.facts.compile_id}) as handed to the backend."
             if state.error:
                 description += " It FAILED under Thunder in the run; the thunder script reproduces the failure."
-            metas = _with_fx_bounds(state.gm, self.snapshot.input_meta)
+            metas = repro_inputs.with_fx_bounds(state.gm, self.snapshot.input_meta)
             piece = ReproSubject(
                 key=state.name,
                 title="Dynamo graph",
@@ -208,26 +203,11 @@ class ScriptBuilder:
 
     # ---- splits ---------------------------------------------------------------------------------------------------
     def split_metas(self, split: SplitSnapshot) -> tuple[InputMeta, ...]:
-        """A split's input metadata: as captured on its first call, else as the splitter recorded it with what
-        the values were borrowed from the graph inputs it receives directly; with index bounds from its ops."""
+        """`repro_inputs.split_metas` of the split, made once per builder."""
         name = split.state.name
-        if name in self._split_metas:
-            return self._split_metas[name]
-        compiled = split.state.split
-        names = compiled.input_names
-        sources: dict[str, InputMeta] = {}
-        split_gm = self.state.split_gm
-        if split_gm is not None:
-            graph_inputs = {node.name: i for i, node in enumerate(split_gm.graph.find_nodes(op="placeholder"))}
-            for node in split_gm.graph.find_nodes(op="call_module", target=name):
-                for placeholder, arg in zip(names, node.args):
-                    index = graph_inputs.get(getattr(arg, "name", None))
-                    if index is not None and index < len(self.snapshot.input_meta):
-                        sources[placeholder] = self.snapshot.input_meta[index]
-        metas = repro_inputs.borrow_value_ranges(split.input_meta, sources, names)
-        metas = _with_fx_bounds(compiled.original_module, metas)
-        self._split_metas[name] = metas
-        return metas
+        if name not in self._split_metas:
+            self._split_metas[name] = repro_inputs.split_metas(self.snapshot, split)
+        return self._split_metas[name]
 
     def split_scripts(self, split: SplitSnapshot, evidence: Evidence | None = None) -> None:
         """The split's scripts; with `evidence`, its mismatch script instead (Thunder, on the mismatching call)."""

@@ -15,14 +15,51 @@ import io
 import math
 import re
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from thunderfx_debug.artifacts.repro import script_template
+from thunderfx_debug.artifacts.repro import fx_facts, script_template
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.recording.capture import INPUTS_FORMAT, Captured
+from thunderfx_debug.thunder import scripts as thunder_scripts
+
+if TYPE_CHECKING:
+    from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+    from thunderfx_debug.thunder.traces import FusionRegion
 
 #: Above this many elements beyond what a view reaches, a script builds a storage just large enough for the view.
 _STORAGE_SLACK = 64 * 2**20
+
+
+def with_fx_bounds(gm: torch.fx.GraphModule, metas: tuple[InputMeta, ...]) -> tuple[InputMeta, ...]:
+    """`metas` with the index bounds the FX module's ops put on its integer inputs (`fx_facts.index_bounds`)."""
+    shapes = {i: m.shape for i, m in enumerate(metas) if m.kind is InputKind.TENSOR}
+    return with_index_bounds(metas, fx_facts.index_bounds(gm, shapes))
+
+
+def split_metas(snapshot: GraphSnapshot, split: SplitSnapshot) -> tuple[InputMeta, ...]:
+    """A split's input metadata: as captured on its first call, else as the splitter recorded it with what the
+    values were borrowed from the graph inputs it receives directly; with index bounds from its ops. What the repro
+    scripts, the flush-time triage and the minimizer make the split's inputs from."""
+    compiled = split.state.split
+    names = compiled.input_names
+    sources: dict[str, InputMeta] = {}
+    split_gm = snapshot.state.split_gm
+    if split_gm is not None:
+        graph_inputs = {node.name: i for i, node in enumerate(split_gm.graph.find_nodes(op="placeholder"))}
+        for node in split_gm.graph.find_nodes(op="call_module", target=split.state.name):
+            for placeholder, arg in zip(names, node.args):
+                index = graph_inputs.get(getattr(arg, "name", None))
+                if index is not None and index < len(snapshot.input_meta):
+                    sources[placeholder] = snapshot.input_meta[index]
+    metas = borrow_value_ranges(split.input_meta, sources, names)
+    return with_fx_bounds(compiled.original_module, metas)
+
+
+def region_metas(split: SplitSnapshot, region: FusionRegion) -> tuple[InputMeta, ...]:
+    """A fusion region's input metadata, with the index bounds its ops put on its integer inputs."""
+    return with_index_bounds(split.region_metas(region), thunder_scripts.region_index_bounds(region.bsym))
 
 
 def saved_file(captured: Captured, gradients: Captured | None = None) -> bytes:

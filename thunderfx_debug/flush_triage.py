@@ -19,7 +19,7 @@ How: rounds of `CALLS` back-to-back calls of each side, the order alternating ev
 other processes, a cache that warms) hits both sides alike. A round's time is the median of its calls on the host
 clock (a preempted call moves one call, not the round), or on CUDA the events around all its calls queued behind a
 spin kernel, so that the device's time for the kernels is measured, not the host's launches. The ratio
-Thunder/inductor and its interval come from Yuen's trimmed t on the rounds' log times (`render.noise.yuen`), looked at
+Thunder/inductor and its interval come from Yuen's trimmed t on the rounds' log times (`stats.yuen`), looked at
 after each of `LOOKS` rounds: a piece whose interval already lies beyond THUNDERFX_DEBUG_DEVIATION (it deviates) or
 within it (it does not) stops there. Each look's interval is at 1 - 5%/len(LOOKS), so that the chance that the
 interval a piece stops at misses its ratio stays within 5% over all looks (Bonferroni).
@@ -43,21 +43,18 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug import piece_inputs
-from thunderfx_debug.artifacts.artifact import ArtifactSettings
+from thunderfx_debug import piece_inputs, stats
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
-from thunderfx_debug.artifacts.repro.builder import ScriptBuilder
 from thunderfx_debug.config import TriageLevel
 from thunderfx_debug.records import DEVIATION, ClockKind, SplitKind, Triage
 from thunderfx_debug.recording import device_timer
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.check import AutocastState, kept_random_state
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
-from thunderfx_debug.render import noise
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import counterparts
-from thunderfx_debug.thunder import scripts as thunder_scripts
+from thunderfx_debug.thunder import torch_private
 from thunderfx_debug.thunder.compile_events import SPANS
 
 log = logging.getLogger("thunderfx_debug")
@@ -130,8 +127,8 @@ def verdict(thunder_ms: Sequence[float], inductor_ms: Sequence[float], deviation
     """
     logs_thunder = [math.log(x) for x in thunder_ms if x > 0]
     logs_inductor = [math.log(x) for x in inductor_ms if x > 0]
-    difference, error, df = noise.yuen(logs_inductor, logs_thunder)  # log(thunder) - log(inductor)
-    half = noise.t_isf((1 - confidence) / 2, max(df, 1.0)) * error
+    difference, error, df = stats.yuen(logs_inductor, logs_thunder)  # log(thunder) - log(inductor)
+    half = stats.t_isf((1 - confidence) / 2, max(df, 1.0)) * error
     low, high = math.exp(difference - half), math.exp(difference + half)
     return {
         "thunder_ms": statistics.median(thunder_ms), "inductor_ms": statistics.median(inductor_ms),
@@ -369,7 +366,7 @@ class Triager:
         results: dict[str, Triage] = {}
         with kept_random_state(()), _RunsAs.recorded(split.state.captured):
             try:
-                results[key] = self._split_verdict(snapshot, split, settings, per_step, failures)
+                results[key] = self._split_verdict(snapshot, split, settings, per_step)
             except NotJudged as e:
                 results[key] = Triage(deviation=settings.deviation, calls_per_step=per_step, error=str(e))
         if settings.level >= TriageLevel.FUSION:
@@ -383,10 +380,10 @@ class Triager:
         return results
 
     @staticmethod
-    def _split_verdict(snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings, per_step: float,
-                       failures: ReportingFailures) -> Triage:
+    def _split_verdict(snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
+                       per_step: float) -> Triage:
         compiled, original = split.state.split.compiled, split.state.split.original_module
-        metas = ScriptBuilder(snapshot, ArtifactSettings(), failures).split_metas(split)
+        metas = repro_inputs.split_metas(snapshot, split)
         args, kind = _made_inputs(split.state.captured, metas, split.state.split.input_names)
         refused = counterparts.refusal(compiled, args)
         if refused is not None:
@@ -394,7 +391,7 @@ class Triager:
                             f"them ({refused}); a bug of thunderfx_debug's inputs")
         started = time.perf_counter()
         try:
-            inductor = torch._inductor.compile(original, list(args))
+            inductor = torch_private.inductor_compile(original, args)
         except Exception as e:
             raise NotJudged(_because("inductor could not compile the split", e)) from e
         grad_outputs = split.state.captured.grad_outputs if split.state.captured is not None else None
@@ -405,8 +402,7 @@ class Triager:
 
     @staticmethod
     def _region_verdict(split: SplitSnapshot, region, settings: TriageSettings, per_step: float) -> Triage:
-        metas = repro_inputs.with_index_bounds(split.region_metas(region),
-                                               thunder_scripts.region_index_bounds(region.bsym))
+        metas = repro_inputs.region_metas(split, region)
         args, kind = _made_inputs(split.region_captures.get(region.key), metas, region.inputs)
         try:
             thunder = counterparts.region_callable(region)
@@ -465,9 +461,7 @@ def _warm_compile_workers(failures: ReportingFailures) -> None:
     """Starts inductor's pool of compile workers before the first counterpart is compiled (its kernels then build in
     parallel, and the pool's start-up overlaps the first graph's lowering)."""
     with failures.guard("starting inductor's compile workers"):
-        from torch._inductor.async_compile import AsyncCompile
-
-        AsyncCompile.warm_pool()
+        torch_private.warm_inductor_compile_workers()
 
 
 def deviating(triage: TriageIndex) -> dict[str, str]:

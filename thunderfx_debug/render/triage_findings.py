@@ -1,5 +1,5 @@
-"""The flush-time triage (records' `triage`, see `thunderfx_debug.triage`) rendered: triage.md, the summary's lines and
-the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
+"""The flush-time triage (records' `triage`, see `thunderfx_debug.flush_triage`) rendered: triage.md, the summary's
+lines and the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
 its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
 ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits
 are the same in both), beside the run's own step time."""

@@ -25,7 +25,7 @@ HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inducto
           "| calls per step | clock |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
-def render_triage(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "",
+def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "",
                   outside_in_run: Mapping[str, float] | None = None) -> str:
     """Markdown. `script_prefix` is prepended to the scripts' dump-relative paths (their location seen from the
     report file); `outside_in_run` is `bench.outside_in_run` of the dump (the run's time outside each split's

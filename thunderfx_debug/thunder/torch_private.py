@@ -1,0 +1,86 @@
+"""torch's private APIs the package calls, in one place: they change between torch releases as Thunder's internals
+do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py keeps them here). Checked against torch
+2.11-2.13. Importing this module imports neither torch nor thunder; each function imports what it calls.
+
+- `inductor_compile`: `torch._inductor.compile`, as ThunderFX compiles its inductor splits (the fallback of a graph
+  that failed under Thunder, the flush-time triage's counterparts);
+- `warm_inductor_compile_workers`: inductor's pool of compile workers started ahead of the first compile;
+- `c10d_function`: a function of the c10d bindings (`torch._C._distributed_c10d`), the flight recorder's dumps;
+- `allocating_to`: every allocation of the current stream routed to a memory pool, from any thread;
+- `queue_at_end_of_backward`: a callback autograd's engine runs when the current backward ends;
+- `fresh_compile_state`: Dynamo's caches dropped and inductor compiling in its own thread (a forked child).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+
+def inductor_compile(gm: Any, args: Sequence[Any]) -> Callable:
+    """`torch._inductor.compile(gm, args)`: the FX module compiled by inductor for inputs like `args` (autograd
+    included; its backward compiles at its first call)."""
+    import torch._inductor
+
+    return torch._inductor.compile(gm, list(args))
+
+
+def warm_inductor_compile_workers() -> None:
+    """Starts inductor's pool of compile workers (its kernels then build in parallel, and the pool's start-up
+    overlaps the first graph's lowering)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.warm_pool()
+
+
+def c10d_function(name: str) -> Callable | None:
+    """The function `name` of torch's c10d bindings (`_dump_nccl_trace_json`, `_dump_fr_trace_json`), or None where
+    this torch has none of that name."""
+    from torch._C import _distributed_c10d as c10d
+
+    return getattr(c10d, name, None)
+
+
+@contextlib.contextmanager
+def allocating_to(pool: Any, device: int) -> Iterator[None]:
+    """Every allocation on the current stream, from any thread, goes to `pool` (a `torch.cuda.MemPool`), as CUDA
+    graph capture routes a stream's allocations; where this torch lacks that, `torch.cuda.use_mem_pool` routes the
+    entering thread's allocations only."""
+    import torch
+
+    route = getattr(torch._C, "_cuda_beginAllocateCurrentStreamToPool", None)
+    if route is None:
+        with torch.cuda.use_mem_pool(pool, device):
+            yield
+        return
+    route(device, pool.id)
+    try:
+        yield
+    finally:  # as torch.cuda.use_mem_pool ends its routing
+        torch._C._cuda_endAllocateToPool(device, pool.id)
+        torch._C._cuda_releasePool(device, pool.id)
+
+
+def queue_at_end_of_backward(callback: Callable[[], None]) -> None:
+    """`callback` runs when the backward that is running now ends (called from inside a backward hook)."""
+    import torch
+
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def fresh_compile_state() -> None:
+    """In a fork of a process that compiled: Dynamo's caches dropped and inductor compiling in the calling thread
+    (the parent's pool of compile workers is the parent's). Does nothing where torch is not loaded or lacks these
+    (the child then compiles as it would anyway)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        torch._dynamo.reset()
+        from torch._inductor import config as inductor_config
+
+        inductor_config.compile_threads = 1
+    except Exception:
+        pass
