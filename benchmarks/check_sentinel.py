@@ -88,10 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.cost_layers = args.cost_layers or (TINY.n_layer if args.tiny else GPT_12_LAYER.n_layer)
     if args.steps % args.block:
         parser.error(f"--steps ({args.steps}) must be a multiple of --block ({args.block})")
-    for option in ("clean_executors", "cost_executors"):
+    for option in ("clean_executors", "cost_executors"):  # an unknown name fails here, before any worker starts
         value = getattr(args, option)
         if value is not None:
-            setattr(args, option, tuple(name.strip() for name in value.split(",") if name.strip()))
+            try:
+                setattr(args, option, tuple(e.name for e in harness.executors(args.device, value)))
+            except SystemExit as error:
+                parser.error(f"--{option.replace('_', '-')}: {str(error).removeprefix('--executors: ')}")
     return args
 
 

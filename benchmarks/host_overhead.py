@@ -69,13 +69,10 @@ class Chain(torch.nn.Module):
 
 
 def backend(name: str):
-    import thunder
-    from thunder.executors.torch_compile import torch_compile_ex
-
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-    executors = [torch_compile_ex, *thunder.get_default_executors()]
+    executors = harness.executors("cpu")  # the torch.compile executor first, the one that fuses on CPU
     if name in ("thunderfx", "thunderfx again"):
         return plain_thunder_compiler(executors=executors)
     if name == "timing off":
