@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import os
 import statistics
@@ -43,6 +42,9 @@ import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported; the workers import this too)
 from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 COST_CONFIGURATIONS = {"off": "off", "split": "split", "fusion": "fusion"}
@@ -86,10 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.cost_layers = args.cost_layers or (TINY.n_layer if args.tiny else GPT_12_LAYER.n_layer)
     if args.steps % args.block:
         parser.error(f"--steps ({args.steps}) must be a multiple of --block ({args.block})")
-    for option in ("clean_executors", "cost_executors"):
+    for option in ("clean_executors", "cost_executors"):  # an unknown name fails here, before any worker starts
         value = getattr(args, option)
         if value is not None:
-            setattr(args, option, tuple(name.strip() for name in value.split(",") if name.strip()))
+            try:
+                setattr(args, option, tuple(e.name for e in harness.executors(args.device, value)))
+            except SystemExit as error:
+                parser.error(f"--{option.replace('_', '-')}: {str(error).removeprefix('--executors: ')}")
     return args
 
 
@@ -109,23 +114,7 @@ class Job:
     dump_dir: str | None = None
 
 
-def _executors(names: tuple[str, ...] | None, device: str):
-    import thunder
-
-    if names is not None:
-        found = [thunder.extend.get_executor(name) for name in names]
-        missing = [n for n, e in zip(names, found) if e is None]
-        if missing:
-            raise ValueError(f"unknown Thunder executors {missing}")
-        return found
-    if device.startswith("cuda"):
-        return None
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    return [torch_compile_ex, *thunder.get_default_executors()]
-
-
-class Trainer:
+class Trainer(harness.Trainer):
     def __init__(self, job: Job):
         from thunderfx_debug import ReportingBackend
 
@@ -136,45 +125,11 @@ class Trainer:
             torch.set_num_threads(1)
         torch.manual_seed(0)
         dtype = torch.bfloat16 if self.cuda else torch.float32
-        self.model = GPT(job.config).to(device=job.device, dtype=dtype)
-        executors = _executors(job.executors, job.device)
-        options = {"executors": executors} if executors is not None else {}
-        self.backend = ReportingBackend(dump_dir=job.dump_dir, check=job.check, check_every=job.every, **options)
-        self.compiled = torch.compile(self.model, backend=self.backend)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.batches = [b for _, b in zip(range(8), synthetic_batches(job.config, job.batch, job.device))]
-        self.done = 0
-
-    def step(self) -> torch.Tensor:
-        tokens, targets = self.batches[self.done % len(self.batches)]
-        loss = self.compiled(tokens, targets)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.done += 1
-        return loss.detach()
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def block(self, steps: int) -> list[float]:
-        marks = [_mark(self.cuda)]
-        for _ in range(steps):
-            self.step()
-            marks.append(_mark(self.cuda))
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
-
-
-def _mark(cuda: bool):
-    if cuda:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
+        model = GPT(job.config).to(device=job.device, dtype=dtype)
+        backend = ReportingBackend(dump_dir=job.dump_dir, check=job.check, check_every=job.every,
+                                   **harness.thunder_options(job.device, job.executors))
+        batches = [b for _, b in zip(range(8), synthetic_batches(job.config, job.batch, job.device))]
+        super().__init__(model, backend, batches, lr=1e-4, device=job.device)
 
 
 def _findings(backend) -> dict:
@@ -199,15 +154,15 @@ def worker_main(job: Job, conn) -> None:
             losses = []
             for _ in range(job.steps):
                 losses.append(float(trainer.step().float()))
-                trainer.sync()
+                trainer.clock.sync()
                 trainer.backend.flush()  # the findings are on disk even if the fault kills the next step
             result = _findings(trainer.backend)
             result.update(losses=losses, wall_s=time.perf_counter() - started)
             conn.send(("proof", result))
             return
-        trainer.sync()
+        trainer.clock.sync()
         losses = [float(trainer.step().float()) for _ in range(job.steps)]
-        trainer.sync()
+        trainer.clock.sync()
         conn.send(("ready", {"losses": losses, "warmup_s": time.perf_counter() - started}))
         while True:
             command, argument = conn.recv()
@@ -265,24 +220,6 @@ class Worker:
 
 # ---- the parts ----------------------------------------------------------------------------------------------------
 
-def paired_ratios(blocks: dict[str, list[float]], baseline: str = "off") -> dict[str, dict]:
-    """Per configuration: its block's mean step over the baseline's block of the same round, for each round, and
-    their median, minimum and maximum.
-
-    Example:
-        >>> paired_ratios({"off": [10.0, 12.0], "split": [10.5, 12.0]})["split"]["median"]
-        1.025
-    """
-    result = {}
-    for name, means in blocks.items():
-        if name == baseline:
-            continue
-        ratios = [m / b for m, b in zip(means, blocks[baseline])]
-        result[name] = {"per_round": ratios, "median": statistics.median(ratios), "min": min(ratios),
-                        "max": max(ratios)}
-    return result
-
-
 def _dead_proof(job: Job, error: str) -> dict:
     """What a proof worker that died left: its dump of the last completed step."""
     from thunderfx_debug import load_report
@@ -319,18 +256,15 @@ def run_scripts(dump_dir: str, scripts: dict[str, str], wanted: str, timeout: fl
     return runs
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    for name in [n for n in os.environ if n.startswith("THUNDERFX_DEBUG_")]:
-        del os.environ[name]  # they would override the settings compared here
+def jobs_of(args, out: Path) -> list[Job]:
+    """The proof workers (nvFuser and the clean executors on CUDA; on CPU, no nvFuser: the clean run only) and the
+    cost workers, one per check level."""
     cuda = args.device.startswith("cuda")
     proof_config = TINY if args.tiny else GPT_12_LAYER
     cost_config = dataclasses.replace(proof_config, n_layer=args.cost_layers)
     cost_executors = args.cost_executors or (args.clean_executors if cuda else None)
-    out = args.out or Path(tempfile.mkdtemp(prefix="check-sentinel-"))
     jobs = []
     if not args.no_proof:
-        # nvFuser with Thunder's defaults on CUDA; on CPU (no nvFuser) only the clean run, torchcompile first
         proofs = (("nvfuser", None), ("torchcompile", args.clean_executors)) if cuda else (("torchcompile", None),)
         for name, executors in proofs:
             jobs.append(Job(name, "proof", proof_config, args.device, args.batch, "fusion", 1, args.proof_steps,
@@ -343,59 +277,68 @@ def main(argv=None) -> int:
           f"every call; cost: GPT {cost_config.n_layer} layers, check every {args.every} calls, executors "
           f"{', '.join(cost_executors) if cost_executors else 'defaults'}; {len(jobs)} workers start at once; "
           f"dumps in {out}", flush=True)
+    return jobs
+
+
+def collect_proofs(workers: list[Worker], timeout: float, started: float) -> dict:
+    proofs = {}
+    for worker in workers:
+        try:
+            proofs[worker.name] = worker.receive("proof", timeout)
+        except RuntimeError as e:
+            print(str(e), file=sys.stderr)
+            proofs[worker.name] = _dead_proof(worker.job, str(e))
+        print(f"  proof {worker.name} done {time.perf_counter() - started:.0f} s after start", flush=True)
+    return proofs
+
+
+def measure_cost(workers: list[Worker], args) -> dict:
+    """The interleaved blocks of the cost workers once all are warm, their paired ratios against the check-off
+    worker's, and whether their warm-up losses equal its."""
+    ready = {w.name.removeprefix("cost-"): w.receive("ready", args.worker_timeout) for w in workers}
+    print("  cost workers ready; measuring", flush=True)
+
+    def block_of(worker: Worker):
+        def run():
+            worker.conn.send(("block", args.block))
+            return worker.receive("block", args.worker_timeout)
+        return run
+
+    steps = harness.interleaved({w.name.removeprefix("cost-"): block_of(w) for w in workers}, args.steps // args.block)
+    finished = {}
+    for worker in workers:
+        worker.conn.send(("finish", None))
+        finished[worker.name.removeprefix("cost-")] = worker.receive("finished", args.worker_timeout)
+    blocks = {name: [statistics.fmean(times) for times in done] for name, done in steps.items()}
+    means = {name: statistics.fmean([ms for times in done for ms in times]) for name, done in steps.items()}
+    losses = {name: r["losses"] for name, r in ready.items()}
+    return {"layers": args.cost_layers, "every": args.every, "block": args.block,
+            "clock": "CUDA events" if args.device.startswith("cuda") else "host perf_counter",
+            "mean_step_ms": means, "paired_ratios": harness.paired_ratios(blocks, "off"),
+            "ratio_of_means": {n: means[n] / means["off"] for n in means if n != "off"},
+            "warmup_losses_equal_off": {n: losses[n] == losses["off"] for n in losses if n != "off"},
+            "warmup_losses": losses, "findings": finished,
+            "step_ms": {name: [ms for times in done for ms in times] for name, done in steps.items()}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for name in [n for n in os.environ if n.startswith("THUNDERFX_DEBUG_")]:
+        del os.environ[name]  # they would override the settings compared here
+    out = args.out or Path(tempfile.mkdtemp(prefix="check-sentinel-"))
     context = multiprocessing.get_context("spawn")
-    workers = [Worker(context, job) for job in jobs]
-    results: dict = {"proof": {}, "cost": {}, "failed": {}}
+    workers = [Worker(context, job) for job in jobs_of(args, out)]
     started = time.perf_counter()
-    ok = True
     try:
-        for worker in [w for w in workers if w.job.kind == "proof"]:
-            try:
-                results["proof"][worker.name] = worker.receive("proof", args.worker_timeout)
-            except RuntimeError as e:
-                print(str(e), file=sys.stderr)
-                results["proof"][worker.name] = _dead_proof(worker.job, str(e))
-            print(f"  proof {worker.name} done {time.perf_counter() - started:.0f} s after start", flush=True)
+        results = {"proof": collect_proofs([w for w in workers if w.job.kind == "proof"], args.worker_timeout,
+                                           started)}
         cost_workers = [w for w in workers if w.job.kind == "cost"]
-        ready = {}
-        for worker in cost_workers:
-            ready[worker.name] = worker.receive("ready", args.worker_timeout)
-        if cost_workers:
-            print(f"  cost workers ready {time.perf_counter() - started:.0f} s after start; measuring", flush=True)
-            blocks = {w.name.removeprefix("cost-"): [] for w in cost_workers}
-            steps = {w.name.removeprefix("cost-"): [] for w in cost_workers}
-            for round_index in range(args.steps // args.block):
-                shift = round_index % len(cost_workers)
-                for worker in cost_workers[shift:] + cost_workers[:shift]:
-                    worker.conn.send(("block", args.block))
-                    times = worker.receive("block", args.worker_timeout)
-                    steps[worker.name.removeprefix("cost-")] += times
-                    blocks[worker.name.removeprefix("cost-")].append(statistics.fmean(times))
-            finished = {}
-            for worker in cost_workers:
-                worker.conn.send(("finish", None))
-                finished[worker.name.removeprefix("cost-")] = worker.receive("finished", args.worker_timeout)
-            ratios = paired_ratios(blocks)
-            means = {name: statistics.fmean(times) for name, times in steps.items()}
-            losses = {w.name.removeprefix("cost-"): ready[w.name]["losses"] for w in cost_workers}
-            same = {name: losses[name] == losses["off"] for name in losses if name != "off"}
-            results["cost"] = {"layers": cost_config.n_layer, "every": args.every, "block": args.block,
-                               "clock": "CUDA events" if cuda else "host perf_counter",
-                               "mean_step_ms": means, "paired_ratios": ratios,
-                               "ratio_of_means": {n: means[n] / means["off"] for n in means if n != "off"},
-                               "warmup_losses_equal_off": same, "warmup_losses": losses, "findings": finished,
-                               "step_ms": steps}
+        results["cost"] = measure_cost(cost_workers, args) if cost_workers else {}
     finally:
         for worker in workers:
             worker.stop()
-
-    ok &= _report_proof(results, args, out)
-    ok &= _report_cost(results)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"benchmark": "check_sentinel", "command": " ".join(sys.argv), **results,
-                                         "ok": ok}, indent=1, default=str))
-        print(f"wrote {args.json}")
+    ok = _report_proof(results, args, out) & _report_cost(results)
+    harness.write_record(args.json, "check_sentinel", {**results, "ok": ok}, argv)
     return 0 if ok else 1
 
 

@@ -42,15 +42,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402  (imports no torch: the environment is set first)
 
 #: What torchrun's children get and what this script sets before the process group starts: no NVLink SHARP
 #: (multicast) collectives in NCCL, no multicast in torch's symmetric memory.
@@ -220,23 +221,15 @@ CUDA_EXECUTORS = {"llama": None, "gpt": "torchcompile,sdpa,torchcompile_xentropy
 
 
 def executors_for(choice: str, device, model: str) -> list | None:
-    """Thunder's executors for `--executors` (None: Thunder's defaults)."""
-    import thunder
-
+    """Thunder's executors for `--executors` (None: Thunder's defaults): "auto" is the model's CUDA_EXECUTORS on
+    CUDA and harness.executors' CPU choice (torch.compile's first) elsewhere; "torch_compile" that CPU choice."""
     if choice == "auto" and device.type == "cuda":
         choice = CUDA_EXECUTORS[model] or "default"
     if choice == "default":
         return None
     if choice in ("auto", "torch_compile"):
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        return [torch_compile_ex, *thunder.get_default_executors()]
-    names = [name.strip() for name in choice.split(",") if name.strip()]
-    unknown = [name for name in names if thunder.extend.get_executor(name) is None]
-    if unknown or not names:
-        known = ", ".join(e.name for e in thunder.get_all_executors())
-        raise SystemExit(f"--executors: unknown executor {', '.join(unknown) or '(none given)'}; Thunder has {known}")
-    return [thunder.extend.get_executor(name) for name in names]
+        return harness.executors("cpu")
+    return harness.executors(device.type, choice)
 
 
 def check_setting(choice: str) -> str | None:
@@ -370,18 +363,12 @@ def launch(args, argv: list[str]) -> int:
     return subprocess.call(command, env={**os.environ, **MULTICAST_OFF})
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.nproc is not None:
-        return launch(args, argv)
-    if "LOCAL_RANK" not in os.environ:
-        raise SystemExit("start this script with torchrun (torchrun --nproc-per-node 2 benchmarks/distributed.py "
-                         "...), or give --nproc N")
+def start_rank(args):
+    """This rank's device and process group (NCCL on CUDA, gloo elsewhere, unless --dist-backend); SystemExit where
+    the choice cannot work. Returns the device."""
     os.environ.update(MULTICAST_OFF)  # before the process group (and NCCL) starts
     if args.flight_recorder > 0:  # also before: c10d reads them when it makes its process groups
         os.environ.update(TORCH_FR_BUFFER_SIZE=str(args.flight_recorder), TORCH_NCCL_ENABLE_TIMING="1")
-
     import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
     import torch
     import torch.distributed as dist
@@ -404,39 +391,58 @@ def main(argv=None) -> int:
         raise SystemExit(f"--dist-backend nccl: {world} ranks on {torch.cuda.device_count()} GPU(s); NCCL refuses "
                          "two ranks on one GPU (--dist-backend gloo shares one)")
     dist.init_process_group(dist_backend, device_id=device if dist_backend == "nccl" else None)
+    return device
+
+
+def run_case(args, name: str, parallel: str, device, out: Path) -> dict | None:
+    """One case on every rank (under ReportingBackend, then plain ThunderCompiler); rank 0 gets every rank's results
+    and the side-by-side view, the others None."""
+    import torch.distributed as dist
+
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = Path(args.out).absolute()
+    case = f"{name}_{parallel}"
+    results = {"reporting": run(args, name, parallel, "reporting", rank, device, out / case)}
+    if not args.no_plain:
+        results["plain"] = run(args, name, parallel, "plain", rank, device, out / case)
+        results["losses"] = compare_losses(results["reporting"]["losses"], results["plain"]["losses"])
+    gathered = [None] * world
+    dist.all_gather_object(gathered, results)
+    dist.barrier()  # every rank has flushed
+    if rank != 0:
+        return None
+    by_rank = dict(enumerate(gathered))
+    figures = {"per_rank": by_rank, "dumps": str(out / case)}
+    if any(res["reporting"].get("recorded") for res in by_rank.values()):
+        figures["side_by_side"] = side_by_side(out / case)
+    print_case(case, figures)
+    return figures
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.nproc is not None:
+        return launch(args, argv)
+    if "LOCAL_RANK" not in os.environ:
+        raise SystemExit("start this script with torchrun (torchrun --nproc-per-node 2 benchmarks/distributed.py "
+                         "...), or give --nproc N")
+    device = start_rank(args)
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
     cases = {}
-    figures = {
-        "machine": platform.machine(), "host": platform.node(), "python": platform.python_version(),
-        "torch": torch.__version__, "device": str(device.type), "backend": dist.get_backend(),
-        "world_size": world, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if cuda else [], "ranks_per_device": world / torch.cuda.device_count() if cuda else None,
-        "multicast_off": MULTICAST_OFF, "arguments": {k: v for k, v in vars(args).items()},
-        "step_clock": "host wall time per step" + (" with torch.cuda.synchronize() before and after" if cuda else ""),
-        "cases": cases,
-    }
+    figures = {"device": str(device.type), "backend": dist.get_backend(), "world_size": dist.get_world_size(),
+               "ranks_per_device": dist.get_world_size() / torch.cuda.device_count() if cuda else None,
+               "multicast_off": MULTICAST_OFF, "arguments": vars(args),
+               "step_clock": "host wall time per step" + (" with torch.cuda.synchronize() before and after"
+                                                          if cuda else ""), "cases": cases}
     for name in args.model:
         for parallel in args.parallel:
-            case = f"{name}_{parallel}"
-            results = {"reporting": run(args, name, parallel, "reporting", rank, device, out / case)}
-            if not args.no_plain:
-                results["plain"] = run(args, name, parallel, "plain", rank, device, out / case)
-                results["losses"] = compare_losses(results["reporting"]["losses"], results["plain"]["losses"])
-            gathered = [None] * world
-            dist.all_gather_object(gathered, results)
-            dist.barrier()  # every rank has flushed
-            if rank == 0:
-                by_rank = dict(enumerate(gathered))
-                cases[case] = {"per_rank": by_rank, "dumps": str(out / case)}
-                recorded = [r for r, res in by_rank.items() if res["reporting"].get("recorded")]
-                if recorded:
-                    cases[case]["side_by_side"] = side_by_side(out / case)
-                print_case(case, cases[case])
-                if args.json:  # after every case: a run cut short keeps the cases it finished
-                    from thunderfx_debug.dump import write_file_atomically
-
-                    write_file_atomically(Path(args.json), json.dumps(figures, indent=1, default=str))
+            case = run_case(args, name, parallel, device, Path(args.out).absolute())
+            if case is not None:
+                cases[f"{name}_{parallel}"] = case
+                harness.write_record(args.json, "distributed", figures, argv)  # a run cut short keeps its cases
     dist.destroy_process_group()
     return 0
 

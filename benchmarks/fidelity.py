@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -57,6 +56,9 @@ import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported)
 from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 TOLERANCE = 0.10
@@ -90,16 +92,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _executor_options(cuda: bool) -> dict:
-    """On CPU, Thunder's torch.compile executor first (its default executors fuse nothing there)."""
-    if cuda:
-        return {}
-    import thunder
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
-
-
 def _profiled(step, warmup: int, steps: int, cuda: bool):
     """Runs `warmup` unprofiled steps, then `steps` steps under torch.profiler; returns the profiler's events."""
     for i in range(warmup):
@@ -121,22 +113,13 @@ def profiled_run(args, config: GPTConfig):
     from thunderfx_debug import ReportingBackend
 
     cuda = args.device.startswith("cuda")
-    options = _executor_options(cuda)
-    backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=args.warmup, nvtx=True, **options)
+    backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=args.warmup, nvtx=True,
+                               **harness.thunder_options(args.device))
     torch.manual_seed(0)
     model = GPT(config).to(device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
-    compiled = torch.compile(model, backend=backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = [b for _, b in zip(range(4), synthetic_batches(config, args.batch, args.device))]
-
-    def step(i):
-        tokens, targets = batches[i % len(batches)]
-        loss = compiled(tokens, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    events = _profiled(step, args.warmup, args.steps, cuda)
+    trainer = harness.Trainer(model, backend, batches, lr=1e-4, device=args.device)
+    events = _profiled(lambda i: trainer.step(), args.warmup, args.steps, cuda)
     profiled_calls = set(range(args.warmup + 1, args.warmup + args.steps + 1))
 
     # Region ranges only ("graph0/thunder_0/nvFusion3_forward"; the trace ranges have a space). The CPU event of a
@@ -252,23 +235,8 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cleared = sorted(name for name in os.environ if name.startswith("THUNDERFX_DEBUG_"))
-    for name in cleared:
-        del os.environ[name]
-    if cleared:
-        print(f"note: cleared {', '.join(cleared)} (they would override the settings this benchmark needs)")
-    if args.step:
-        return run_step_mode(args)
-    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
-    report, kernels, spans, attributed, calls = profiled_run(args, config)
-    rows = compare(report, kernels, spans, calls, attributed if args.device.startswith("cuda") else None)
-    cost_ms = bracket_cost(args.device)
-    add_net(rows, cost_ms)
-    summary = {**summarize(rows), "bracket_cost_ms": cost_ms}
-
-    unit = "kernel" if args.device.startswith("cuda") else "range CPU"
+def print_regions(rows: list[dict], summary: dict, device: str) -> None:
+    unit = "kernel" if device.startswith("cuda") else "range CPU"
     print(f"{'region':<48} {'backend ms':>11} {f'{unit} ms':>14} {'ratio':>7} {'GPU span ms':>12} {'ratio':>7}")
     for row in sorted(rows, key=lambda r: -r.get("profiler_median_ms", 0.0)):
         if "ratio" not in row:
@@ -288,18 +256,32 @@ def main(argv=None) -> int:
           f"sum of medians: backend {summary['backend_total_ms']:.3f} ms vs profiler {summary['profiler_total_ms']:.3f} ms "
           f"(ratio {summary['ratio_of_totals'] or float('nan'):.3f}); median ratio {summary['median_ratio'] or float('nan'):.3f}"
           f" (to the GPU span: {summary['median_ratio_to_gpu_span'] or float('nan'):.3f})")
-    print(f"bracket cost {cost_ms * 1e3:.2f} µs (timing.bracket_cost_ms); less that cost, "
+    print(f"bracket cost {summary['bracket_cost_ms'] * 1e3:.2f} µs (timing.bracket_cost_ms); less that cost, "
           f"{summary['regions_within_tolerance_net']} regions within {TOLERANCE:.0%}, "
           f"median ratio {summary['median_net_ratio'] or float('nan'):.3f}")
-    if args.json is not None:
-        data = {"benchmark": "fidelity", "device": args.device, "tolerance": TOLERANCE,
-                "model": {"n_layer": config.n_layer, "n_embd": config.n_embd, "seq": config.block_size,
-                          "batch": args.batch},
-                "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps},
-                "summary": summary, "regions": rows}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1))
-        print(f"wrote {args.json}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cleared = sorted(name for name in os.environ if name.startswith("THUNDERFX_DEBUG_"))
+    for name in cleared:
+        del os.environ[name]
+    if cleared:
+        print(f"note: cleared {', '.join(cleared)} (they would override the settings this benchmark needs)")
+    if args.step:
+        return run_step_mode(args, argv)
+    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
+    report, kernels, spans, attributed, calls = profiled_run(args, config)
+    rows = compare(report, kernels, spans, calls, attributed if args.device.startswith("cuda") else None)
+    cost_ms = bracket_cost(args.device)
+    add_net(rows, cost_ms)
+    summary = {**summarize(rows), "bracket_cost_ms": cost_ms}
+    print_regions(rows, summary, args.device)
+    harness.write_record(args.json, "fidelity", {
+        "device": args.device, "tolerance": TOLERANCE, "model": {"n_layer": config.n_layer, "n_embd": config.n_embd,
+                                                                 "seq": config.block_size, "batch": args.batch},
+        "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps}, "summary": summary, "regions": rows},
+        argv)
     return 0 if summary["matched_regions"] else 1
 
 
@@ -339,7 +321,7 @@ def step_profiled_run(args):
     from thunderfx_debug import ReportingBackend
 
     cuda = args.device.startswith("cuda")
-    options = _executor_options(cuda)
+    options = harness.thunder_options(args.device)
     # Every call after the first is sampled, so that the device hold has learned the host's pace when profiling starts.
     backend = ReportingBackend(timing="fusion", timing_every=1, timing_warmup=1, **options)
     model, batches, loss_of, described = build_model(args)
@@ -422,7 +404,7 @@ def step_parts(report, back: int) -> dict[str, float]:
     return {**parts, "marks": marks, "groups": dict(sorted(groups.items(), key=lambda item: -item[1]))}
 
 
-def run_step_mode(args) -> int:
+def run_step_mode(args, argv=None) -> int:
     if args.model == "llama":
         try:
             import transformers  # noqa: F401
@@ -458,13 +440,10 @@ def run_step_mode(args) -> int:
     verdict = "within" if within else "NOT within"
     print(f"the attributed parts add up to {ratio:.3f} of the profiler's {clock} total: {verdict} "
           f"{STEP_TOLERANCE:.0%}" if ratio is not None else "no kernel time measured")
-    if args.json is not None:
-        data = {"benchmark": "fidelity-step", "device": args.device, "tolerance": STEP_TOLERANCE, "model": described,
-                "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps},
-                "summary": {**median, "ratio": ratio, "within_tolerance": within}, "steps": steps}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1))
-        print(f"wrote {args.json}")
+    harness.write_record(args.json, "fidelity", {
+        "mode": "step", "device": args.device, "tolerance": STEP_TOLERANCE, "model": described,
+        "settings": {"warmup_steps": args.warmup, "profiled_steps": args.steps},
+        "summary": {**median, "ratio": ratio, "within_tolerance": within}, "steps": steps}, argv)
     return 0 if ratio is not None else 1
 
 

@@ -27,8 +27,6 @@ The first flush's own pause (it makes the scripts) is printed apart.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import statistics
 import sys
@@ -41,6 +39,9 @@ import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` ne
 import torch
 
 from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 TARGET_MS = 50.0
@@ -71,23 +72,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.flushes < 1:
         parser.error("--flushes must be at least 1")
     return args
-
-
-def thunder_options(device: str, executors: str | None) -> dict:
-    import thunder
-
-    if executors:
-        names = [name.strip() for name in executors.split(",") if name.strip()]
-        found = [thunder.extend.get_executor(name) for name in names]
-        if not names or None in found:
-            known = ", ".join(e.name for e in thunder.get_all_executors())
-            raise SystemExit(f"--executors: unknown executor in {executors!r}; Thunder has {known}")
-        return {"executors": found}
-    if device == "cuda":
-        return {}
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
 
 
 def check_cost_ns(rounds: int, calls: int = 200_000) -> dict:
@@ -122,19 +106,14 @@ def train(args, device: str) -> dict:
     model = GPT(config).to(device=device, dtype=torch.bfloat16 if cuda else torch.float32)
     dump_dir = Path(tempfile.mkdtemp(prefix="thunderfx_debug_flush_pause_"))
     backend = ReportingBackend(dump_dir=dump_dir, repro="all", timing="fusion", timing_every=50,
-                               flush_every=args.every, **thunder_options(device, args.executors))
-    compiled = torch.compile(model, backend=backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                               flush_every=args.every, **harness.thunder_options(device, args.executors))
     batches = [b for _, b in zip(range(8), synthetic_batches(config, args.batch, device))]
+    trainer = harness.Trainer(model, backend, batches, lr=1e-4, device=device)
 
     def step(i: int) -> tuple[float, float]:
         started = time.monotonic()
-        tokens, targets = batches[i % len(batches)]
-        compiled(tokens, targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
+        trainer.step()
+        trainer.clock.sync()
         return started, time.monotonic()
 
     compile_started = time.monotonic()
@@ -200,21 +179,13 @@ def summarise(run: dict) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
-    if device == "cpu":
-        torch.set_num_threads(args.cpu_threads)
-    check = check_cost_ns(args.check_rounds)
+def print_figures(args, device: str, run: dict, result: dict, check: dict) -> None:
     print(f"clock check per graph call: {check['check_ns']:.1f} ns "
-          f"({check['ns_per_call_without']:.1f} ns without, {check['ns_per_call_with']:.1f} ns with)", flush=True)
-    run = train(args, device)
-    result = summarise(run)
-    pause = result["pause_ms"]
+          f"({check['ns_per_call_without']:.1f} ns without, {check['ns_per_call_with']:.1f} ns with)")
     print(f"model: GPT, {args.layers} layers on {device}; compile {run['compile_s']:.1f} s; {run['steps']} steps; "
           f"{run['pieces_timed']} timed pieces; {run['scripts']} repro scripts; dump {run['dump']['mb']:.1f} MB in "
           f"{run['dump']['files']} files")
-    first = result["first_flush"]
+    first, pause = result["first_flush"], result["pause_ms"]
     print(f"first flush (makes every script): {first['training_thread_ms']:.1f} ms in the training thread, writer "
           f"{first['writer_ms']:.1f} ms, {first['files_written']} files")
     print(f"periodic flushes after the first: {result['flushes_measured']}")
@@ -229,14 +200,20 @@ def main(argv=None) -> int:
         print(f"  step: median {steps['median_without_flush']:.2f} ms without a flush ({steps['steps_without_flush']} "
               f"steps); steps overlapping one ({steps['steps_overlapping_a_flush']}): excess median "
               f"{steps['excess_median']:.2f} ms, worst {steps['excess_worst']:.2f} ms")
-    if args.json is not None:
-        args.json.write_text(json.dumps({
-            "machine": {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-                        "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "check": check, "compile_s": run["compile_s"], "steps": run["steps"], "dump": run["dump"],
-            "pieces_timed": run["pieces_timed"], "scripts": run["scripts"], **result,
-        }, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(args.cpu_threads)
+    check = check_cost_ns(args.check_rounds)
+    run = train(args, device)
+    result = summarise(run)
+    print_figures(args, device, run, result, check)
+    harness.write_record(args.json, "flush_pause", {
+        "device": device, "settings": vars(args), "check": check, "compile_s": run["compile_s"], "steps": run["steps"],
+        "dump": run["dump"], "pieces_timed": run["pieces_timed"], "scripts": run["scripts"], **result}, argv)
     return 0
 
 

@@ -1,5 +1,6 @@
 """What the benchmarks share: the zoo of Hugging Face models built from configs (no weights, no network), at two
-sizes, Thunder's executors per device, and one training loop.
+sizes; Thunder's executors per device; one training loop with its clock; the interleaved rounds and their paired
+ratios; and the JSON record every benchmark writes.
 
 Sizes:
   tiny       1 layer, hidden 32, sequence 16, batch 2: CPU tests, float32.
@@ -13,12 +14,23 @@ positions per sequence. No KV cache (its torch.cat would be one more inductor sp
 
     import harness
     model, batch = harness.build("llama", "realistic", device="cuda", dtype="bfloat16")
+
+A benchmark is a script in this folder; the scripts put it on sys.path themselves (`sys.path.insert(0, HERE)`), so
+that they import it from any working directory, and tests import it through tests/harness_path.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 MODELS = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "gptneox", "opt", "bert", "gpt2-dropout",
           "bert-dropout")
@@ -121,31 +133,198 @@ def batch_for(name: str, size: Size, device: str, seed: int = 0) -> dict:
     return {key: value.to(device) for key, value in batch.items()}
 
 
-def thunder_options(device: str) -> dict:
-    """Thunder's options for a zoo run: its default executors (nvFuser on CUDA); on CPU, where they fuse nothing, its
-    torch.compile executor first."""
-    if device != "cpu":
-        return {}
+def executors(device: str, names: str | Sequence[str] | None = None) -> list | None:
+    """Thunder's executors of a benchmark run: the named ones (a comma list or a sequence); else None (Thunder's
+    defaults, nvFuser fusing) on CUDA, and on CPU, where the defaults fuse nothing, its torch.compile executor first.
+    An unknown name is a SystemExit that lists the executors Thunder has."""
+    import thunderfx_debug  # noqa: F401  (its version workarounds before thunder is imported)
     import thunder
+
+    if names is not None:
+        wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        wanted = [n for n in wanted if n]
+        unknown = [n for n in wanted if thunder.extend.get_executor(n) is None]
+        if unknown or not wanted:
+            known = ", ".join(e.name for e in thunder.get_all_executors())
+            raise SystemExit(f"--executors: unknown executor {', '.join(unknown) or '(none given)'}; "
+                             f"Thunder has {known}")
+        return [thunder.extend.get_executor(n) for n in wanted]
+    if str(device).startswith("cuda"):
+        return None
     from thunder.executors.torch_compile import torch_compile_ex
 
-    return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
+    return [torch_compile_ex, *thunder.get_default_executors()]
+
+
+def thunder_options(device: str, names: str | Sequence[str] | None = None) -> dict:
+    """`executors(device, names)` as keyword arguments of ThunderCompiler or ReportingBackend ({} for the defaults)."""
+    found = executors(device, names)
+    return {} if found is None else {"executors": found}
 
 
 def train(model, batch: dict, backend, steps: int, lr: float = 1e-3,
           after_step: Callable[[int], None] | None = None) -> list:
     """`steps` AdamW steps of `torch.compile(model, backend=backend)` on `batch`; the losses as device tensors."""
-    import torch
-
-    compiled = torch.compile(model, backend=backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    trainer = Trainer(model, backend, [batch], lr=lr)
     losses = []
     for step in range(steps):
-        loss = compiled(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        losses.append(trainer.step())
         if after_step is not None:
             after_step(step)
     return losses
+
+
+class Clock:
+    """Marks at step boundaries: CUDA events on CUDA (read after one synchronisation), the host clock elsewhere."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.torch, self.cuda = torch, str(device).startswith("cuda")
+        self.name = "CUDA events" if self.cuda else "host"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def between(self, marks: list) -> list[float]:
+        """Milliseconds between consecutive marks; synchronises first."""
+        self.sync()
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+
+
+class Trainer:
+    """A model compiled with `backend` (None: eager; "inductor": torch.compile's default) and AdamW, stepping through
+    `batches` in turn. A batch is a dict of keyword arguments (a Hugging Face model: its output's `.loss`) or a tuple
+    of positional ones (thunderfx_debug.models.GPT: it returns the loss)."""
+
+    def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None):
+        import torch
+
+        self.model, self.backend, self.batches = model, backend, list(batches)
+        if backend is None:
+            self.compiled = model
+        else:
+            self.compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=backend)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        device = device or str(next(model.parameters()).device)
+        self.clock = Clock(device)
+        self.steps_done = 0
+
+    def step(self):
+        """One training step; the loss, detached, on the device (no synchronisation)."""
+        batch = self.batches[self.steps_done % len(self.batches)]
+        out = self.compiled(**batch) if isinstance(batch, dict) else self.compiled(*batch)
+        loss = out.loss if hasattr(out, "loss") else out
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps_done += 1
+        return loss.detach()
+
+    def timed_step(self) -> tuple:
+        """One step, the device synchronised before and after: (its loss, its wall milliseconds)."""
+        self.clock.sync()
+        started = time.perf_counter()
+        loss = self.step()
+        self.clock.sync()
+        return loss, (time.perf_counter() - started) * 1e3
+
+    def block(self, steps: int) -> list[float]:
+        """`steps` steps with a mark at each boundary, one synchronisation at the end: per-step milliseconds."""
+        marks = [self.clock.mark()]
+        for _ in range(steps):
+            self.step()
+            marks.append(self.clock.mark())
+        return self.clock.between(marks)
+
+
+def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, list]:
+    """Each round calls every configuration's `run` once, the order rotated by one each round (so that drift of the
+    clock, the temperature or other load hits every configuration alike); per configuration, its results in round
+    order.
+
+    Example:
+        >>> calls = []
+        >>> interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2) and calls
+        ['a', 'b', 'b', 'a']
+    """
+    names = list(runs)
+    results: dict[str, list] = {name: [] for name in names}
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(runs[name]())
+    return results
+
+
+def paired_ratios(blocks: dict[str, list[float]], baseline: str) -> dict[str, dict]:
+    """Per configuration but the baseline: each round's figure over the baseline's in the same round, and their
+    median, minimum and maximum.
+
+    Example:
+        >>> paired_ratios({"off": [10.0, 12.0], "split": [10.5, 12.0]}, "off")["split"]["median"]
+        1.025
+    """
+    result = {}
+    for name, values in blocks.items():
+        if name == baseline:
+            continue
+        ratios = [v / b for v, b in zip(values, blocks[baseline])]
+        result[name] = {"per_round": ratios, "median": statistics.median(ratios), "min": min(ratios),
+                        "max": max(ratios)}
+    return result
+
+
+def versions() -> dict:
+    """Python, torch, Thunder, nvFuser and transformers versions (None for one not installed), and the GPU's name."""
+    import importlib.metadata
+
+    found = {"python": platform.python_version()}
+    for name, dist in (("torch", "torch"), ("thunder", "lightning-thunder"), ("transformers", "transformers")):
+        try:
+            found[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    found["nvfuser"] = next((d.version for d in importlib.metadata.distributions()
+                             if (d.metadata["Name"] or "").startswith("nvfuser")), None)
+    return found
+
+
+def machine() -> dict:
+    """The host, its architecture and core count, and the GPU's name where torch sees one."""
+    found = {"host": platform.node(), "arch": platform.machine(), "cores": os.cpu_count(), "gpu": None}
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            found["gpu"] = torch.cuda.get_device_name()
+    return found
+
+
+def record(benchmark: str, results, argv: Sequence[str] | None = None) -> dict:
+    """The JSON record of a benchmark run: what ran it, when, where, with which versions, and its results."""
+    command = " ".join(["python", f"benchmarks/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)])
+    return {"benchmark": benchmark, "command": command,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(), "versions": versions(), "results": results}
+
+
+def write_record(path: str | Path | None, benchmark: str, results, argv: Sequence[str] | None = None) -> None:
+    """Writes `record(...)` to `path` as JSON (nothing when `path` is None), its folder made first; written whole or
+    not at all, so that a run cut short keeps its last complete record."""
+    if path is None:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record(benchmark, results, argv), indent=1, default=str) + "\n")
+    os.replace(partial, path)

@@ -35,15 +35,17 @@ two copies' difference is the noise floor); the difference per step, and the cos
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 SPLIT_COUNTS = (1, 21)  # the second graph: ten sincs between eleven Thunder pieces
 # "thunderfx again" is a second plain ThunderCompiler: its distance from the first is the noise floor.
@@ -67,13 +69,10 @@ class Chain(torch.nn.Module):
 
 
 def backend(name: str):
-    import thunder
-    from thunder.executors.torch_compile import torch_compile_ex
-
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-    executors = [torch_compile_ex, *thunder.get_default_executors()]
+    executors = harness.executors("cpu")  # the torch.compile executor first, the one that fuses on CPU
     if name in ("thunderfx", "thunderfx again"):
         return plain_thunder_compiler(executors=executors)
     if name == "timing off":
@@ -228,7 +227,7 @@ def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
             "noise_floor_us": floor, "unarmed_mark_ns": unarmed_mark_ns(), "rounds": rounds, "steps": steps}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 31; --marks 21)")
     parser.add_argument("--calls", type=int, default=1000, help="calls per function and round (default 1000)")
@@ -241,69 +240,79 @@ def main(argv=None) -> int:
                              f"copy (default all: {', '.join(CONFIGURATIONS[2:])})")
     parser.add_argument("--json", metavar="PATH", help="also write the figures to PATH")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    if args.marks:
-        figures = marks_cost(args.rounds or 21, args.steps)
-        for name, us in figures["median_us_per_step"].items():
-            print(f"{name:<34} {us:10.1f} us per step (forward and backward, median of {figures['rounds']} rounds)")
-        print(f"{figures['marks_per_step']} marks per step: {figures['us_per_step_for_marks']:+.1f} us per step "
-              f"(two copies of one configuration differ by up to {figures['noise_floor_us']:.1f} us); one unarmed "
-              f"mark alone: {figures['unarmed_mark_ns']:.0f} ns, {figures['marks_per_step'] * figures['unarmed_mark_ns'] / 1e3:.1f} us "
-              "per step")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": platform.machine(), "python": platform.python_version(),
-                           "torch": torch.__version__, "clock": "host perf_counter", **figures}, f, indent=1)
-        return 0
-    args.rounds = args.rounds or 31
-    configurations = CONFIGURATIONS
+    args.rounds = args.rounds or (21 if args.marks else 31)
+    args.configurations_chosen = CONFIGURATIONS
     if args.configurations:
         chosen = [c.strip() for c in args.configurations.split(",") if c.strip()]
         unknown = [c for c in chosen if c not in CONFIGURATIONS[2:]]
         if unknown or not chosen:
             parser.error(f"--configurations {args.configurations!r}: a comma list of {', '.join(CONFIGURATIONS[2:])}")
-        configurations = (*CONFIGURATIONS[:2], *chosen)
+        args.configurations_chosen = (*CONFIGURATIONS[:2], *chosen)
+    return args
+
+
+def print_marks(figures: dict) -> None:
+    for name, us in figures["median_us_per_step"].items():
+        print(f"{name:<34} {us:10.1f} us per step (forward and backward, median of {figures['rounds']} rounds)")
+    print(f"{figures['marks_per_step']} marks per step: {figures['us_per_step_for_marks']:+.1f} us per step "
+          f"(two copies of one configuration differ by up to {figures['noise_floor_us']:.1f} us); one unarmed "
+          f"mark alone: {figures['unarmed_mark_ns']:.0f} ns, "
+          f"{figures['marks_per_step'] * figures['unarmed_mark_ns'] / 1e3:.1f} us per step")
+
+
+def host_cost(configurations: tuple[str, ...], rounds: int, calls: int, instances: int) -> dict:
+    """Per configuration and graph, the median over rounds of the host time per call; the fit through both graphs
+    above plain ThunderCompiler; the paired ratios to plain ThunderCompiler; and the split runners alone."""
     torch._dynamo.config.cache_size_limit = 64  # every instance is a compile of the same frame
-    functions = compiled_functions(args.instances, configurations)
-    samples = time_rounds(functions, args.rounds, args.calls)
+    functions = compiled_functions(instances, configurations)
+    samples = time_rounds(functions, rounds, calls)
     median = {key: statistics.median(values) for key, values in samples.items()}
     made = {splits: functions[("thunderfx", splits, 0)][1] for splits in SPLIT_COUNTS}
-    rows, fits = [], {}
+    low, high = SPLIT_COUNTS
+    fits = {}
     for name in configurations:
         above = {splits: median[(name, splits)] - median[("thunderfx", splits)] for splits in SPLIT_COUNTS}
-        low, high = SPLIT_COUNTS
         per_split = (above[high] - above[low]) / (made[high] - made[low])
-        per_call = above[low] - per_split * made[low]
-        fits[name] = {"per_graph_call_us": per_call, "per_split_us": per_split}
-        for splits in SPLIT_COUNTS:
-            rows.append((name, made[splits], median[(name, splits)], above[splits]))
-    print(f"host time per call, median of {args.rounds} interleaved rounds of {args.calls} calls of each of "
-          f"{args.instances} instances (CPU time of the calling thread):")
+        fits[name] = {"per_graph_call_us": above[low] - per_split * made[low], "per_split_us": per_split}
+    ratios = {}
+    for splits in SPLIT_COUNTS:
+        paired = harness.paired_ratios({name: samples[(name, splits)] for name in configurations}, "thunderfx")
+        ratios.update({f"{name} / {splits} splits": r["median"] for name, r in paired.items()})
+    return {"rounds": rounds, "calls": calls, "instances": instances,
+            "clock": "host, CPU time of the calling thread (time.thread_time_ns)", "splits": made,
+            "median_us_per_call": {f"{n} / {s} splits": v for (n, s), v in median.items()},
+            "fit_above_plain": fits, "paired_ratio_to_plain": ratios, "runners_alone": runner_cost(rounds, calls)}
+
+
+def print_host_cost(figures: dict) -> None:
+    print(f"host time per call, median of {figures['rounds']} interleaved rounds of {figures['calls']} calls of each "
+          f"of {figures['instances']} instances (CPU time of the calling thread):")
     print(f"{'configuration':<20}{'splits':>7}{'us per call':>13}{'above plain':>13}")
-    for name, splits, us, above in rows:
-        print(f"{name:<20}{splits:>7}{us:>13.2f}{above:>13.2f}")
-    for name in configurations[1:]:
-        fit = fits[name]
+    for name in figures["fit_above_plain"]:
+        for count, splits in figures["splits"].items():
+            us = figures["median_us_per_call"][f"{name} / {count} splits"]
+            plain = figures["median_us_per_call"][f"thunderfx / {count} splits"]
+            print(f"{name:<20}{splits:>7}{us:>13.2f}{us - plain:>13.2f}")
+    for name, fit in list(figures["fit_above_plain"].items())[1:]:
         print(f"{name}: {fit['per_graph_call_us']:.2f} us per graph call + {fit['per_split_us']:.2f} us per split "
               "above plain ThunderCompiler")
-    # Paired: each round's figure of a configuration over the same round's plain ThunderCompiler.
-    ratios = {f"{name} / {splits} splits": statistics.median(
-        a / b for a, b in zip(samples[(name, splits)], samples[("thunderfx", splits)]))
-        for name in configurations[1:] for splits in SPLIT_COUNTS}
     print("paired ratio to plain ThunderCompiler (median over rounds of each round's ratio): "
-          + ", ".join(f"{key} {ratio:.4f}" for key, ratio in ratios.items()))
-    alone = runner_cost(args.rounds, args.calls)
+          + ", ".join(f"{key} {ratio:.4f}" for key, ratio in figures["paired_ratio_to_plain"].items()))
+    alone = figures["runners_alone"]
     print(f"the runners alone, same compiled graph of {alone['splits']} splits: {alone['with runners us']:.2f} us "
           f"per call with them, {alone['without us']:.2f} us without: {alone['per_split_us']:.2f} us per split")
-    if args.json:
-        figures = {
-            "machine": platform.machine(), "python": platform.python_version(), "torch": torch.__version__,
-            "rounds": args.rounds, "calls": args.calls, "instances": args.instances, "clock": "host, CPU time of the calling thread (time.thread_time_ns)",
-            "splits": made, "median_us_per_call": {f"{n} / {s} splits": v for (n, s), v in median.items()},
-            "fit_above_plain": fits, "paired_ratio_to_plain": ratios, "runners_alone": alone,
-        }
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    if args.marks:
+        figures = marks_cost(args.rounds, args.steps)
+        print_marks(figures)
+    else:
+        figures = host_cost(args.configurations_chosen, args.rounds, args.calls, args.instances)
+        print_host_cost(figures)
+    harness.write_record(args.json, "host_overhead", figures, argv)
     return 0
 
 

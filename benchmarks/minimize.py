@@ -34,6 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 TINY_WRONG_OP = "tanh"  # GELU's tanh, inside the forward region
@@ -84,15 +87,10 @@ def train(args: argparse.Namespace) -> None:
     if args.way == "flush":
         options.update(minimize=True, minimize_budget=args.budget)
     backend = ReportingBackend(dump_dir=args.out, check="fusion", check_every=1, **options)
-    compiled = torch.compile(model, backend=backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = synthetic_batches(config, args.batch, device)
+    batches = [b for _, b in zip(range(args.steps), synthetic_batches(config, args.batch, device))]
+    trainer = harness.Trainer(model, backend, batches, lr=1e-4, device=device)
     for step in range(args.steps):
-        tokens, targets = next(batches)
-        loss = compiled(tokens, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = trainer.step()
         print(f"step {step}: loss {float(loss.float()):.4f}", flush=True)
         backend.flush()  # the findings are on disk before the next step, which the fault may kill
 
@@ -159,6 +157,31 @@ def _at_flush(rank_dir: Path, fusion) -> dict:
             "full_piece_verdict": minimized.verdict, "note": minimized.note, "script": rank_dir / minimized.script}
 
 
+def train_in_child(args, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    command = [sys.executable, __file__, "--train-worker", "--steps", str(args.steps), "--batch", str(args.batch),
+               "--out", str(args.out)] + (["--tiny"] if args.tiny else [])
+    started = time.perf_counter()
+    trained = subprocess.run(command, env=env, capture_output=True, text=True)
+    print(trained.stdout[-2000:], trained.stderr[-3000:] if trained.returncode else "", sep="\n", file=sys.stderr)
+    return trained, time.perf_counter() - started
+
+
+def check_minimal(script: Path, found: dict, fusion, args, env: dict[str, str]) -> dict:
+    """The minimal script run alone in a fresh interpreter: its verdict, seconds, whether it imports Thunder, and
+    `ok` (at most --max-ops ops, the full piece's verdict, no Thunder import in an nvFuser region's script)."""
+    from thunderfx_debug.artifacts.repro.standalone import run_script
+
+    run = run_script(script, env=env, timeout_s=600)
+    imports_thunder = bool(re.search(r"^\s*(import thunder|from thunder|thunder = import_thunder\(\))",
+                                     script.read_text(), re.M))
+    full_outcome = found["full_piece_verdict"].split(" (exit")[0].removeprefix("RESULT ").replace(" ", "_")
+    return {"minimal_script": str(script.relative_to(args.out)),
+            "minimal_verdict_standalone": run.result_line or run.outcome,
+            "minimal_standalone_s": round(run.wall_s, 1), "minimal_imports_thunder": imports_thunder,
+            "ok": (found["ops_after"] <= args.max_ops and run.outcome == full_outcome
+                   and not (fusion.executor == "nvfuser" and imports_thunder))}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.train_worker:
@@ -168,44 +191,26 @@ def main(argv=None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="thunderfx_debug_minimize_bench_"))
     args.out = args.out or folder / "dump"
     env = _tiny_environment(folder) if args.tiny else dict(os.environ)
-    command = [sys.executable, __file__, "--train-worker", "--steps", str(args.steps), "--batch", str(args.batch),
-               "--out", str(args.out)] + (["--tiny"] if args.tiny else [])
-    started = time.perf_counter()
-    trained = subprocess.run(command, env=env, capture_output=True, text=True)
-    train_s = time.perf_counter() - started
-    print(trained.stdout[-2000:], trained.stderr[-3000:] if trained.returncode else "", sep="\n", file=sys.stderr)
+    trained, train_s = train_in_child(args, env)
 
     import thunderfx_debug  # noqa: F401
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from thunderfx_debug import load_report
+    from thunderfx_debug.render.minimized import line, minimized_pieces
 
     rank_dir = args.out / "rank0"
     piece, fusion = _flagged(rank_dir, args.region)
     found = _by_command(rank_dir, fusion, args.budget, env) if args.way == "command" else _at_flush(rank_dir, fusion)
+    script = found.pop("script", None)
     results = {
         "machine": "cpu (tiny GPT, a fusion executor with a wrong tanh)" if args.tiny else "cuda (12-layer GPT, nvFuser)",
         "way": args.way, "training_steps": args.steps, "training_s": round(train_s, 1),
         "training_exit_status": trained.returncode, "region": piece, "budget_s": args.budget,
-        "max_ops": args.max_ops, "ok": False,
-    }
-    script = found.pop("script", None)
-    results.update(found)
-    from thunderfx_debug import load_report
-    from thunderfx_debug.render.minimized import line, minimized_pieces
-
-    results["all_minimized"] = [line(piece) for piece in minimized_pieces(load_report(rank_dir))]
+        "max_ops": args.max_ops, "ok": False, **found,
+        "all_minimized": [line(p) for p in minimized_pieces(load_report(rank_dir))]}
     if script is not None:
-        run = run_script(script, env=env, timeout_s=600)
-        text = script.read_text()
-        imports_thunder = bool(re.search(r"^\s*(import thunder|from thunder|thunder = import_thunder\(\))", text, re.M))
-        full_outcome = found["full_piece_verdict"].split(" (exit")[0].removeprefix("RESULT ").replace(" ", "_")
-        results.update(minimal_script=str(script.relative_to(args.out)),
-                       minimal_verdict_standalone=run.result_line or run.outcome,
-                       minimal_standalone_s=round(run.wall_s, 1), minimal_imports_thunder=imports_thunder)
-        results["ok"] = (found["ops_after"] <= args.max_ops and run.outcome == full_outcome
-                         and not (fusion.executor == "nvfuser" and imports_thunder))
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        results.update(check_minimal(script, found, fusion, args, env))
+    print(json.dumps(results, indent=1, default=str))
+    harness.write_record(args.json, "minimize", results, argv)
     return 0 if results["ok"] else 1
 
 

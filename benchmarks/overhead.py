@@ -41,12 +41,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -60,6 +58,9 @@ import torch
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported; the workers import this too)
 from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, param_count, synthetic_batches
 from thunderfx_debug.records import Timing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
 TARGETS = {"defaults": 1.01, "fusion": 1.03}
@@ -100,13 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step is the compile)")
     if args.executors is not None:
-        import thunder
-
-        args.executors = tuple(name.strip() for name in args.executors.split(",") if name.strip())
-        unknown = [name for name in args.executors if thunder.extend.get_executor(name) is None]
-        if unknown or not args.executors:
-            known = ", ".join(e.name for e in thunder.get_all_executors())
-            parser.error(f"--executors: unknown executor {', '.join(unknown) or '(none given)'}; Thunder has {known}")
+        try:
+            args.executors = tuple(e.name for e in harness.executors(args.device, args.executors))
+        except SystemExit as error:
+            parser.error(str(error))
     return args
 
 
@@ -132,20 +130,6 @@ class WorkerSettings:
     executors: tuple[str, ...] | None = None  # Thunder executor names; None: thunder_options' defaults
 
 
-def thunder_options(device: str, executors: tuple[str, ...] | None = None) -> dict:
-    """The named executors; else Thunder's defaults on CUDA (nvFuser fuses), and on CPU its torch.compile executor
-    first, the one that fuses there."""
-    import thunder
-
-    if executors is not None:
-        return {"executors": [thunder.extend.get_executor(name) for name in executors]}
-    if device.startswith("cuda"):
-        return {}
-    from thunder.executors.torch_compile import torch_compile_ex
-
-    return {"executors": [torch_compile_ex, *thunder.get_default_executors()]}
-
-
 def make_backend(name: str, settings: WorkerSettings):
     """The torch.compile backend of a configuration: None for eager, "inductor" for torch.compile's default."""
     if name == "eager":
@@ -155,7 +139,7 @@ def make_backend(name: str, settings: WorkerSettings):
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-    options, every = thunder_options(settings.device, settings.executors), settings.every
+    options, every = harness.thunder_options(settings.device, settings.executors), settings.every
     if name == "thunderfx":
         return plain_thunder_compiler(**options)
     if name == "defaults":
@@ -167,7 +151,7 @@ def make_backend(name: str, settings: WorkerSettings):
     raise ValueError(f"unknown configuration {name!r}")
 
 
-class Trainer:
+class Trainer(harness.Trainer):
     """One configuration: its compiled model and optimizer, in its worker process."""
 
     def __init__(self, name: str, settings: WorkerSettings):
@@ -175,45 +159,21 @@ class Trainer:
         self.cuda = settings.device.startswith("cuda")
         dtype = torch.bfloat16 if self.cuda else torch.float32
         torch.manual_seed(0)
-        self.model = GPT(settings.config).to(device=settings.device, dtype=dtype)
-        self.backend = make_backend(name, settings)
-        self.compiled = self.model if self.backend is None else torch.compile(self.model, backend=self.backend)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.batches = [b for _, b in zip(range(8), synthetic_batches(settings.config, settings.batch, settings.device))]
-        self.steps_done = 0
-
-    def step(self) -> torch.Tensor:
-        tokens, targets = self.batches[self.steps_done % len(self.batches)]
-        loss = self.compiled(tokens, targets)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
-        return loss.detach()
+        model = GPT(settings.config).to(device=settings.device, dtype=dtype)
+        batches = [b for _, b in zip(range(8), synthetic_batches(settings.config, settings.batch, settings.device))]
+        super().__init__(model, make_backend(name, settings), batches, lr=1e-4, device=settings.device)
 
     def warm_up(self, steps: int) -> dict:
         """The first step (the compile) timed alone, then the rest; the device is idle when this returns."""
-        self._synchronize()
+        self.clock.sync()
         started = time.perf_counter()
         losses = [self.step()]
-        self._synchronize()
+        self.clock.sync()
         compile_s = time.perf_counter() - started
         losses += [self.step() for _ in range(steps - 1)]
-        self._synchronize()
+        self.clock.sync()
         return {"compile_s": compile_s, "warmup_s": time.perf_counter() - started,
                 "losses": torch.stack(losses).float().cpu().tolist(), "parameters": param_count(self.model)}
-
-    def run_block(self, steps: int) -> list[float]:
-        """`steps` steps with a mark at each boundary; synchronises once, at the end. Per-step milliseconds."""
-        marks = []
-        for _ in range(steps):
-            marks.append(_mark(self.cuda))
-            self.step()
-        marks.append(_mark(self.cuda))
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
 
     def finish(self) -> dict:
         """After the measurement: fusion coverage, reporting-all's flush time, peak memory, the environment."""
@@ -227,21 +187,8 @@ class Trainer:
         if self.name in ("fusion", "reporting-all"):
             result["fusion_coverage"] = fusion_coverage(self.backend)
         if self.name == "thunderfx":
-            result["environment"] = _environment(self.device)
+            result["environment"] = {**harness.versions(), **harness.machine()}
         return result
-
-    def _synchronize(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-
-def _mark(cuda: bool):
-    if cuda:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
 
 def fusion_coverage(backend) -> dict:
     """How many fusion regions a fusion-timing configuration timed, and with how many samples (the proof it was on)."""
@@ -280,7 +227,7 @@ def worker_main(name: str, settings: WorkerSettings, conn) -> None:
         while True:
             command, argument = conn.recv()  # blocks without touching the device until it is this worker's turn
             if command == "block":
-                conn.send(("block", trainer.run_block(argument)))
+                conn.send(("block", trainer.block(argument)))
             elif command == "finish":
                 conn.send(("finished", trainer.finish()))
                 return
@@ -389,19 +336,21 @@ def _drop(workers: list[Worker], worker: Worker, detail: str, failed: dict[str, 
 def measure(workers: list[Worker], steps: int, block: int, timeout: float, failed: dict[str, str]) -> tuple[dict, dict]:
     """Rounds of one block per worker, one worker at a time, the order rotated every round. Returns per-step ms
     and per-block mean ms by configuration, blocks in round order. A worker that fails is dropped (see `_drop`)."""
-    step_ms = {w.name: [] for w in workers}
-    block_mean_ms = {w.name: [] for w in workers}
-    for round_index in range(steps // block):
-        shift = round_index % len(workers)
-        for worker in workers[shift:] + workers[:shift]:
+    def run(worker: Worker):
+        def block_of_worker():
+            if worker not in workers:
+                return None  # dropped in an earlier round
             try:
                 worker.send("block", block)
-                times = worker.receive("block", time.perf_counter() + timeout)
+                return worker.receive("block", time.perf_counter() + timeout)
             except (WorkerFailed, OSError) as failure:
                 _drop(workers, worker, getattr(failure, "detail", repr(failure)), failed)
-                continue
-            step_ms[worker.name] += times
-            block_mean_ms[worker.name].append(statistics.fmean(times))
+                return None
+        return block_of_worker
+
+    blocks = harness.interleaved({w.name: run(w) for w in list(workers)}, steps // block)
+    step_ms = {name: [ms for times in done if times for ms in times] for name, done in blocks.items()}
+    block_mean_ms = {name: [statistics.fmean(times) for times in done if times] for name, done in blocks.items()}
     return step_ms, block_mean_ms
 
 
@@ -430,29 +379,17 @@ def steps_off_eager(losses: dict[str, list[float]], relative: float = 0.05) -> d
             for name, values in losses.items() if name != "eager"}
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cleared = clear_debug_environment()  # before the workers start: they inherit the environment
-    if cleared:
-        print(f"note: cleared {', '.join(cleared)} (they would override the settings compared here)")
-    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
-    cuda = args.device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    names = CONFIGURATIONS + (REAL_MODEL_CONFIGURATIONS if args.with_real_models else ())
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its workers (finally below)
-    print(f"model: GPT {config.n_layer} layers, d={config.n_embd}, seq {config.block_size}, batch {args.batch}, "
-          f"{dtype}, AdamW, on {args.device}; {len(names)} worker processes: {', '.join(names)}; Thunder executors: "
-          f"{', '.join(args.executors) if args.executors else 'defaults'}")
-    print(f"compiling and warming up ({args.warmup} steps) all at once...", flush=True)
-
+def run_workers(args, names: tuple[str, ...], config: GPTConfig) -> dict:
+    """Starts one worker per configuration, waits for their compiles and warm-ups, measures the interleaved rounds
+    and collects each worker's final figures; a worker that fails is dropped and named in "failed"."""
     with tempfile.TemporaryDirectory(prefix="overhead-dump-") as dump_dir:
         settings = WorkerSettings(config=config, device=args.device, batch=args.batch, warmup=args.warmup,
                                   every=args.every, dump_dir=dump_dir if args.with_real_models else None,
                                   executors=args.executors)
         context = multiprocessing.get_context("spawn")
-        workers: list[Worker] = []
         everyone: list[Worker] = []
         failed: dict[str, str] = {}
+        finished, ready, step_ms, block_mean_ms = {}, {}, {}, {}
         started = time.perf_counter()
         try:
             for name in names:
@@ -462,7 +399,6 @@ def main(argv=None) -> int:
             print(f"measuring: {args.steps // args.block} rounds of one {args.block}-step block per configuration, "
                   "one configuration at a time...", flush=True)
             step_ms, block_mean_ms = measure(workers, args.steps, args.block, args.worker_timeout, failed)
-            finished = {}
             for worker in list(workers):
                 try:
                     worker.send("finish")
@@ -474,59 +410,77 @@ def main(argv=None) -> int:
         finally:
             for worker in everyone:
                 worker.stop()
-    if failed:
-        print(f"\nFAILED workers: {', '.join(failed)} (tracebacks above); results below are of the others",
-              file=sys.stderr)
-    names = tuple(name for name in names if name in finished)
-    if "thunderfx" not in names:
-        print("error: no results without thunderfx, the baseline of every ratio", file=sys.stderr)
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"benchmark": "overhead", "failed": failed,
-                                             "compile_s": {n: r["compile_s"] for n, r in ready.items()}}, indent=1))
-        return 1
+    return {"names": names, "ready": ready, "step_ms": step_ms, "block_mean_ms": block_mean_ms,
+            "finished": finished, "failed": failed}
 
-    results = {name: summarize(step_ms[name]) for name in names}
+
+def figures(args, config: GPTConfig, run: dict) -> dict:
+    """The results of a run whose baseline (thunderfx) finished: step statistics and ratios, the noise floor, the
+    targets met, the losses' checks, and what the workers reported at the end."""
+    ready, finished, block_mean_ms = run["ready"], run["finished"], run["block_mean_ms"]
+    names = [name for name in run["names"] if name in finished]
+    results = {name: summarize(run["step_ms"][name]) for name in names}
     base = results["thunderfx"]
     for name, result in results.items():
-        result["ratio_mean"] = result["mean_ms"] / base["mean_ms"]
-        result["ratio_median"] = result["median_ms"] / base["median_ms"]
-        result["compile_s"] = ready[name]["compile_s"]
-        result["warmup_s"] = ready[name]["warmup_s"]
-        result["peak_memory_gb"] = finished[name]["peak_memory_gb"]
+        result.update(ratio_mean=result["mean_ms"] / base["mean_ms"], ratio_median=result["median_ms"] / base["median_ms"],
+                      compile_s=ready[name]["compile_s"], warmup_s=ready[name]["warmup_s"],
+                      peak_memory_gb=finished[name]["peak_memory_gb"])
     plain_blocks = block_mean_ms["thunderfx"]
-    rounds = len(plain_blocks)
-    noise_floor = statistics.fmean(plain_blocks[0::2]) / statistics.fmean(plain_blocks[1::2]) if rounds > 1 else None
-    coverage = finished["fusion"]["fusion_coverage"] if "fusion" in finished else {"regions": 0, "timed_regions": 0,
-                                                                                   "samples_per_region": []}
-    verdicts = {name: results[name]["ratio_mean"] <= target for name, target in TARGETS.items() if name in results}
+    noise_floor = (statistics.fmean(plain_blocks[0::2]) / statistics.fmean(plain_blocks[1::2])
+                   if len(plain_blocks) > 1 else None)
     losses = {name: ready[name]["losses"] for name in names}
-    same_loss = compare_first_losses(losses)
-    off_eager = steps_off_eager(losses)
     flush = finished.get("reporting-all", {})
+    return {
+        "environment": finished["thunderfx"]["environment"],
+        "model": {"n_layer": config.n_layer, "n_embd": config.n_embd, "seq": config.block_size,
+                  "vocab_size": config.vocab_size, "batch": args.batch,
+                  "dtype": "bfloat16" if args.device.startswith("cuda") else "float32",
+                  "parameters": ready["thunderfx"]["parameters"]},
+        "settings": {"warmup_steps": args.warmup, "measured_steps": args.steps, "block": args.block,
+                     "timing_every": args.every, "configurations": names,
+                     "executors": list(args.executors) if args.executors else "thunder defaults",
+                     "method": "one worker process per configuration; compiled concurrently; measured one "
+                               "block at a time, order rotated each round"},
+        "results": results, "targets": TARGETS,
+        "meets_targets": {name: results[name]["ratio_mean"] <= t for name, t in TARGETS.items() if name in results},
+        "noise_floor": noise_floor,
+        "fusion_coverage": finished.get("fusion", {}).get("fusion_coverage",
+                                                          {"regions": 0, "timed_regions": 0, "samples_per_region": []}),
+        "compile_s": {name: results[name]["compile_s"] for name in names},
+        "flush_s": flush.get("flush_s"),
+        "reporting_all": {"dump": flush["dump"], "fusion_coverage": flush["fusion_coverage"]} if flush else None,
+        "warmup_losses": losses, "first_loss_equals_thunderfx": compare_first_losses(losses),
+        "warmup_steps_off_eager": steps_off_eager(losses), "failed": run["failed"],
+        "step_ms": run["step_ms"], "block_mean_ms": block_mean_ms,
+    }
 
-    print(f"model: {ready['thunderfx']['parameters'] / 1e6:.2f}M parameters")
+
+def print_figures(data: dict) -> bool:
+    """The tables of a run; False when a backend under test changed the first step's loss."""
+    results, losses, coverage = data["results"], data["warmup_losses"], data["fusion_coverage"]
+    print(f"model: {data['model']['parameters'] / 1e6:.2f}M parameters")
     print(f"\n{'configuration':<13} {'mean ms':>9} {'median':>9} {'p10':>9} {'p90':>9} {'x mean':>8} {'x median':>9}  target")
     for name in (n for n in CONFIGURATIONS if n in results):
         r = results[name]
-        target = f"<= {TARGETS[name]:.2f}x {'ok' if verdicts[name] else 'MISSED'}" if name in TARGETS else ""
+        target = (f"<= {TARGETS[name]:.2f}x {'ok' if data['meets_targets'][name] else 'MISSED'}"
+                  if name in TARGETS else "")
         print(f"{name:<13} {r['mean_ms']:9.3f} {r['median_ms']:9.3f} {r['p10_ms']:9.3f} {r['p90_ms']:9.3f} "
               f"{r['ratio_mean']:8.4f} {r['ratio_median']:9.4f}  {target}")
-    if noise_floor is not None:
-        print(f"noise floor: thunderfx's even rounds / odd rounds = {noise_floor:.4f}")
+    if data["noise_floor"] is not None:
+        print(f"noise floor: thunderfx's even rounds / odd rounds = {data['noise_floor']:.4f}")
     print(f"fusion configuration timed {coverage['timed_regions']} of {coverage['regions']} fusion regions, "
           f"samples per region: {coverage['samples_per_region']}")
-
     print("\nfirst-step times were measured with all configurations compiling at once (CPU contention included)")
     print(f"{'mode':<13} {'first step s':>12} {'mean ms':>9} {'median ms':>10} {'x mean':>8} {'flush s':>8}  first loss")
-    for name in names:
-        r = results[name]
-        flush_text = f"{flush['flush_s']:8.2f}" if name == "reporting-all" else f"{'-':>8}"
+    for name, r in results.items():
+        flush_text = f"{data['flush_s']:8.2f}" if name == "reporting-all" else f"{'-':>8}"
         print(f"{name:<13} {r['compile_s']:12.1f} {r['mean_ms']:9.3f} {r['median_ms']:10.3f} {r['ratio_mean']:8.4f} "
               f"{flush_text}  {losses[name][0]!r}")
-    if flush:
-        print(f"reporting-all's dump: {flush['dump']['files']} files, {flush['dump']['mb']:.1f} MiB; it timed "
-              f"{flush['fusion_coverage']['timed_regions']} of {flush['fusion_coverage']['regions']} fusion regions")
+    if data["reporting_all"]:
+        dump, timed = data["reporting_all"]["dump"], data["reporting_all"]["fusion_coverage"]
+        print(f"reporting-all's dump: {dump['files']} files, {dump['mb']:.1f} MiB; it timed "
+              f"{timed['timed_regions']} of {timed['regions']} fusion regions")
+    same_loss = data["first_loss_equals_thunderfx"]
     mismatched = [name for name, same in same_loss.items() if not same]
     if mismatched:
         print(f"\nFAILED: the first-step loss of {', '.join(mismatched)} differs from thunderfx's "
@@ -534,63 +488,40 @@ def main(argv=None) -> int:
               + "; the backend changed what is computed", file=sys.stderr)
     else:
         print(f"first-step losses of {', '.join(same_loss)} equal thunderfx's bit for bit")
-    for name, steps in off_eager.items():
+    for name, steps in data["warmup_steps_off_eager"].items():
         if steps:
             pairs = ", ".join(f"{losses[name][i]:.3g} vs {losses['eager'][i]:.3g}" for i in steps[:3])
             print(f"WARNING: {name}'s warm-up losses are off eager's by more than 5% at steps {steps} ({pairs}): "
                   "the loss tensors it returned hold other values than eager's (a wrong computation, or memory "
                   "overwritten after the step), so its step time may be of another computation", file=sys.stderr)
-
-    if args.json is not None:
-        data = {
-            "benchmark": "overhead",
-            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "environment": finished["thunderfx"]["environment"],
-            "model": {"n_layer": config.n_layer, "n_embd": config.n_embd, "seq": config.block_size,
-                      "vocab_size": config.vocab_size, "batch": args.batch, "dtype": str(dtype),
-                      "parameters": ready["thunderfx"]["parameters"]},
-            "settings": {"warmup_steps": args.warmup, "measured_steps": args.steps, "block": args.block,
-                         "timing_every": args.every, "configurations": list(names),
-                         "executors": list(args.executors) if args.executors else "thunder defaults",
-                         "method": "one worker process per configuration; compiled concurrently; measured one "
-                                   "block at a time, order rotated each round"},
-            "results": results,
-            "targets": TARGETS,
-            "meets_targets": verdicts,
-            "noise_floor": noise_floor,
-            "fusion_coverage": coverage,
-            "compile_s": {name: results[name]["compile_s"] for name in names},
-            "flush_s": flush.get("flush_s"),
-            "reporting_all": {"dump": flush["dump"], "fusion_coverage": flush["fusion_coverage"]} if flush else None,
-            "warmup_losses": losses,
-            "first_loss_equals_thunderfx": same_loss,
-            "warmup_steps_off_eager": off_eager,
-            "failed": failed,
-            "step_ms": step_ms,
-            "block_mean_ms": block_mean_ms,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1))
-        print(f"wrote {args.json}")
-    return 1 if mismatched or failed else 0
+    return not mismatched
 
 
-def _environment(device: str) -> dict:
-    import thunder
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "thunder": thunder.__version__,
-           "device": device}
-    if device.startswith("cuda"):
-        env["gpu"] = torch.cuda.get_device_name()
-        try:
-            import nvfuser_direct as nvfuser
-        except ImportError:
-            try:
-                import nvfuser
-            except ImportError:
-                nvfuser = None
-        env["nvfuser"] = getattr(nvfuser, "__version__", None) if nvfuser else None
-    return env
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cleared = clear_debug_environment()  # before the workers start: they inherit the environment
+    if cleared:
+        print(f"note: cleared {', '.join(cleared)} (they would override the settings compared here)")
+    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
+    names = CONFIGURATIONS + (REAL_MODEL_CONFIGURATIONS if args.with_real_models else ())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its workers (run_workers)
+    print(f"model: GPT {config.n_layer} layers, d={config.n_embd}, seq {config.block_size}, batch {args.batch}, "
+          f"on {args.device}; {len(names)} worker processes: {', '.join(names)}; Thunder executors: "
+          f"{', '.join(args.executors) if args.executors else 'defaults'}")
+    print(f"compiling and warming up ({args.warmup} steps) all at once...", flush=True)
+    run = run_workers(args, names, config)
+    if run["failed"]:
+        print(f"\nFAILED workers: {', '.join(run['failed'])} (tracebacks above); results below are of the others",
+              file=sys.stderr)
+    if "thunderfx" not in run["finished"]:
+        print("error: no results without thunderfx, the baseline of every ratio", file=sys.stderr)
+        harness.write_record(args.json, "overhead", {"failed": run["failed"], "compile_s": {
+            n: r["compile_s"] for n, r in run["ready"].items()}}, argv)
+        return 1
+    data = figures(args, config, run)
+    same_losses = print_figures(data)
+    harness.write_record(args.json, "overhead", data, argv)
+    return 0 if same_losses and not run["failed"] else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 MODES = ("eager", "inductor", "thunderfx", "reporting")
 
 
@@ -36,7 +39,8 @@ GPT_LAYERS = int(os.environ.get("REAL_MODELS_GPT_LAYERS", "12"))
 
 
 def build(model_name: str, tiny: bool, device: str):
-    """(model, batches iterator, loss function) for a model name, in bf16 on `device` (fp32 on CPU)."""
+    """(model, batches iterator) for a model name, in bf16 on `device` (fp32 on CPU); a batch is what
+    `harness.Trainer` takes (the GPT's positional tensors, the Llama's keyword arguments)."""
     import torch
 
     torch.manual_seed(0)
@@ -47,7 +51,7 @@ def build(model_name: str, tiny: bool, device: str):
         config = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64) if tiny else dataclasses.replace(GPT_12_LAYER, n_layer=GPT_LAYERS)
         model = GPT(config).to(device=device, dtype=dtype)
         batches = synthetic_batches(config, batch_size=2 if tiny else 8, device=device)
-        return model, batches, lambda m, batch: m(*batch)
+        return model, batches
     if model_name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,16 +69,10 @@ def build(model_name: str, tiny: bool, device: str):
         def batches():
             while True:
                 tokens = torch.randint(0, config.vocab_size, (batch, seq), generator=generator).to(device)
-                yield (tokens,)
+                yield {"input_ids": tokens, "labels": tokens}
 
-        return model, batches(), lambda m, b: m(input_ids=b[0], labels=b[0]).loss
+        return model, batches()
     raise SystemExit(f"unknown model {model_name!r}; choose gpt or llama")
-
-
-def executors_for(device: str):
-    from thunderfx_debug.demo import default_executors
-
-    return default_executors(device)
 
 
 def run_mode(model_name: str, mode: str, steps: int, tiny: bool, device: str, dump_dir: str) -> dict:
@@ -83,38 +81,31 @@ def run_mode(model_name: str, mode: str, steps: int, tiny: bool, device: str, du
 
     import thunderfx_debug  # noqa: F401
 
-    model, batches, loss_fn = build(model_name, tiny, device)
+    model, batches = build(model_name, tiny, device)
+    options = harness.thunder_options(device)
     backend = None
     if mode == "eager":
-        compiled = model
+        compiler = None
     elif mode == "inductor":
-        compiled = torch.compile(model)
+        compiler = "inductor"
     elif mode == "thunderfx":
         from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-        compiled = torch.compile(model, backend=plain_thunder_compiler(executors=executors_for(device)))
+        compiler = plain_thunder_compiler(**options)
     elif mode == "reporting":
         from thunderfx_debug import ReportingBackend
 
-        backend = ReportingBackend(dump_dir=dump_dir, repro="all", timing="fusion", timing_every=50 if not tiny else 2,
-                                   timing_warmup=5 if not tiny else 1, executors=executors_for(device))
-        compiled = torch.compile(model, backend=backend)
+        compiler = backend = ReportingBackend(dump_dir=dump_dir, repro="all", timing="fusion",
+                                              timing_every=50 if not tiny else 2, timing_warmup=5 if not tiny else 1,
+                                              **options)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    trainer = harness.Trainer(model, compiler, [next(batches) for _ in range(steps)], lr=1e-4, device=device)
     step_s, losses = [], []
     for _ in range(steps):
-        batch = next(batches)
-        sync()
-        started = time.perf_counter()
-        loss = loss_fn(compiled, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        step_s.append(time.perf_counter() - started)
-        losses.append(loss.detach())
+        loss, ms = trainer.timed_step()
+        step_s.append(ms / 1e3)
+        losses.append(loss)
     result = {
         "model": model_name,
         "mode": mode,
@@ -154,10 +145,13 @@ def thunder_replay(model_name: str, tiny: bool, device: str) -> dict:
     import thunderfx_debug  # noqa: F401
     from thunder.dynamo.report import analyze_thunder_splits, fx_report
 
-    model, batches, loss_fn = build(model_name, tiny, device)
+    model, batches = build(model_name, tiny, device)
     batch = next(batches)
     started = time.perf_counter()
-    results = fx_report(lambda *b: loss_fn(model, b))(*batch)
+    if isinstance(batch, dict):
+        results = fx_report(lambda **b: model(**b).loss)(**batch)
+    else:
+        results = fx_report(lambda *b: model(*b))(*batch)
     fx_report_s = time.perf_counter() - started
     fusions = 0
     for graph_report in results.fx_graph_reports:
@@ -217,7 +211,7 @@ def error_line(stderr: str) -> str:
     return (named or lines or ["no output"])[-1]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("gpt", "llama"), default="gpt")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
@@ -231,33 +225,38 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mode")
     parser.add_argument("--mode", help=argparse.SUPPRESS)
     parser.add_argument("--child-json", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def run_in_child(args, mode: str, dump_dir: str) -> dict:
+    """One mode in a subprocess of its own: its results, or its error line and the tail of its stderr."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, __file__, "--model", args.model, "--mode", mode, "--steps", str(args.steps),
+                   "--device", args.device, "--dump-dir", dump_dir, "--child-json", out.name]
+        command += ["--tiny"] if args.tiny else []
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+            failed, stderr = proc.returncode != 0, proc.stderr
+            error = error_line(stderr) if failed else None
+        except subprocess.TimeoutExpired as timeout:  # its stderr is bytes, whatever `text` says
+            failed, error = True, f"timed out after {args.timeout:.0f} s"
+            stderr = (timeout.stderr or b"").decode(errors="replace")
+        print(f"{args.model} {mode}: {'FAILED ' + error if failed else 'ok'} in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr, flush=True)
+        if failed:
+            return {"model": args.model, "mode": mode, "error": error, "stderr_tail": stderr.strip().splitlines()[-40:]}
+        return json.loads(Path(out.name).read_text())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.mode:
         return _child(args)
     dump_dir = args.dump_dir or tempfile.mkdtemp(prefix=f"thunderfx_debug_{args.model}_")
     os.environ["REAL_MODELS_GPT_LAYERS"] = str(args.gpt_layers)  # read by the children
     modes = [m for m in args.modes.split(",") if m] + (["thunder_replay"] if args.thunder_replay else [])
-    results = []
-    for mode in modes:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            command = [sys.executable, __file__, "--model", args.model, "--mode", mode, "--steps", str(args.steps),
-                       "--device", args.device, "--dump-dir", dump_dir, "--child-json", out.name]
-            command += ["--tiny"] if args.tiny else []
-            started = time.perf_counter()
-            try:
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-                failed, stderr = proc.returncode != 0, proc.stderr
-                error = error_line(stderr) if failed else None
-            except subprocess.TimeoutExpired as timeout:  # its stderr is bytes, whatever `text` says
-                failed, error = True, f"timed out after {args.timeout:.0f} s"
-                stderr = (timeout.stderr or b"").decode(errors="replace")
-            if failed:
-                tail = stderr.strip().splitlines()[-40:]
-                results.append({"model": args.model, "mode": mode, "error": error, "stderr_tail": tail})
-            else:
-                results.append(json.loads(Path(out.name).read_text()))
-            print(f"{args.model} {mode}: {'FAILED ' + error if failed else 'ok'} in {time.perf_counter() - started:.0f} s",
-                  file=sys.stderr, flush=True)
+    results = [run_in_child(args, mode, dump_dir) for mode in modes]
     by_mode = {r["mode"]: r for r in results if "losses" in r}
     if "thunderfx" in by_mode and "reporting" in by_mode:
         a, b = by_mode["thunderfx"]["losses"], by_mode["reporting"]["losses"]
@@ -267,8 +266,7 @@ def main(argv=None) -> int:
     for r in results:
         if r["mode"] in ("reporting", "check"):
             print(json.dumps({k: v for k, v in r.items() if k != "losses"}, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    harness.write_record(args.json, "real_models", results, argv)
     return 0
 
 

@@ -22,8 +22,11 @@ Parts:
             H200's gradients went missing). Models with dropout get the sentinel's verdicts only.
   oob       the GPT under CHECK=fusion, every call checked, --oob-steps steps: the sentinel must flag --expect-oob
             (default on CUDA graph0/thunder_0/nvFusion0_forward; on CPU none).
-  identity  each model trained --steps steps with the check off and with CHECK=fusion checking every call, each in
-            its own process: the losses and the parameters (sha256 of their bytes) must be bit-identical.
+  identity  each model trained --steps steps with the check off twice (the control) and with CHECK=fusion checking
+            every call, each in its own process; the losses and the parameters (sha256 of their bytes) compared bit
+            for bit. Where the two check-off runs differ, the model's training is nondeterministic without the check
+            (on CUDA: atomics in a backward) and the identity is not judged; the check alters the training only
+            where the two check-off runs agree and the checked run differs from them.
   cost      --cost-model, alone on the device once the other parts are done (--cost-budget seconds): three copies
             from the same weights in one process, ReportingBackend with the check off, at split and at fusion,
             checking every --every calls (default 50). A checked step of each against the unchecked steps of the same
@@ -32,8 +35,9 @@ Parts:
             (median and range: the amortized cost); and torch.cuda.max_memory_allocated (which counts the check's
             memory pool) over a checked step and over an unchecked one. CUDA events at step boundaries (host clock
             on CPU).
-Exit status 0 when no false MISMATCH, the out-of-bounds region flagged (where expected), every identity bit for bit,
-and no part failed or ran out of time.
+Exit status 0 when no false MISMATCH, the out-of-bounds region flagged (where expected), no checked run that altered
+a deterministic training, and no part failed or ran out of time; a model nondeterministic without the check is
+listed as not judged.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
 ZOO = ("llama", "qwen3", "gpt2", "gpt2-dropout", "phi3", "gptneox", "bert")
 #: Thunder's error against float64 may be this many times eager's own before a gradient counts as wrong.
 THUNDER_SLACK = 3.0
@@ -176,7 +182,6 @@ def _node_wrappers_persist(torch) -> bool:
 
 def grads_worker(job: dict) -> dict:
     torch = _setup(job)
-    import harness
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.recording import split_check
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
@@ -273,7 +278,6 @@ def grads_worker(job: dict) -> dict:
 
 def oob_worker(job: dict) -> dict:
     torch = _setup(job)
-    import harness
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
@@ -283,18 +287,10 @@ def oob_worker(job: dict) -> dict:
     torch.manual_seed(0)
     model = GPT(config).to(device=device, dtype=getattr(torch, _dtype(job)))
     backend = ReportingBackend(check="fusion", check_every=1, **harness.thunder_options(device))
-    compiled = torch.compile(model, backend=backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = synthetic_batches(config, job["gpt_batch"], device)
-    losses = []
+    batches = [b for _, b in zip(range(job["oob_steps"]), synthetic_batches(config, job["gpt_batch"], device))]
+    trainer = harness.Trainer(model, backend, batches, lr=1e-4, device=device)
     started = time.perf_counter()
-    for _ in range(job["oob_steps"]):
-        tokens, targets = next(batches)
-        loss = compiled(tokens, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach().float()))
+    losses = [float(trainer.step().float()) for _ in range(job["oob_steps"])]
     result = {"losses": losses, "sentinel": _checks(backend.report()), "wall_s": time.perf_counter() - started}
     if device.startswith("cuda"):
         result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -308,9 +304,44 @@ def _digest(torch, model) -> str:
     return digest.hexdigest()
 
 
+IDENTITY_RUNS = ("off", "off_again", "fusion")
+
+
+def identity_verdict(runs: dict[str, dict]) -> dict:
+    """What the identity runs of one model say: "error" (a run failed), "nondeterministic without the check" (the
+    two check-off runs differ: not judged), "CHECK=fusion changed the training" (the check-off runs agree, the
+    checked run differs), or "bit-identical". `step` is the first step whose loss differs (1-based; None where only
+    the parameters do), `fusion_equals` the check-off runs the checked run equals.
+
+    Example:
+        >>> run = lambda *bits, sha="a": {"loss_bits": list(bits), "parameters_sha256": sha}
+        >>> identity_verdict({"off": run("1", "2"), "off_again": run("1", "3", sha="b"), "fusion": run("1", "2")})
+        {'verdict': 'nondeterministic without the check', 'step': 2, 'fusion_equals': ['off']}
+        >>> identity_verdict({"off": run("1"), "off_again": run("1"), "fusion": run("1", sha="c")})["verdict"]
+        'CHECK=fusion changed the training'
+    """
+    if any("error" in runs.get(name, {"error": "missing"}) for name in IDENTITY_RUNS):
+        return {"verdict": "error", "step": None, "fusion_equals": []}
+
+    def same(a: dict, b: dict) -> bool:
+        return a["loss_bits"] == b["loss_bits"] and a["parameters_sha256"] == b["parameters_sha256"]
+
+    def first_difference(a: dict, b: dict) -> int | None:
+        return next((n + 1 for n, (x, y) in enumerate(zip(a["loss_bits"], b["loss_bits"])) if x != y), None)
+
+    off, again, fusion = (runs[name] for name in IDENTITY_RUNS)
+    equals = [name for name in ("off", "off_again") if same(runs[name], fusion)]
+    if not same(off, again):
+        return {"verdict": "nondeterministic without the check", "step": first_difference(off, again),
+                "fusion_equals": equals}
+    if not equals:
+        return {"verdict": "CHECK=fusion changed the training", "step": first_difference(off, fusion),
+                "fusion_equals": []}
+    return {"verdict": "bit-identical", "step": None, "fusion_equals": equals}
+
+
 def identity_worker(job: dict) -> dict:
     torch = _setup(job)
-    import harness
     from thunderfx_debug import ReportingBackend
 
     model, batch = harness.build(job["model"], job["size"], job["device"], _dtype(job))
@@ -329,37 +360,15 @@ def identity_worker(job: dict) -> dict:
 
 def cost_worker(job: dict) -> dict:
     torch = _setup(job)
-    import harness
     from thunderfx_debug import ReportingBackend
 
     device, every, cuda = job["device"], job["every"], job["device"].startswith("cuda")
     base, batch = harness.build(job["model"], job["size"], device, _dtype(job))
     options = harness.thunder_options(device)
     levels = ("off", "split", "fusion")
-    copies = {}
-    for level in levels:
-        model = copy.deepcopy(base)
-        backend = ReportingBackend(**({} if level == "off" else {"check": level, "check_every": every}), **options)
-        copies[level] = {"model": model, "compiled": torch.compile(model, backend=backend), "steps": 0,
-                         "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-4), "backend": backend}
-
-    def mark():
-        if cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def elapsed(a, b) -> float:
-        return a.elapsed_time(b) if cuda else (b - a) * 1e3
-
-    def step(level: str) -> None:
-        c = copies[level]
-        loss = c["compiled"](**batch).loss
-        loss.backward()
-        c["optimizer"].step()
-        c["optimizer"].zero_grad(set_to_none=True)
-        c["steps"] += 1
+    copies = {level: harness.Trainer(copy.deepcopy(base), ReportingBackend(
+        **({} if level == "off" else {"check": level, "check_every": every}), **options), [batch], lr=1e-4,
+        device=device) for level in levels}
 
     def checked(level: str, number: int) -> bool:  # the first step is call 1 of every graph
         return level != "off" and (number - 1) % every == 0
@@ -367,52 +376,49 @@ def cost_worker(job: dict) -> dict:
     started = time.perf_counter()
     for level in levels:  # compiles; the checked copies' first steps are checked calls
         for _ in range(2):
-            step(level)
+            copies[level].step()
+    # align every copy so that a block of `every` steps holds exactly one checked call
+    for trainer in copies.values():
+        for _ in range((every - trainer.steps_done % every) % every):
+            trainer.step()
     _sync(torch, device)
     warmup_s = time.perf_counter() - started
-    per_step = {level: {"checked": [], "unchecked": []} for level in levels}
-    blocks = {level: [] for level in levels}
     memory = {}
-    steps_needed = {level: (every - copies[level]["steps"] % every) % every for level in levels}
-    for level in levels:  # align every copy so that a block of `every` steps holds exactly one checked call
-        for _ in range(steps_needed[level]):
-            step(level)
-    _sync(torch, device)
-    for round_ in range(job["rounds"]):
-        order = levels[round_ % 3:] + levels[:round_ % 3]
-        for level in order:
-            marks = [mark()]
-            numbers = []
-            for _ in range(every):
-                number = copies[level]["steps"] + 1
-                if cuda and round_ == 0 and level == "fusion" and (checked(level, number) or
-                                                                   checked(level, number - 1)):
+
+    def block_of(level: str):
+        def block() -> list[tuple[int, float]]:
+            trainer, first = copies[level], copies[level].steps_done + 1
+            if not (cuda and level == "fusion" and not memory):
+                return list(zip(range(first, first + every), trainer.block(every)))
+            # the fusion copy's first block: peak memory over its checked step and the unchecked one after it
+            marks, numbers = [trainer.clock.mark()], []
+            for number in range(first, first + every):
+                around = checked(level, number) or checked(level, number - 1)
+                if around:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                step(level)
-                if cuda and round_ == 0 and level == "fusion" and (checked(level, number) or
-                                                                   checked(level, number - 1)):
+                trainer.step()
+                if around:
                     torch.cuda.synchronize()
                     memory["checked" if checked(level, number) else "unchecked"] = \
                         torch.cuda.max_memory_allocated() / 2**30
-                marks.append(mark())
+                marks.append(trainer.clock.mark())
                 numbers.append(number)
-            _sync(torch, device)
-            times = [elapsed(a, b) for a, b in zip(marks, marks[1:])]
-            blocks[level].append(statistics.fmean(times))
-            for number, ms in zip(numbers, times):
-                per_step[level]["checked" if checked(level, number) else "unchecked"].append(ms)
-    ratios = {}
-    for level in ("split", "fusion"):
-        per_round = [b / o for b, o in zip(blocks[level], blocks["off"])]
-        ratios[level] = {"per_round": per_round, "median": statistics.median(per_round), "min": min(per_round),
-                         "max": max(per_round)}
+            return list(zip(numbers, trainer.clock.between(marks)))
+        return block
+
+    rounds = harness.interleaved({level: block_of(level) for level in levels}, job["rounds"])
+    blocks = {level: [statistics.fmean(ms for _, ms in done) for done in blocks_of]
+              for level, blocks_of in rounds.items()}
+    per_step = {level: {"checked": [ms for done in blocks_of for n, ms in done if checked(level, n)],
+                        "unchecked": [ms for done in blocks_of for n, ms in done if not checked(level, n)]}
+                for level, blocks_of in rounds.items()}
     steps = {level: {kind: {"count": len(ms), "median_ms": statistics.median(ms) if ms else None}
                      for kind, ms in kinds.items()} for level, kinds in per_step.items()}
-    findings = {level: _checks(copies[level]["backend"].report()) for level in ("split", "fusion")}
-    return {"model": job["model"], "every": every, "rounds": job["rounds"], "clock": "CUDA events" if cuda else "host",
-            "warmup_s": warmup_s, "block_mean_ms": blocks, "amortized_ratio": ratios, "steps": steps,
-            "peak_memory_gb": memory or None, "sentinel": findings}
+    findings = {level: _checks(copies[level].backend.report()) for level in ("split", "fusion")}
+    return {"model": job["model"], "every": every, "rounds": job["rounds"], "clock": copies["off"].clock.name,
+            "warmup_s": warmup_s, "block_mean_ms": blocks, "amortized_ratio": harness.paired_ratios(blocks, "off"),
+            "steps": steps, "peak_memory_gb": memory or None, "sentinel": findings}
 
 
 WORKERS = {"grads": grads_worker, "oob": oob_worker, "identity": identity_worker, "cost": cost_worker}
@@ -465,19 +471,23 @@ def _verdicts(results: dict, args: argparse.Namespace) -> dict:
             problems.append(f"oob: unexpected MISMATCH {flagged}")
         elif args.expect_oob != "none" and args.expect_oob not in flagged:
             problems.append(f"oob: {args.expect_oob} not flagged (flagged: {flagged})")
-    for model, pair in results.get("identity", {}).items():
-        off, on = pair.get("off", {}), pair.get("fusion", {})
-        if "error" in off or "error" in on:
-            continue
-        if off["loss_bits"] != on["loss_bits"] or off["parameters_sha256"] != on["parameters_sha256"]:
-            problems.append(f"identity {model}: CHECK=fusion changed the training ({off['losses']} against "
-                            f"{on['losses']})")
-    return {"ok": not problems, "problems": problems}
+    not_judged = []
+    for model, runs in results.get("identity", {}).items():
+        verdict = identity_verdict(runs)
+        if verdict["verdict"] == "CHECK=fusion changed the training":
+            problems.append(f"identity {model}: CHECK=fusion changed the training (check off twice "
+                            f"{runs['off']['losses']}; checked {runs['fusion']['losses']})")
+        elif verdict["verdict"] == "nondeterministic without the check":
+            not_judged.append(f"identity {model}: nondeterministic without the check (the two check-off runs differ "
+                              f"from step {verdict['step']}: {runs['off']['losses']} against "
+                              f"{runs['off_again']['losses']}; the checked run equals "
+                              f"{' and '.join(verdict['fusion_equals']) or 'neither'})")
+    return {"ok": not problems, "problems": problems, "not_judged": not_judged}
 
 
 def _table(results: dict) -> list[str]:
     lines = ["| model | sentinel pieces | MISMATCH | false MISMATCH | Thunder grads beyond 3x eager's error | "
-             "captures equal to .grad / proved / parameters | bit-identical with CHECK=fusion |",
+             "captures equal to .grad / proved / parameters | training with CHECK=fusion (check off twice) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for model in sorted(set(results.get("grads", {})) | set(results.get("identity", {}))):
         g = results.get("grads", {}).get(model, {})
@@ -486,9 +496,7 @@ def _table(results: dict) -> list[str]:
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(sentinel.get("statuses", {}).items()))
         independent = g.get("independent")
         captures = g.get("captures", {})
-        identical = ("error" if "error" in i.get("off", {}) or "error" in i.get("fusion", {}) else
-                     "yes" if i.get("off", {}).get("parameters_sha256") == i.get("fusion", {}).get("parameters_sha256")
-                     and i.get("off", {}).get("loss_bits") == i.get("fusion", {}).get("loss_bits") else "NO") if i else "-"
+        identical = identity_verdict(i)["verdict"] if i else "-"
         lines.append(f"| {model} | {g.get('error', statuses)[:60]} | {len(sentinel.get('mismatching', []))} | "
                      f"{len(g.get('false_mismatches', [])) if g else '-'} | "
                      f"{'-' if independent is None else len(independent['thunder_beyond_eager'])} | "
@@ -497,13 +505,8 @@ def _table(results: dict) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.worker is not None:
-        return worker_main(args.worker)
-    started = time.perf_counter()
-    deadline = started + args.deadline
-    scratch = Path(tempfile.mkdtemp(prefix="sentinel_zoo_"))
+def jobs_of(args, scratch: Path) -> list[tuple[tuple[str, ...], dict]]:
+    """(key, job) of every worker process but the cost part's: the GPT's, and per model its grads and identity runs."""
     common = {"device": args.device, "size": args.size}
     jobs = []
     if "oob" in args.parts:
@@ -513,11 +516,17 @@ def main(argv=None) -> int:
         if "grads" in args.parts:
             jobs.append((("grads", model), {**common, "part": "grads", "model": model}))
         if "identity" in args.parts:
-            for check in ("off", "fusion"):
-                jobs.append((("identity", model, check), {**common, "part": "identity", "model": model,
-                                                          "check": check, "steps": args.steps}))
+            for run in IDENTITY_RUNS:
+                jobs.append((("identity", model, run), {**common, "part": "identity", "model": model,
+                                                        "check": run.removesuffix("_again"), "steps": args.steps}))
     for n, (_, job) in enumerate(jobs):
         job["out"] = str(scratch / f"job{n}.json")
+    return jobs
+
+
+def run_all(args, deadline: float) -> dict:
+    """Every part's workers, --jobs at a time, then the cost part alone on the device; results by part (and model)."""
+    scratch = Path(tempfile.mkdtemp(prefix="sentinel_zoo_"))
     keep = args.cost_budget if "cost" in args.parts else 0.0
     results: dict = {}
 
@@ -526,7 +535,7 @@ def main(argv=None) -> int:
         return key, _run(job, deadline - keep - time.perf_counter())
 
     with ThreadPoolExecutor(args.jobs) as pool:
-        for key, result in pool.map(run, jobs):
+        for key, result in pool.map(run, jobs_of(args, scratch)):
             if key[0] == "oob":
                 results["oob"] = result
             elif key[0] == "grads":
@@ -536,15 +545,14 @@ def main(argv=None) -> int:
             print(f"  {' '.join(key)}: {result.get('error', 'done')[:200]} ({result.get('process_s', 0):.0f} s)",
                   flush=True)
     if "cost" in args.parts:
-        job = {**common, "part": "cost", "model": args.cost_model, "every": args.every, "rounds": args.rounds,
-               "out": str(scratch / "cost.json")}
+        job = {"device": args.device, "size": args.size, "part": "cost", "model": args.cost_model,
+               "every": args.every, "rounds": args.rounds, "out": str(scratch / "cost.json")}
         results["cost"] = _run(job, deadline - time.perf_counter())
         print(f"  cost {args.cost_model}: {results['cost'].get('error', 'done')[:200]}", flush=True)
-    verdicts = _verdicts(results, args)
-    data = {"args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items() if k != "json"},
-            "wall_s": time.perf_counter() - started, "verdicts": verdicts, **results}
-    if args.json is not None:
-        args.json.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return results
+
+
+def print_summary(results: dict, verdicts: dict) -> None:
     print("\n".join(_table(results)))
     cost = results.get("cost", {})
     if "amortized_ratio" in cost:
@@ -559,7 +567,22 @@ def main(argv=None) -> int:
     oob = results.get("oob", {})
     if "sentinel" in oob:
         print(f"oob GPT: flagged {oob['sentinel']['mismatching']}")
+    if verdicts["not_judged"]:
+        print("NOT JUDGED:\n  " + "\n  ".join(verdicts["not_judged"]))
     print("OK" if verdicts["ok"] else "PROBLEMS:\n  " + "\n  ".join(verdicts["problems"]))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
+    started = time.perf_counter()
+    results = run_all(args, started + args.deadline)
+    verdicts = _verdicts(results, args)
+    harness.write_record(args.json, "sentinel_zoo", {
+        "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items() if k != "json"},
+        "wall_s": time.perf_counter() - started, "verdicts": verdicts, **results}, argv)
+    print_summary(results, verdicts)
     return 0 if verdicts["ok"] else 1
 
 

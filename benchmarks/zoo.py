@@ -138,7 +138,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--models", default=",".join(harness.MODELS), help=f"comma list of {', '.join(harness.MODELS)}")
@@ -161,49 +161,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)  # a child: train one model, print JSON
     args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in harness.MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {', '.join(harness.MODELS)}")
+    return args
+
+
+def environment(dump: Path, device: str) -> dict[str, str]:
+    """The children's environment: no THUNDERFX_DEBUG_ settings, one inductor and Triton cache for training and
+    scripts, and on CPU one compile thread per process (no pool of compile workers each)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THUNDERFX_DEBUG_")}
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(dump / "inductor_cache"))
+    env.setdefault("TRITON_CACHE_DIR", str(dump / "triton_cache"))
+    if device == "cpu":
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    return env
+
+
+def summary(args, trained: dict, rows: list[dict], train_s: float, verify_s: float, alone: dict | None) -> dict:
+    ran = [r for r in rows if r["verdict"] not in ("NOT_RUN", "TIMEOUT")]
+    medians = {kind: round(statistics.median(r["seconds"] for r in ran if r["kind"] == kind), 2)
+               for kind in sorted({r["kind"] for r in ran})}
+    return {"device": args.device, "size": args.size, "dtype": args.dtype, "steps": args.steps,
+            "train_s": round(train_s, 1), "verify_s": round(verify_s, 1), "jobs": args.jobs, "median_s": medians,
+            "single": alone, "models": trained, "scripts": rows,
+            "counts": {m: dict(Counter(r["verdict"] for r in rows if r["model"] == m)) for m in trained}}
+
+
+def print_summary(figures: dict) -> None:
+    rows = figures["scripts"]
+    print(table(rows))
+    for row in rows:
+        if row["verdict"] not in ("OK", "NOT_COMPARABLE"):
+            print(f"\n{row['verdict']}: {row['path']}\n  {row['line'] or row['note'] or 'no RESULT line: ' + row['log']}")
+    for model, facts in figures["models"].items():
+        if "error" in facts:
+            print(f"\nTRAINING FAILED: {model}\n{facts['error']}")
+    print(f"\ntraining {figures['train_s']:.0f} s; verify: {len(rows)} scripts in {figures['verify_s']:.0f} s "
+          f"({figures['jobs']} workers)")
+    print("median seconds per script in a worker: " + ", ".join(f"{k} {s}" for k, s in figures["median_s"].items()))
+    alone = figures["single"]
+    if alone is not None:
+        print(f"alone in a fresh interpreter: {alone['script']}: {alone['wall_s']} s (median {alone['median_s']} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     dump = Path(args.dump).absolute()
     if args.train:
         print("ZOO " + json.dumps(train(args.train, dump / args.train, args.device, args.size, args.dtype,
                                         args.steps)))
         return 0
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in harness.MODELS]
-    if unknown:
-        parser.error(f"unknown models {unknown}; choose from {', '.join(harness.MODELS)}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THUNDERFX_DEBUG_")}
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(dump / "inductor_cache"))  # one cache for training and scripts
-    env.setdefault("TRITON_CACHE_DIR", str(dump / "triton_cache"))
-    if args.device == "cpu":
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compile workers per process
+    env = environment(dump, args.device)
     started = time.perf_counter()
-    trained = _train_all(models, args, dump, env)
+    trained = _train_all(args.models, args, dump, env)
     train_s = time.perf_counter() - started
     owners, verdicts, verify_s = verify_zoo(trained, dump, args, env)
     rows = [{"model": model, **v.to_json()} for model, v in zip(owners, verdicts)]
-    print(table(rows))
-    for row in rows:
-        if row["verdict"] not in ("OK", "NOT_COMPARABLE"):
-            print(f"\n{row['verdict']}: {row['path']}\n  {row['line'] or row['note'] or 'no RESULT line: ' + row['log']}")
-    failed_training = {m: f["error"] for m, f in trained.items() if "error" in f}
-    for model, error in failed_training.items():
-        print(f"\nTRAINING FAILED: {model}\n{error}")
-    ran = [r for r in rows if r["verdict"] not in ("NOT_RUN", "TIMEOUT")]
-    medians = {kind: round(statistics.median(r["seconds"] for r in ran if r["kind"] == kind), 2)
-               for kind in sorted({r["kind"] for r in ran})}
-    alone = single(verdicts, args.single, env)
-    print(f"\ntraining {train_s:.0f} s; verify: {len(rows)} scripts in {verify_s:.0f} s ({args.jobs} workers)")
-    print("median seconds per script in a worker: " + ", ".join(f"{k} {s}" for k, s in medians.items()))
-    if alone is not None:
-        print(f"alone in a fresh interpreter: {alone['script']}: {alone['wall_s']} s (median {alone['median_s']} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "device": args.device, "size": args.size, "dtype": args.dtype, "steps": args.steps,
-            "train_s": round(train_s, 1), "verify_s": round(verify_s, 1), "jobs": args.jobs, "median_s": medians,
-            "single": alone, "models": trained, "scripts": rows,
-            "counts": {m: dict(Counter(r["verdict"] for r in rows if r["model"] == m)) for m in trained},
-        }, indent=1) + "\n")
+    figures = summary(args, trained, rows, train_s, verify_s, single(verdicts, args.single, env))
+    print_summary(figures)
+    harness.write_record(args.json, "zoo", figures, argv)
     clean = all(r["verdict"] in ("OK", "NOT_COMPARABLE") for r in rows)
-    return 1 if failed_training or not clean else 0
+    return 1 if any("error" in f for f in trained.values()) or not clean else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def test_fidelity_benchmark_matches_every_region_to_its_profiler_range(tmp_path)
     """benchmarks/fidelity.py --tiny on CPU: the matching of regions to profiler ranges, not the figures."""
     fidelity = _load("fidelity")
     assert fidelity.main(["--tiny", "--warmup", "2", "--steps", "2", "--json", str(tmp_path / "f.json")]) == 0
-    data = json.loads((tmp_path / "f.json").read_text())
+    data = json.loads((tmp_path / "f.json").read_text())["results"]
     assert data["summary"]["regions"] >= 2
     assert data["summary"]["matched_regions"] == data["summary"]["regions"]
     assert all(r["backend_samples"] == r["profiler_samples"] == 2 for r in data["regions"])
@@ -40,7 +40,7 @@ def test_fidelity_step_mode_attributes_every_profiled_step_part_by_part(tmp_path
     the H200 is the same code with --model llama), not its figures."""
     fidelity = _load("fidelity")
     assert fidelity.main(["--tiny", "--step", "--warmup", "2", "--steps", "2", "--json", str(tmp_path / "s.json")]) == 0
-    data = json.loads((tmp_path / "s.json").read_text())
+    data = json.loads((tmp_path / "s.json").read_text())["results"]
     assert len(data["steps"]) == 2
     for step in data["steps"]:
         parts = sum(step[k] for k in ("fusion regions", "ops outside regions", "inductor splits", "Thunder between ops",
@@ -80,7 +80,9 @@ def test_overhead_runs_named_executors_and_keeps_what_thunderfx_computes(tmp_pat
                            "--block", "5", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "WARNING" not in done.stderr
-    data = json.loads(out.read_text())
+    record = json.loads(out.read_text())
+    assert record["command"].startswith("python benchmarks/overhead.py --tiny") and record["versions"]["torch"]
+    data = record["results"]
     assert data["settings"]["executors"] == ["torchcompile", "sdpa", "torchcompile_xentropy"]
     assert data["first_loss_equals_thunderfx"] == {"defaults": True, "fusion": True, "reporting-all": True}
     assert data["warmup_steps_off_eager"] == {name: [] for name in
@@ -124,10 +126,10 @@ def test_flush_pause_benchmark_classifies_steps_by_the_flushes_they_overlap():
     assert flush_pause.check_cost_ns(rounds=1, calls=1000)["ns_per_call_with"] > 0
 
 
-def test_check_sentinel_pairs_each_block_with_the_check_off_block_of_its_round():
-    check_sentinel = _load("check_sentinel")
-    ratios = check_sentinel.paired_ratios({"off": [10.0, 20.0, 10.0], "split": [10.5, 20.0, 11.0],
-                                           "fusion": [12.0, 22.0, 10.0]})
+def test_harness_pairs_each_block_with_the_baseline_block_of_its_round():
+    harness = _load("harness")
+    ratios = harness.paired_ratios({"off": [10.0, 20.0, 10.0], "split": [10.5, 20.0, 11.0],
+                                    "fusion": [12.0, 22.0, 10.0]}, "off")
     assert ratios["split"]["per_round"] == [1.05, 1.0, 1.1]
     assert (ratios["split"]["median"], ratios["split"]["min"], ratios["split"]["max"]) == (1.05, 1.0, 1.1)
     assert ratios["fusion"]["median"] == pytest.approx(1.1) and "off" not in ratios
@@ -153,14 +155,40 @@ def test_sentinel_zoo_maps_verdicts_to_parameters_and_says_what_failed():
     assert zoo._parameter_name("forward output 0") is None
     args = zoo.parse_args(["--device", "cpu", "--expect-oob", "graph0/thunder_0/nvFusion0_forward"])
     same = {"loss_bits": ["0x1.8p+1"], "parameters_sha256": "ab", "losses": [3.0]}
+    other = {"loss_bits": ["0x1.8p+1"], "parameters_sha256": "cd", "losses": [3.0]}
     results = {"grads": {"gpt2": {"false_mismatches": ["graph0/thunder_2"]}, "llama": {"false_mismatches": []}},
                "oob": {"sentinel": {"mismatching": ["graph0/thunder_0"]}},
-               "identity": {"llama": {"off": same, "fusion": {**same, "parameters_sha256": "cd"}},
-                            "bert": {"off": same, "fusion": same}},
+               "identity": {"llama": {"off": same, "off_again": same, "fusion": other},
+                            "bert": {"off": same, "off_again": same, "fusion": same}},
                "cost": {"error": "out of time after 150 s (--deadline)"}}
     verdicts = zoo._verdicts(results, args)
-    assert not verdicts["ok"] and len(verdicts["problems"]) == 4
+    assert not verdicts["ok"] and len(verdicts["problems"]) == 4 and not verdicts["not_judged"]
     assert any("gpt2: false MISMATCH" in p for p in verdicts["problems"])
     assert any("nvFusion0_forward not flagged" in p for p in verdicts["problems"])
     assert any("identity llama: CHECK=fusion changed the training" in p for p in verdicts["problems"])
     assert any(p.startswith("cost: out of time") for p in verdicts["problems"])
+
+
+def test_sentinel_zoo_calls_a_model_whose_check_off_runs_differ_nondeterministic_not_changed_by_the_check():
+    """The H200's gpt2-dropout: the check-off runs differ from each other at step 4, the checked run equals one of
+    them. That is the model's own nondeterminism, not judged; the check alters the training only where the two
+    check-off runs agree and the checked run differs."""
+    zoo = _load("sentinel_zoo")
+    args = zoo.parse_args(["--device", "cpu"])
+
+    def run(last_bits: str, sha: str) -> dict:
+        return {"loss_bits": ["0x1.2p+3", "0x1.1p+3", "0x1.0p+3", last_bits], "parameters_sha256": sha,
+                "losses": [9.0, 8.5, 8.0, float.fromhex(last_bits)]}
+
+    a, b = run("0x1.181a1p+3", "bfd4cd31"), run("0x1.1818ep+3", "d0d06cc3")
+    results = {"identity": {"gpt2-dropout": {"off": a, "off_again": b, "fusion": dict(b)}}}
+    verdict = zoo.identity_verdict(results["identity"]["gpt2-dropout"])
+    assert verdict == {"verdict": "nondeterministic without the check", "step": 4, "fusion_equals": ["off_again"]}
+    verdicts = zoo._verdicts(results, args)
+    assert verdicts["ok"] and not verdicts["problems"]
+    assert len(verdicts["not_judged"]) == 1 and "nondeterministic without the check" in verdicts["not_judged"][0]
+    assert "from step 4" in verdicts["not_judged"][0] and "CHECK=fusion changed" not in verdicts["not_judged"][0]
+    # the control agrees and the checked run differs: the check altered the training
+    changed = zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": b})
+    assert changed == {"verdict": "CHECK=fusion changed the training", "step": 4, "fusion_equals": []}
+    assert zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": {"error": "out of time"}})["verdict"] == "error"

@@ -35,7 +35,7 @@ def _torchrun(out: Path, *arguments: str) -> dict:
                *arguments]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return json.loads((out / "figures.json").read_text())
+    return json.loads((out / "figures.json").read_text())["results"]
 
 
 def _check_case(figures: dict, case: str) -> dict:

@@ -2,10 +2,10 @@
 judged splits' summed "lost ms per step" against the measured step gap of the same model under ThunderFX and under
 inductor, both trained in this process, their steps interleaved pair by pair.
 
-    source .gpu/setup.sh && python benchmarks/triage.py --level split --json $OUT/triage_split.json
-    source .gpu/setup.sh && python benchmarks/triage.py --models llama --layers 8 --level fusion --json $OUT/f.json
-    python benchmarks/triage.py --device cpu --size tiny --models llama --pairs 6        # smoke test without a GPU
-    python benchmarks/triage.py --device cpu --models llama,qwen3 --pairs 0              # the triage alone
+    source .gpu/setup.sh && python benchmarks/flush_triage.py --level split --json $OUT/triage_split.json
+    source .gpu/setup.sh && python benchmarks/flush_triage.py --models llama --layers 8 --level fusion --json $OUT/f.json
+    python benchmarks/flush_triage.py --device cpu --size tiny --models llama --pairs 6        # smoke test without a GPU
+    python benchmarks/flush_triage.py --device cpu --models llama,qwen3 --pairs 0              # the triage alone
 
 Per model: two copies from the same seed (`harness.build`), one compiled by torch.compile (inductor), one by
 ReportingBackend with the triage on (Thunder's executors per device, `harness.thunder_options`: nvFuser on CUDA);
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import tempfile
@@ -85,61 +84,50 @@ def paired(thunder_ms: list[float], inductor_ms: list[float]) -> dict:
             "ratio_low": math.exp(log_ratio[1]), "ratio_high": math.exp(log_ratio[2]), "pairs": len(thunder_ms)}
 
 
-class Copy:
-    """One compiled copy of a model with its optimizer; `step` trains one step and returns its wall ms (device
-    synchronised before and after)."""
-
-    def __init__(self, model, compiled, device: str):
-        import torch
-
-        self.model, self.compiled = model, compiled
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        self._sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def step(self, batch: dict) -> float:
-        self._sync()
-        started = time.perf_counter()
-        loss = self.compiled(**batch).loss
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._sync()
-        return (time.perf_counter() - started) * 1e3
-
-
-def run_model(name: str, args) -> dict:
-    import torch
-
-    from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.render import triage_findings as flush_triage
+def build_copies(name: str, args) -> tuple:
+    """The ThunderFX copy (ReportingBackend with the triage on) and, with --pairs, the inductor copy of one model,
+    each a harness.Trainer on the same batch; with the backend, the batch and the size."""
+    from thunderfx_debug import ReportingBackend
 
     size = harness.SIZES[args.size]
     if args.layers is not None:
         size = dataclasses.replace(size, layers=args.layers)
     harness.SIZES["benchmark"] = size
     thunder_model, batch = harness.build(name, "benchmark", args.device, args.dtype)
-    inductor_model = harness.build(name, "benchmark", args.device, args.dtype)[0] if args.pairs else None
     if args.no_attention_mask:
         batch.pop("attention_mask")
-    dump = tempfile.mkdtemp(prefix=f"triage_{name}_")
-    backend = ReportingBackend(dump, triage=args.level, flush_every=0, inputs=args.inputs, inputs_max_mb=4096,
-                               **harness.thunder_options(args.device))
-    copies = {"thunderfx": Copy(thunder_model, torch.compile(thunder_model, backend=backend), args.device)}
-    if inductor_model is not None:
-        copies["inductor"] = Copy(inductor_model, torch.compile(inductor_model), args.device)
+    backend = ReportingBackend(tempfile.mkdtemp(prefix=f"triage_{name}_"), triage=args.level, flush_every=0,
+                               inputs=args.inputs, inputs_max_mb=4096, **harness.thunder_options(args.device))
+    copies = {"thunderfx": harness.Trainer(thunder_model, backend, [batch], lr=1e-4, device=args.device)}
+    if args.pairs:
+        inductor_model = harness.build(name, "benchmark", args.device, args.dtype)[0]
+        copies["inductor"] = harness.Trainer(inductor_model, "inductor", [batch], lr=1e-4, device=args.device)
+    return copies, backend, size
+
+
+def step_gap(copies: dict, args) -> dict:
+    """--warmup steps of each copy, then --pairs pairs of steps (the copy that goes first alternating), each step
+    timed with the device synchronised around it; the pairs' gap and ratio."""
     started = time.perf_counter()
     for copy in copies.values():
         for _ in range(args.warmup):
-            copy.step(batch)
+            copy.step()
+    copies["thunderfx"].clock.sync()
     warmup_s = time.perf_counter() - started
-    steps: dict[str, list[float]] = {"inductor": [], "thunderfx": []}
-    for pair in range(args.pairs):
-        order = ("thunderfx", "inductor") if pair % 2 == 0 else ("inductor", "thunderfx")
-        for side in order:
-            steps[side].append(copies[side].step(batch))
-    gap = paired(steps["thunderfx"], steps["inductor"]) if args.pairs else {
-        "gap_ms": None, "gap_low_ms": None, "gap_high_ms": None, "ratio": None, "ratio_low": None, "ratio_high": None,
-        "pairs": 0}
+    if not args.pairs:
+        return {"warmup_s": warmup_s, "inductor_step_ms": [], "thunderfx_step_ms": [], "gap_ms": None,
+                "gap_low_ms": None, "gap_high_ms": None, "ratio": None, "ratio_low": None, "ratio_high": None,
+                "pairs": 0}
+    steps = harness.interleaved({side: (lambda c=copy: c.timed_step()[1]) for side, copy in copies.items()},
+                                args.pairs)
+    return {"warmup_s": warmup_s, "inductor_step_ms": steps["inductor"], "thunderfx_step_ms": steps["thunderfx"],
+            **paired(steps["thunderfx"], steps["inductor"])}
+
+
+def triage_figures(backend) -> dict:
+    """The ThunderFX copy's flush, timed, and a second one; the triage's seconds and every piece's verdict."""
+    from thunderfx_debug import load_report
+    from thunderfx_debug.render import triage_findings as flush_triage
 
     started = time.perf_counter()
     rank_dir = backend.flush()
@@ -150,33 +138,40 @@ def run_model(name: str, args) -> dict:
     report = load_report(rank_dir)
     pieces = flush_triage.triaged_pieces(report)
     totals = flush_triage.totals(report)
-    thunder_splits = [f"{g.name}/{s.name}" for g in report.graphs for s in g.splits if s.kind.value == "thunder"]
     timed = [p.triage for p in pieces if p.triage.compile_s is not None]
     compile_s = sum(t.compile_s or 0.0 for t in timed)
     timing_s = sum(t.timing_s or 0.0 for t in timed)
     judged = [p for p in pieces if p.triage.error is None]
-    failed = [{"piece": p.path, "error": p.triage.error} for p in pieces if p.triage.error is not None]
-    result = {
-        "model": name, "size": args.size, "layers": size.layers, "dtype": args.dtype, "device": args.device,
-        "level": args.level, "attention_mask": not args.no_attention_mask, "warmup_s": warmup_s,
-        "inductor_step_ms": steps["inductor"], "thunderfx_step_ms": steps["thunderfx"], **gap,
+    return {
         "flush_s": flush_s, "second_flush_s": second_flush_s, "triage_s": compile_s + timing_s,
         "triage_compile_s": compile_s, "triage_timing_s": timing_s,
-        "thunder_splits": len(thunder_splits),
+        "thunder_splits": [f"{g.name}/{s.name}" for g in report.graphs for s in g.splits if s.kind.value == "thunder"],
         "splits_judged": sum(p.level == "split" for p in judged),
         "regions_judged": sum(p.level == "fusion" for p in judged),
         "triage_lost_ms": totals.lost_ms, "triage_gained_ms": totals.gained_ms, "triage_net_ms": totals.net_ms,
-        "unattributed_ms": gap["gap_ms"] - totals.net_ms if args.pairs else None,
         "pieces": [{"piece": p.path, "level": p.level, "executor": p.executor, "thunder_ms": p.triage.thunder_ms,
                     "inductor_ms": p.triage.inductor_ms, "ratio": p.triage.ratio, "ratio_low": p.triage.ratio_low,
                     "ratio_high": p.triage.ratio_high, "ms_per_step": p.triage.ms_per_step,
                     "deviates": p.triage.deviates, "rounds": p.triage.rounds, "clock": p.triage.clock.value,
                     "inputs": p.triage.inputs, "compile_s": p.triage.compile_s, "timing_s": p.triage.timing_s}
                    for p in judged],
-        "not_judged": failed, "dump": str(rank_dir),
+        "not_judged": [{"piece": p.path, "error": p.triage.error} for p in pieces if p.triage.error is not None],
+        "dump": str(rank_dir),
     }
+
+
+def run_model(name: str, args) -> dict:
+    import torch
+
+    copies, backend, size = build_copies(name, args)
+    gap = step_gap(copies, args)
+    result = {"model": name, "size": args.size, "layers": size.layers, "dtype": args.dtype, "device": args.device,
+              "level": args.level, "attention_mask": not args.no_attention_mask, **gap, **triage_figures(backend)}
+    thunder_splits = result["thunder_splits"]
+    result["thunder_splits"] = len(thunder_splits)
+    result["unattributed_ms"] = gap["gap_ms"] - result["triage_net_ms"] if args.pairs else None
     _print(result, thunder_splits)
-    del backend, copies, inductor_model, thunder_model
+    del backend, copies
     torch._dynamo.reset()
     return result
 
@@ -225,9 +220,7 @@ def main(argv=None) -> int:
             results.append({"model": name, "skipped": f"past --deadline-s {args.deadline_s:g}"})
             continue
         results.append(run_model(name, args))
-        if args.json:  # after each model: a run cut short keeps what it measured
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(results, indent=1))
+        harness.write_record(args.json, "flush_triage", results, argv)  # after each model: a run cut short keeps it
     return 0
 
 
