@@ -194,7 +194,12 @@ def test_two_identical_runs_show_no_timing_change(ops):
     first, second, _, _ = ops
     d = diff_reports(first, second)
     assert len(d.timings) > 40 and not d.structure_changed
-    assert d.significant_timings == [], render_diff(d)
+    # Two identical runs flag a piece by chance in up to ALPHA (5%) of diffs: the family-wise level, which
+    # tests/test_noise.py holds over many simulated runs. One real pair of runs can only show that no flag survives a
+    # level 50 times stricter (Holm's first threshold at 0.001), which a diff of the wrong samples or units would not.
+    judged = [t for t in d.timings if t.change.p_value is not None]
+    strict = [t for t in d.significant_timings if t.change.p_value < 0.001 / len(judged)]
+    assert strict == [], render_diff(d)
 
 
 def test_a_piece_made_one_and_a_half_times_slower_is_flagged_where_the_samples_can_tell(ops):
