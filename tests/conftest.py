@@ -37,8 +37,9 @@ def _fresh_dynamo(monkeypatch):
 
 @pytest.fixture
 def one_thread():
-    """One intra-op thread: on a shared 2-core machine, an OpenMP team whose other thread is preempted stalls calls by
-    tens of ms at random, which would drown any ratio (the triage's tests)."""
+    """One intra-op thread: two identical CPU runs can differ in the last bits with several (reduction order varies
+    with thread scheduling, with or without thunderfx_debug), and on a shared 2-core machine an OpenMP team whose
+    other thread is preempted stalls calls by tens of ms at random, which would drown any ratio."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -380,14 +380,6 @@ def test_training_is_bit_identical_with_the_check_on_and_off(one_thread):
     assert report.graphs[0].timing.calls == (2, 4, 6)
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_the_random_stream_is_left_as_it_was():
     """The checks run dropout too (in eager and float64): the random numbers after a checked step are those of an
     unchecked one."""

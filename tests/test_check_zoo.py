@@ -18,14 +18,6 @@ from thunderfx_debug.recording import compare, region_check, split_check
 STEPS = 3
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _train(name: str, dtype: str, **options):
     torch._dynamo.reset()
     model, batch = harness.build(name, "tiny", "cpu", dtype)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
@@ -18,16 +17,6 @@ def _run(make_backend):
     backend = make_backend()
     losses = train(torch.compile(model, backend=backend), model, config, STEPS)
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}, backend
-
-
-@pytest.fixture
-def one_thread():
-    """Two identical CPU runs can differ in the last bits with several intra-op threads (reduction order varies
-    with thread scheduling, with or without thunderfx_debug); one thread makes both runs deterministic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread):

@@ -29,7 +29,7 @@ from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro import script_template as template
 from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts, nvfuser_declared_inputs
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG, run_script
 from thunderfx_debug.config import Inputs
 from thunderfx_debug.records import InputMeta
 
@@ -42,11 +42,7 @@ from thunderfx_debug.thunder.script_support import import_thunder
 import_thunder()  # once for every child, with the workaround the scripts themselves carry
 for name in [m for m in sys.modules if m == "thunderfx_debug" or m.startswith("thunderfx_debug.")]:
     del sys.modules[name]
-class RefuseThunderfxDebug:
-    def find_spec(self, name, path=None, target=None):
-        if name == "thunderfx_debug" or name.startswith("thunderfx_debug."):
-            raise ModuleNotFoundError(f"No module named {name!r} (repro scripts must run without thunderfx_debug)")
-sys.meta_path.insert(0, RefuseThunderfxDebug())
+""" + REFUSE_THUNDERFX_DEBUG + r"""
 results, running = {}, {}
 def run(path):
     os.chdir(os.path.dirname(path)); sys.argv = [path]

@@ -35,17 +35,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG
+
 #: The worker. argv[1]: the file descriptor results go to; jobs arrive on stdin, one JSON object a line.
 WORKER = r'''
 import gc, io, json, os, random, runpy, sys, time, traceback
 
-class RefuseThunderfxDebug:
-    def find_spec(self, name, path=None, target=None):
-        if name == "thunderfx_debug" or name.startswith("thunderfx_debug."):
-            raise ModuleNotFoundError(f"No module named {name!r} (repro scripts must run without thunderfx_debug)")
-        return None
-
-sys.meta_path.insert(0, RefuseThunderfxDebug())
+''' + REFUSE_THUNDERFX_DEBUG + r'''
 results = os.fdopen(int(sys.argv[1]), "w", buffering=1)
 home = os.getcwd()
 

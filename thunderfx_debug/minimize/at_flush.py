@@ -43,6 +43,7 @@ from thunderfx_debug.minimize.trials import TrialRunner
 from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.records import InputKind, Minimized, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.render import minimized
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import script_support
@@ -122,7 +123,7 @@ class Minimizer:
                 with failures.guard(f"minimizing {key}"):
                     record, files = self._piece(snapshot, split, region, evidence, settings, runner, failures)
                 self._done[key] = (evidence, record, files)
-                log.info("thunderfx_debug: %s", describe(key, record))
+                log.info("thunderfx_debug: %s", minimized.line(minimized.MinimizedPiece(key, record)))
 
     def _piece(self, snapshot: GraphSnapshot, split: SplitSnapshot, region, evidence, settings: ArtifactSettings,
                runner: TrialRunner, failures: ReportingFailures) -> tuple[Minimized, list[Artifact]]:
@@ -204,20 +205,12 @@ def _devices(values) -> list[int]:
 
 
 def record_of(reduction: Reduction, script: str | None) -> Minimized:
-    return Minimized(
-        ops_before=reduction.ops_before, ops_after=reduction.ops_after if script else None,
-        inputs_before=reduction.inputs_before, inputs_after=reduction.inputs_after if script else None,
-        outputs_before=reduction.outputs_before, outputs_after=reduction.outputs_after if script else None,
-        trials=reduction.trials, seconds=reduction.seconds, script=script, verdict=reduction.verdict,
-        final=reduction.final, kept=reduction.kept, budget_spent=reduction.budget_spent, note=reduction.note)
-
-
-def describe(key: str, record: Minimized) -> str:
-    """"minimized graph0/thunder_0: 24 ops -> 1 ops" (with trials and time), or why not."""
-    if record.script is None:
-        return f"not minimized {key}: {record.note}"
-    return (f"minimized {key}: {record.ops_before} ops -> {record.ops_after} ops ({record.trials} trials, "
-            f"{record.seconds:g} s)")
+    """The dump's record of `reduction`, whose minimal script was written to `script` (None: nothing was written,
+    and no figure after the cut is kept)."""
+    shared = {f.name: getattr(reduction, f.name) for f in dataclasses.fields(Minimized) if f.name != "script"}
+    if script is None:
+        shared.update(ops_after=None, inputs_after=None, outputs_after=None)
+    return Minimized(**shared, script=script)
 
 
 def with_reductions(report: RankRecord, reductions: Mapping[str, Minimized]):

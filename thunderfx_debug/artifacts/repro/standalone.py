@@ -17,15 +17,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-#: Runs argv[1] as __main__ with the rest as its arguments, thunderfx_debug unimportable.
-LAUNCHER = r"""
-import runpy, sys
+#: Python code (after `import sys`) that makes thunderfx_debug unimportable: a finder first on `sys.meta_path`.
+REFUSE_THUNDERFX_DEBUG = r"""
 class RefuseThunderfxDebug:
     def find_spec(self, name, path=None, target=None):
         if name == "thunderfx_debug" or name.startswith("thunderfx_debug."):
             raise ModuleNotFoundError(f"No module named {name!r} (repro scripts must run without thunderfx_debug)")
         return None
 sys.meta_path.insert(0, RefuseThunderfxDebug())
+"""
+
+#: Runs argv[1] as __main__ with the rest as its arguments, thunderfx_debug unimportable.
+LAUNCHER = r"""
+import runpy, sys
+""" + REFUSE_THUNDERFX_DEBUG + r"""
 assert "thunderfx_debug" not in sys.modules
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
