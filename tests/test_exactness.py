@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
@@ -19,8 +20,20 @@ def _run(make_backend):
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}, backend
 
 
-def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread):
-    plain_losses, plain_params, _ = _run(lambda: plain_thunder_compiler(executors=cpu_executors()))
+@pytest.fixture(scope="module")
+def plain():
+    """Plain ThunderCompiler's losses and parameters (one intra-op thread, as the runs compared with them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        losses, params, _ = _run(lambda: plain_thunder_compiler(executors=cpu_executors()))
+    finally:
+        torch.set_num_threads(threads)
+    return losses, params
+
+
+def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread, plain):
+    plain_losses, plain_params = plain
     losses, params, backend = _run(
         lambda: ReportingBackend(
             dump_dir=tmp_path, timing="split", timing_every=3, timing_warmup=1, executors=cpu_executors(), strict=True
@@ -35,3 +48,28 @@ def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread)
     report = backend.report()
     assert [g.calls for g in report.graphs] == [STEPS, STEPS]
     assert report.graphs[0].timing.count == len(range(2, STEPS + 1, 3))
+
+
+def test_with_every_feature_switched_on_training_is_bit_for_bit_plain_thundercompilers(tmp_path, one_thread, plain):
+    """Timing of every fusion region on every call, the sentinel at fusion level on every other call, every repro
+    script with real inputs, the flush-time triage of every split and region against inductor (at a periodic flush
+    during training, and at the last one), the minimizer: none of it may change what the model computes."""
+    plain_losses, plain_params = plain
+    losses, params, backend = _run(
+        lambda: ReportingBackend(
+            dump_dir=tmp_path, repro="all", inputs="real", timing="fusion", timing_every=1, timing_warmup=0,
+            check="fusion", check_every=2, triage="fusion", minimize=True, flush_every=1.0,
+            executors=cpu_executors(), strict=True,
+        )
+    )
+    assert torch.equal(plain_losses, losses), (plain_losses, losses)
+    for name in params:
+        assert torch.equal(plain_params[name], params[name]), name
+    # and every feature ran: a periodic flush during training (which triages), the sentinel, fusion timing
+    backend.flush()
+    assert "periodic" in [f.kind for f in backend.flush_history], backend.flush_history
+    report = backend.report()
+    thunder = [s for g in report.graphs for s in g.splits if s.kind.value == "thunder"]
+    assert thunder and all(s.check is not None and s.check.calls > 0 and s.check.mismatches == 0 for s in thunder)
+    assert all(s.triage is not None for s in thunder), [s.name for s in thunder if s.triage is None]
+    assert any(f.timing is not None and f.timing.count > 0 for s in thunder for f in s.fusions)
