@@ -14,7 +14,12 @@ copy that goes first alternating, the device synchronised around every step. The
 pairs' differences (ThunderFX - inductor) with its 95% interval (one-sample trimmed t), the ratio likewise from the
 pairs' log ratios. Then the ThunderFX copy's flush, timed: the triage's seconds (compiling and timing apart), every
 Thunder split's verdict or why it was not judged, and the reconciliation: the judged splits' net against the gap,
-and what they leave unattributed.
+and what they leave unattributed. The ThunderFX copy samples its splits every `--timing-every` steps
+(THUNDERFX_DEBUG_TIMING=split), so that each triaged split's time in its process is set beside the run's own.
+
+What the triage's isolation costs: the flush's wall seconds (the children's start, Thunder compiling each split again,
+inductor compiling it, the timing), and on CUDA the device memory of the triage's children, the most `nvidia-smi`
+saw them hold at once while the flush ran (polled every 0.2 s; their CUDA contexts and what they allocated).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4, help="steps of each copy before the pairs (default 4)")
     parser.add_argument("--pairs", type=int, default=20,
                         help="timed pairs of steps (default 20); 0: no inductor copy, the triage alone")
+    parser.add_argument("--timing-every", type=int, default=6,
+                        help="THUNDERFX_DEBUG_TIMING_EVERY of the ThunderFX copy, which samples its splits (default 6)")
     parser.add_argument("--inputs", default="meta", choices=("meta", "real"),
                         help="THUNDERFX_DEBUG_INPUTS of the ThunderFX copy (default meta)")
     parser.add_argument("--deadline-s", type=float, default=None,
@@ -97,7 +104,8 @@ def build_copies(name: str, args) -> tuple:
     if args.no_attention_mask:
         batch.pop("attention_mask")
     backend = ReportingBackend(tempfile.mkdtemp(prefix=f"triage_{name}_"), triage=args.level, flush_every=0,
-                               inputs=args.inputs, inputs_max_mb=4096, **harness.thunder_options(args.device))
+                               inputs=args.inputs, inputs_max_mb=4096, timing="split", timing_every=args.timing_every,
+                               timing_warmup=1, **harness.thunder_options(args.device))
     copies = {"thunderfx": harness.Trainer(thunder_model, backend, [batch], lr=1e-4, device=args.device)}
     if args.pairs:
         inductor_model = harness.build(name, "benchmark", args.device, args.dtype)[0]
@@ -130,7 +138,8 @@ def triage_figures(backend) -> dict:
     from thunderfx_debug.render import triage_findings as flush_triage
 
     started = time.perf_counter()
-    rank_dir = backend.flush()
+    with ChildrenMemory() as memory:
+        rank_dir = backend.flush()
     flush_s = time.perf_counter() - started
     started = time.perf_counter()
     backend.flush()  # the triage is kept: a second flush times nothing again
@@ -144,6 +153,7 @@ def triage_figures(backend) -> dict:
     judged = [p for p in pieces if p.triage.error is None]
     return {
         "flush_s": flush_s, "second_flush_s": second_flush_s, "triage_s": compile_s + timing_s,
+        "children_device_mb": memory.most_mb,
         "triage_compile_s": compile_s, "triage_timing_s": timing_s,
         "thunder_splits": [f"{g.name}/{s.name}" for g in report.graphs for s in g.splits if s.kind.value == "thunder"],
         "splits_judged": sum(p.level == "split" for p in judged),
@@ -153,11 +163,52 @@ def triage_figures(backend) -> dict:
                     "inductor_ms": p.triage.inductor_ms, "ratio": p.triage.ratio, "ratio_low": p.triage.ratio_low,
                     "ratio_high": p.triage.ratio_high, "ms_per_step": p.triage.ms_per_step,
                     "deviates": p.triage.deviates, "rounds": p.triage.rounds, "clock": p.triage.clock.value,
-                    "inputs": p.triage.inputs, "compile_s": p.triage.compile_s, "timing_s": p.triage.timing_s}
+                    "inputs": p.triage.inputs, "compile_s": p.triage.compile_s, "timing_s": p.triage.timing_s,
+                    "run_ms": p.triage.run_ms, "run_samples": p.triage.run_samples,
+                    "unlike_the_run": p.triage.unlike_the_run}
                    for p in judged],
         "not_judged": [{"piece": p.path, "error": p.triage.error} for p in pieces if p.triage.error is not None],
         "dump": str(rank_dir),
     }
+
+
+class ChildrenMemory:
+    """The most device memory (MB) the other processes on the GPU held at once while the block ran, as `nvidia-smi`
+    reports its compute processes (None without nvidia-smi): on this benchmark's machine, the triage's children."""
+
+    def __init__(self, interval_s: float = 0.2):
+        self.interval_s, self.most_mb = interval_s, None
+        self._stop = None
+
+    def _poll(self) -> None:
+        import os
+        import subprocess
+
+        while not self._stop.is_set():
+            try:
+                done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            used = [int(mb) for pid, mb in (line.split(",") for line in done.stdout.strip().splitlines() if "," in line)
+                    if int(pid) != os.getpid() and mb.strip().isdigit()]
+            self.most_mb = max(self.most_mb or 0, sum(used))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "ChildrenMemory":
+        import shutil
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True) if shutil.which("nvidia-smi") else None
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def run_model(name: str, args) -> dict:
@@ -181,9 +232,11 @@ def _print(r: dict, thunder_splits: list[str]) -> None:
           f"{'' if r['attention_mask'] else ', no attention mask'}): {r['thunder_splits']} Thunder splits, "
           f"{r['splits_judged']} judged" + (f", {r['regions_judged']} fusion regions judged" if r['level'] == 'fusion'
                                            else "") + f", {len(r['not_judged'])} pieces not judged")
-    print(f"   flush {r['flush_s']:.1f} s, of which the triage {r['triage_s']:.1f} s (compiling "
-          f"{r['triage_compile_s']:.1f} s, timing {r['triage_timing_s']:.1f} s); a second flush "
-          f"{r['second_flush_s']:.1f} s")
+    memory = r["children_device_mb"]
+    print(f"   flush {r['flush_s']:.1f} s, of which the pieces' inductor compiles and first calls "
+          f"{r['triage_compile_s']:.1f} s and timing {r['triage_timing_s']:.1f} s, in the triage's children (the "
+          f"rest: their start and Thunder compiling each split again); a second flush {r['second_flush_s']:.1f} s"
+          + (f"; the children held at most {memory} MB of device memory" if memory is not None else ""))
     net = (f"the judged splits lose {r['triage_lost_ms']:.3f} ms and gain {-r['triage_gained_ms']:.3f} ms per "
            f"step: net {r['triage_net_ms']:+.3f} ms")
     if not r["pairs"]:
@@ -199,9 +252,11 @@ def _print(r: dict, thunder_splits: list[str]) -> None:
               "whole graph, per-call host work where the step waits for the host, the backend's own work; the clocks "
               "differ too: the pieces' device time on CUDA against the step's wall time)")
     for p in r["pieces"]:
+        run = (f", the run's own {p['run_ms']:.3f} ms ({p['run_samples']} samples)"
+               + ("  UNLIKE THE RUN" if p["unlike_the_run"] else "") if p["run_ms"] is not None else "")
         print(f"   {p['piece']:45s} {p['ratio']:6.2f}x [{p['ratio_low']:.2f}, {p['ratio_high']:.2f}] "
-              f"{p['ms_per_step']:+8.3f} ms/step, {p['rounds']} rounds, compile {p['compile_s']:.1f} s"
-              f"{'  DEVIATES' if p['deviates'] else ''}")
+              f"{p['ms_per_step']:+8.3f} ms/step, {p['rounds']} rounds, compile {p['compile_s']:.1f} s; "
+              f"Thunder {p['thunder_ms']:.3f} ms in its process{run}{'  DEVIATES' if p['deviates'] else ''}")
     for f in r["not_judged"]:
         print(f"   not judged: {f['piece']}: {f['error'].partition(chr(10))[0]}")
 

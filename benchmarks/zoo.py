@@ -14,6 +14,11 @@ Deterministic pieces must be OK; random ones (the `-dropout` models) OK where th
 COMPARABLE. `--single N` then runs the first nvFuser fusion script (else the first fusion script) N times alone in a
 fresh interpreter, as `python script.py` would, imports included.
 
+`--every-feature` trains as a user who switched everything on does (THUNDERFX_DEBUG_TIMING=fusion and CHECK=fusion
+every 5 calls, TRIAGE=split, MINIMIZE=1, not strict: a failure of the reporting is recorded, not raised), and the
+facts of each model then say, per Thunder split, whether its scripts were written and how its triage ended (judged,
+or not judged and why), and list the reporting failures. `--no-verify` stops after training.
+
 Writes (with --json) every script's verdict and seconds, the training and verify times, the counts; prints a Markdown
 table of passes per model and kind (for benchmarks/RESULTS.md) and the failures with their RESULT lines. Exit status
 1 where a model failed to train or a script was neither OK nor NOT COMPARABLE.
@@ -39,7 +44,12 @@ KINDS = ("graph_eager", "graph_thunder", "graph_torchcompile", "split_eager", "s
          "fusion_nvfuser", "fusion_inductor")
 
 
-def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int) -> dict:
+#: What `--every-feature` switches on (see the module docstring).
+EVERY_FEATURE = dict(timing="fusion", timing_every=5, check="fusion", check_every=5, triage="split", minimize=True,
+                     strict=False)
+
+
+def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int, every_feature: bool = False) -> dict:
     """Trains one model under ReportingBackend (all repro scripts), flushes, and returns facts of the run."""
     started = time.perf_counter()
     import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on this torch)
@@ -50,17 +60,38 @@ def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int)
     if device == "cpu":
         torch.set_num_threads(1)
     model, batch = harness.build(name, size, device, dtype)
-    backend = ReportingBackend(dump_dir=dump, repro="all", strict=True, **harness.thunder_options(device))
+    settings = EVERY_FEATURE if every_feature else dict(strict=True)
+    backend = ReportingBackend(dump_dir=dump, repro="all", **settings, **harness.thunder_options(device))
     losses = harness.train(model, batch, backend, steps)
+    flush_started = time.perf_counter()
     rank_dir = backend.flush()
+    flush_s = time.perf_counter() - flush_started
     report = backend.report()
     splits = [s for g in report.graphs for s in g.splits]
-    return {"model": name, "dump": str(rank_dir), "train_s": round(time.perf_counter() - started, 1),
-            "losses": [round(float(x), 4) for x in losses], "graphs": len(report.graphs),
-            "thunder_splits": sum(s.kind.value == "thunder" for s in splits),
-            "inductor_splits": sum(s.kind.value == "inductor" for s in splits),
-            "fusions": sum(len(s.fusions) for s in splits),
-            "reporting_failures": report.meta.get("reporting_failures", [])}
+    facts = {"model": name, "dump": str(rank_dir), "train_s": round(time.perf_counter() - started, 1),
+             "flush_s": round(flush_s, 1), "losses": [round(float(x), 4) for x in losses],
+             "graphs": len(report.graphs), "thunder_splits": sum(s.kind.value == "thunder" for s in splits),
+             "inductor_splits": sum(s.kind.value == "inductor" for s in splits),
+             "fusions": sum(len(s.fusions) for s in splits),
+             "reporting_failures": report.meta.get("reporting_failures", [])}
+    if every_feature:
+        facts["splits"] = {f"{g.name}/{s.name}": split_facts(s) for g in report.graphs for s in g.splits
+                           if s.kind.value == "thunder"}
+    return facts
+
+
+def split_facts(split) -> dict:
+    """Whether a Thunder split's scripts were written, how its triage and checks ended."""
+    triage = split.triage
+    return {"scripts": sorted(k for k in split.files if k.startswith("repro")),
+            "triage": None if triage is None else (
+                "judged" if triage.error is None else ("died: " if triage.died else "not judged: ")
+                + triage.error.partition("\n")[0][:300]),
+            "ratio": None if triage is None else triage.ratio,
+            "check": None if split.check is None else {"calls": split.check.calls,
+                                                       "mismatches": split.check.mismatches},
+            "fusion_checks": {f"{f.name}_{f.phase.value}": f.check.mismatches for f in split.fusions
+                              if f.check is not None and f.check.mismatches}}
 
 
 def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict[str, dict]:
@@ -69,6 +100,8 @@ def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict
     def one(model: str) -> tuple[str, dict]:
         command = [sys.executable, __file__, "--train", model, "--device", args.device, "--size", args.size,
                    "--dtype", args.dtype, "--steps", str(args.steps), "--dump", str(dump)]
+        if args.every_feature:
+            command.append("--every-feature")
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.train_timeout)
         except subprocess.TimeoutExpired:
@@ -158,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "script must have started: those that cannot are NOT_RUN (default: no deadline)")
     parser.add_argument("--single", type=int, default=0, metavar="N",
                         help="then run one fusion script alone N times in a fresh interpreter and time it")
+    parser.add_argument("--every-feature", action="store_true", help="train with every feature on (see above)")
+    parser.add_argument("--no-verify", action="store_true", help="stop after training (its facts only)")
     parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)  # a child: train one model, print JSON
     args = parser.parse_args(argv)
@@ -211,12 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     dump = Path(args.dump).absolute()
     if args.train:
         print("ZOO " + json.dumps(train(args.train, dump / args.train, args.device, args.size, args.dtype,
-                                        args.steps)))
+                                        args.steps, args.every_feature)))
         return 0
     env = environment(dump, args.device)
     started = time.perf_counter()
     trained = _train_all(args.models, args, dump, env)
     train_s = time.perf_counter() - started
+    if args.no_verify:
+        print(json.dumps(trained, indent=1))
+        harness.write_record(args.json, "zoo", {"train_s": round(train_s, 1), "models": trained}, argv)
+        return 1 if any("error" in f for f in trained.values()) else 0
     owners, verdicts, verify_s = verify_zoo(trained, dump, args, env)
     rows = [{"model": model, **v.to_json()} for model, v in zip(owners, verdicts)]
     figures = summary(args, trained, rows, train_s, verify_s, single(verdicts, args.single, env))

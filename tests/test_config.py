@@ -48,6 +48,7 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_DEVIATION": ["", "1", "0.8", "-2", "nan", "inf", "20%"],
     "THUNDERFX_DEBUG_MINIMIZE": ["", "2", "on", "split"],
     "THUNDERFX_DEBUG_MINIMIZE_BUDGET": ["", "0", "-1", "nan", "inf", "2m"],
+    "THUNDERFX_DEBUG_TRIAGE_TIMEOUT": ["", "0", "-5", "nan", "inf", "ten"],
 }
 
 # variable -> (text, field, parsed value)
@@ -78,6 +79,7 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_CHECK_EVERY", "1", "check_every", 1),
     ("THUNDERFX_DEBUG_MINIMIZE", "1", "minimize", True),
     ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", " 30.5 ", "minimize_budget", 30.5),
+    ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", "90", "triage_timeout", 90.0),
 ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from thunderfx_debug import flush_triage as triage
+from thunderfx_debug.flush import judging as triage
 from thunderfx_debug.artifacts.repro import script_template as template
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording import device_timer

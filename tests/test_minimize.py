@@ -349,12 +349,12 @@ def test_the_command_says_in_one_line_what_it_cannot_minimize(tmp_path, capsys):
 def test_a_piece_minimized_at_flush_without_saved_inputs_gets_them_rebuilt_from_its_metadata():
     """The minimizer at flush makes a mismatching piece's inputs from its recorded metadata where the call's values
     were not kept (the inputs the repro scripts make); a kind of input with no metadata is a clear error."""
-    from thunderfx_debug.minimize import at_flush
+    from thunderfx_debug.minimize import at_flush, flush_child
     from thunderfx_debug.records import InputKind
 
     metas = (InputMeta(InputKind.TENSOR, shape=(2, 3), stride=(1, 2), dtype="torch.float32", storage_size=6),
              InputMeta(InputKind.OTHER, value="a tokenizer"))
-    inputs = at_flush._rebuilt(metas[:1], ("x",))
+    inputs = flush_child.made_inputs(at_flush._inputs_of(None, metas[:1], ("x",)))
     assert len(inputs) == 1 and inputs[0].shape == (2, 3) and inputs[0].stride() == (1, 2)
     with pytest.raises(ValueError, match=r"input 1 \(a tokenizer\) cannot be rebuilt"):
-        at_flush._rebuilt(metas, ("x", "y"))
+        at_flush._inputs_of(None, metas, ("x", "y"))

@@ -11,10 +11,11 @@ The layers, bottom first; a module imports from its own layer and those below it
 4. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
 5. recording: `recording/`, `manifest`: the training path and what it records;
 6. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
-7. flush-time work: `piece_inputs`, `flush_triage`, `minimize/`: what a flush runs on the recorded pieces (the triage
-   against inductor, the minimizer), their results handed to the artifacts as records;
+7. flush-time work: `flush/`, `minimize/`: what a flush runs on the recorded pieces in processes of their own (the
+   triage against inductor, the minimizer, the workers that run them and `verify`'s scripts), their results handed
+   to the artifacts as records;
 8. the run: `flusher`, `backend`, the package itself (`thunderfx_debug/__init__.py`);
-9. commands: `cli`, `__main__`, `demo`, `bench`, `bench_worker`, `bench_report`, `verify`, `worker_pool`.
+9. commands: `cli`, `__main__`, `demo`, `bench`, `bench_worker`, `bench_report`, `verify`.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ LAYERS = (
     ("thunder", ("thunder",)),
     ("recording", ("recording", "manifest")),
     ("artifacts", ("artifacts",)),
-    ("flush-time work", ("piece_inputs", "flush_triage", "minimize")),
+    ("flush-time work", ("flush", "minimize")),
     ("the run", ("flusher", "backend", "")),
-    ("commands", ("cli", "__main__", "demo", "bench", "bench_worker", "bench_report", "verify", "worker_pool")),
+    ("commands", ("cli", "__main__", "demo", "bench", "bench_worker", "bench_report", "verify")),
 )
 
 

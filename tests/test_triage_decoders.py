@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import thunderfx_debug
-from thunderfx_debug import load_report, piece_inputs
+from thunderfx_debug import load_report
+from thunderfx_debug.flush import piece_inputs
+from thunderfx_debug.flush.jobs import PieceInputs
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.records import InputKind
 
@@ -59,7 +61,8 @@ def test_the_llama_decoder_split_and_its_regions_are_judged_on_inputs_placed_as_
     apart = piece_inputs.placed_as_in_the_run(apart, [dataclasses.replace(m, alias_of=None) for m in metas])
     refusal = counterparts.refusal(decoder.state.split.compiled, apart)
     assert refusal is not None and "alias_tensor_indices" in refusal
-    placed, _ = piece_inputs.call_inputs(decoder.state.captured, metas, decoder.state.split.input_names)
+    handed = piece_inputs.run_tensors(decoder.state.captured, metas)  # what the training process hands its child
+    placed, _ = piece_inputs.made_inputs(PieceInputs(metas, decoder.state.split.input_names), handed)
     assert counterparts.refusal(decoder.state.split.compiled, placed) is None
     assert all(placed[i].untyped_storage().data_ptr() == placed[root].untyped_storage().data_ptr()
                for i, root in shared)
@@ -86,17 +89,19 @@ def test_every_thunder_split_of_another_decoder_family_is_judged(tmp_path, one_t
     assert decoder.triage.clock.value == "host" and decoder.triage.compile_s > 0 and decoder.triage.timing_s > 0
 
 
-def test_a_rebuilt_input_shares_the_storage_of_the_run_s_parameter_it_viewed_without_writing_into_it():
+def test_an_input_that_viewed_a_parameter_is_a_view_of_the_parameter_s_copy_again():
     """An input that was a view of a parameter (a transposed weight passed as an input of its own) becomes a view of
-    the run's parameter again, and the parameter's values stay as they were."""
+    the parameter made for the child again, with the parameter's values, and the parameter stays a parameter."""
     from thunderfx_debug.records import InputMeta
 
     weight = torch.nn.Parameter(torch.randn(3, 4))
-    before = weight.detach().clone()
     metas = [InputMeta(InputKind.TENSOR, shape=(3, 4), stride=(4, 1), dtype="torch.float32", device="cpu",
                        requires_grad=True, storage_size=12, parameter=True),
              InputMeta(InputKind.TENSOR, shape=(4, 3), stride=(1, 4), dtype="torch.float32", device="cpu",
                        storage_size=12, alias_of=0)]
-    values = piece_inputs.placed_as_in_the_run([weight, torch.zeros(12).as_strided((4, 3), (1, 4))], metas,
-                                               keep=frozenset({0}))
-    assert values[0] is weight and torch.equal(values[1], weight.detach().t()) and torch.equal(weight, before)
+    values = piece_inputs.placed_as_in_the_run([weight, torch.zeros(12).as_strided((4, 3), (1, 4))], metas)
+    assert isinstance(values[0], torch.nn.Parameter) and values[0].requires_grad
+    assert values[0].untyped_storage().data_ptr() == values[1].untyped_storage().data_ptr()
+    assert torch.equal(values[1], weight.detach().t()) and torch.equal(values[0], weight)
+
+

@@ -56,7 +56,7 @@ def test_the_dump_at_exit_of_a_training_script_holds_verdicts_and_sigterm_s_says
     assert "the script's SIGTERM handler ran" in done.stdout
     at_sigterm = next(line for line in done.stdout.splitlines() if line.startswith("AT SIGTERM |"))
     assert "not triaged: the dump at SIGTERM times nothing" in at_sigterm
-    announcements = [line for line in done.stderr.splitlines() if "against inductor in this process" in line]
+    announcements = [line for line in done.stderr.splitlines() if "against inductor in processes of their own" in line]
     assert len(announcements) == 1, done.stderr[-3000:]
     assert "the flush at exit times 1 Thunder split" in announcements[0]
     assert " about " in announcements[0]

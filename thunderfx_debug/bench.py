@@ -174,7 +174,7 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
     at a time, mostly cache hits. Failures are not reported here: the timed run of the same script reports them.
     With `devices`, the workers take them in turn, so that their allocations spread over the GPUs.
     """
-    from thunderfx_debug.worker_pool import Job, run_jobs
+    from thunderfx_debug.flush.worker_pool import Job, run_jobs
 
     work, passed = [], []
     names = {}
@@ -201,9 +201,9 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
 
 def _untimed_alone(python: str, timeout_s: float):
     """Runs a warm-up script that took its worker down in a process of its own, for its exit status."""
-    from thunderfx_debug.worker_pool import Finished
+    from thunderfx_debug.flush.worker_pool import Finished
 
-    def alone(job, env) -> Finished:
+    def alone(job, env, _worker_end) -> Finished:
         try:
             done = subprocess.run([python, str(job.script)], cwd=job.script.parent, capture_output=True,
                                   timeout=timeout_s, env=dict(env))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from thunderfx_debug import bench
-from thunderfx_debug.worker_pool import Finished, Job, run_jobs
+from thunderfx_debug.flush.worker_pool import Finished, Job, run_jobs
 
 
 def run_in_one_process(rank_dir: Path, scripts: Sequence[str], results_dir: Path, timeout_s: float,
@@ -46,7 +46,7 @@ def run_per_device(rank_dir: Path, scripts: Sequence[str], results_dir: Path, ti
         owner[Job(path, ("--benchmark", "--json", str(out)), out.with_suffix(".log"))] = script
     alone: dict[Job, bench.ScriptResult] = {}
 
-    def run_alone(job: Job, env: Mapping[str, str]) -> Finished:
+    def run_alone(job: Job, env: Mapping[str, str], _worker_end: Finished) -> Finished:
         device = env.get("CUDA_VISIBLE_DEVICES") if devices else None
         alone[job] = bench.run_script(rank_dir, owner[job], results_dir, timeout_s, python, device)
         return Finished(job, 0 if alone[job].error is None else 1, 0.0, "alone")

@@ -92,6 +92,7 @@ class Config:
     check_every: int = 50
     triage: TriageLevel = TriageLevel.OFF
     deviation: float = DEVIATION  # Thunder/inductor time ratio beyond which a triaged piece deviates
+    triage_timeout: float = 600.0  # seconds a triaged piece may take in its process of its own, compiles included
     minimize: bool = False  # at flush, shrink every piece the sentinel flagged to its minimal failing script
     minimize_budget: float = 120.0  # seconds of minimizing per piece
 
@@ -117,6 +118,7 @@ class Config:
             "check_every": self.check_every,
             "triage": self.triage.name.lower(),
             "deviation": self.deviation,
+            "triage_timeout": self.triage_timeout,
             "minimize": self.minimize,
             "minimize_budget": self.minimize_budget,
         }
@@ -244,6 +246,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
     "triage": ("THUNDERFX_DEBUG_TRIAGE", _choice({t.name.lower(): t for t in TriageLevel})),
     "deviation": ("THUNDERFX_DEBUG_DEVIATION", _ratio_above_one),
+    "triage_timeout": ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", _budget_seconds),
     "minimize": ("THUNDERFX_DEBUG_MINIMIZE", _parse_bool),
     "minimize_budget": ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", _budget_seconds),
 }

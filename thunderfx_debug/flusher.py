@@ -11,9 +11,9 @@ recorder. One flush at a time: a periodic flush that finds the previous one stil
 flush in the calling thread waits for it. A forked child of the training process (a DataLoader worker inherits the
 backend) writes nothing.
 
-With THUNDERFX_DEBUG_TRIAGE, a flush first times the pieces not triaged yet against inductor (`flush_triage`): the
-explicit one, the one at exit, the periodic one (once per piece: the later ones find nothing new), in the training
-thread. The dump at SIGTERM does not (`NOT_TRIAGING` says why, in the dump, for each piece not timed yet), nor a
+With THUNDERFX_DEBUG_TRIAGE, a flush first times the pieces not triaged yet against inductor (`flush.triage`, in
+processes of its own while the training thread waits): the explicit one, the one at exit, the periodic one (once
+per piece: the later ones find nothing new). The dump at SIGTERM does not (`NOT_TRIAGING` says why, in the dump, for each piece not timed yet), nor a
 flush at exit that Python runs too late for inductor to compile.
 
 Every write is atomic and the manifest comes last (`dump.DumpWriter`), so a process killed at any moment leaves the
@@ -43,7 +43,8 @@ from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_
 from thunderfx_debug.records import GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.report import Report
-from thunderfx_debug.flush_triage import Triager, TriageSettings, deviating
+from thunderfx_debug.flush.judging import TriageSettings
+from thunderfx_debug.flush.triage import Triager, deviating
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -188,7 +189,7 @@ class DumpFlusher:
 
     @property
     def triaged(self) -> dict[str, Any]:
-        """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.flush_triage`)."""
+        """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.flush.triage`)."""
         return self._triager.known()
 
     @property
@@ -220,7 +221,7 @@ class DumpFlusher:
     # ---- the two halves -------------------------------------------------------------------------------------------
     def _prepare(self, wait_for_device: bool, occasion: str, why: dict[str, str] | None = None) -> _Prepared:
         """The training thread's half: records and artifacts, no serialisation; first, the pieces not triaged yet
-        are timed against inductor (see `thunderfx_debug.flush_triage`), but on the occasions of `NOT_TRIAGING`."""
+        are timed against inductor (see `thunderfx_debug.flush.triage`), but on the occasions of `NOT_TRIAGING`."""
         rank, dump_dir = self._rank(), self._dump_dir()
         rank_dir = dump_dir / layout.rank_dir_name(rank)
         self.flushes += 1
@@ -234,7 +235,8 @@ class DumpFlusher:
         triaged = self._triager.known()
         with self.failures.guard("triaging the pieces against inductor"):
             unable = NOT_TRIAGING.get(occasion)
-            triaged = self._triager.triage(snapshots, self._triage_settings, self.failures, occasion,
+            triaged = self._triager.triage(snapshots, self._triage_settings, self.failures,
+                                           self._settings().thunder_options, occasion,
                                            unable.format(**(why or {})) if unable is not None else None)
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))

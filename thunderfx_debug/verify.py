@@ -177,7 +177,7 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
     logs and caches go under `root` (see the module docstring). Past `deadline` (time.monotonic()) no script starts
     (NOT_RUN: for lent machines with a time limit). `env`: the environment to start from (default: ours)."""
     from thunderfx_debug.artifacts.repro.standalone import run_script
-    from thunderfx_debug.worker_pool import Finished, Job, run_jobs
+    from thunderfx_debug.flush.worker_pool import Finished, Job, run_jobs
 
     env = script_env(root, workers, bool(devices), env)
     by_file = {s.file: s for s in scripts}
@@ -187,7 +187,7 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
         log.parent.mkdir(parents=True, exist_ok=True)
         jobs.append(Job(script.file, (), log))
 
-    def alone(job: Job, job_env: Mapping[str, str]) -> Finished:
+    def alone(job: Job, job_env: Mapping[str, str], _worker_end: Finished) -> Finished:
         started = time.perf_counter()
         done = run_script(job.script, timeout_s=timeout_s, env=dict(job_env))
         job.log.write_text(done.stdout + done.stderr)

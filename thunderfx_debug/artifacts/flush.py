@@ -10,6 +10,8 @@ thread. Between the two, `artifacts.report_builder.build_report` makes the recor
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -129,20 +131,27 @@ def _graph_artifacts(snapshot: GraphSnapshot, settings: ArtifactSettings, failur
         artifacts += trace_artifacts(snapshot)
     mismatches = any(_evidence(split) for split in snapshot.splits)
     if settings.repro or snapshot.state.error or mismatches or deviating:
+        if (settings.real_inputs or mismatches) and not _host_copies_complete(snapshot.state.name, failures):
+            settings = dataclasses.replace(settings, real_inputs=False)
         with failures.guard(f"writing the repro scripts of {snapshot.state.name}"):
-            if settings.real_inputs or mismatches:
-                _wait_for_host_copies()
             artifacts += scripts_for_graph(snapshot, settings, failures, on_piece=on_piece, deviating=deviating)
     return artifacts
 
 
-def _wait_for_host_copies() -> None:
+def _host_copies_complete(graph: str, failures: ReportingFailures) -> bool:
     """The captured inputs are copied to the host without waiting (`recording.capture`); before they are saved,
-    the copies must be complete. Once per graph whose scripts are made, not per flush."""
+    the copies must be complete. Once per graph whose scripts are made, not per flush. Where the device cannot be
+    waited for (a device-side assert or an illegal memory access of the training left its context unusable), the
+    copies cannot be trusted: the graph's scripts are written all the same, their inputs made from the metadata."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return True
+    with failures.guard(f"waiting for the device before saving the inputs of {graph} (its scripts make their inputs "
+                        "from the recorded metadata instead)"):
         torch.cuda.synchronize()
+        return True
+    return False
 
 
 def _json(data: Any) -> str:

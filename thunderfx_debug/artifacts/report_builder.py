@@ -21,7 +21,7 @@ FileIndex = Mapping[str, Mapping[str, str]]
 
 def build_report(snapshots: list[GraphSnapshot], files: FileIndex, meta: Mapping[str, Any],
                  failures: ReportingFailures, triage: Mapping[str, Triage] | None = None) -> Report:
-    """`triage`: owner key -> the piece's flush-time triage (see `thunderfx_debug.flush_triage`)."""
+    """`triage`: owner key -> the piece's flush-time triage (see `thunderfx_debug.flush.triage`)."""
     graphs = []
     for snap in snapshots:
         with failures.guard(f"building the record of {snap.state.name}"):

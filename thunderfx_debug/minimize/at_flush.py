@@ -1,14 +1,15 @@
-"""THUNDERFX_DEBUG_MINIMIZE=1: at flush, in the training process, every piece the correctness sentinel flagged
-(a Thunder split, a fusion region) shrunk to its minimal script, within THUNDERFX_DEBUG_MINIMIZE_BUDGET seconds
-per piece.
+"""THUNDERFX_DEBUG_MINIMIZE=1: at flush, every piece the correctness sentinel flagged (a Thunder split, a fusion
+region) shrunk to its minimal script, within THUNDERFX_DEBUG_MINIMIZE_BUDGET seconds per piece, in a process of its
+own (`flush_child`): the training process only describes the piece and reads back what was written.
 
 The piece is read from the run's own objects: a split's FX graph (printed as its repro scripts print it) and a
 region's ops as Thunder's torch executor lowers its bound symbols (the code its scripts carry), with the inputs of
-the first call it mismatched on where the sentinel kept them, else inputs rebuilt from the recorded metadata as the
-scripts rebuild them. Its trials are forks of the training process where it has not initialised CUDA (`trials`):
-they have the run's executors, so a custom executor's wrong op is found too; a process that uses CUDA runs them in
-children of a fresh server instead, where an executor that only the training script registers is missing (the
-piece's note then says so).
+the first call it mismatched on where the sentinel kept them (host copies), else the recorded metadata the scripts
+rebuild inputs from. The piece's child runs the piece eagerly for the values its cuts hand on (`shrink.full_values`)
+and runs the trials in children of its own (`trials`). Where the training process has not initialised CUDA, the
+piece's child is a fork of it, and its trials forks of that: they have the run's executors, so a custom executor's
+wrong op is found too; a process that uses CUDA starts a fresh interpreter for the piece instead, whose trials have
+an executor of the user's where its module registers it on import (the piece's note says so where one is missing).
 
 How a trial builds the piece: a split with `thunder.jit` and the run's options and executors (as its mismatch
 script does); a region of Thunder's torch.compile executor as that executor compiles it (torch.compile of the
@@ -17,7 +18,7 @@ executor (for nvFuser the minimal script is then nvFuser's definition of the min
 
 Each piece is minimized once per run (the sentinel keeps the first mismatching call); its minimal script and inputs
 become files of the dump next to the piece's other scripts, and its record gets `minimized` (`records.Minimized`).
-Nothing here touches the run's tensors: the inputs are copies, the trials run in other processes.
+A piece whose child dies or runs past its budget gets that as its note.
 """
 
 from __future__ import annotations
@@ -28,25 +29,20 @@ import posixpath
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import torch
-
-from thunderfx_debug import layout, piece_inputs
+from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro import fx_facts, writers
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
-from thunderfx_debug.minimize.piece import Reduction, minimize_piece
-from thunderfx_debug.minimize.shrink import full_values
+from thunderfx_debug.minimize import flush_child
+from thunderfx_debug.minimize.piece import Reduction
 from thunderfx_debug.minimize.statements import PieceCode, split_source
-from thunderfx_debug.minimize.trials import TrialRunner
 from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.records import InputKind, Minimized, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render import minimized
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
-from thunderfx_debug.thunder import script_support
 from thunderfx_debug.thunder import scripts as thunder_scripts
 
 log = logging.getLogger("thunderfx_debug")
@@ -58,25 +54,15 @@ class MinimizeSettings:
     budget_s: float = 120.0
 
 
-def _real_inputs(captured) -> list[Any] | None:
-    return None if captured is None or captured.inputs is None else piece_inputs.captured_values(captured)
-
-
-def _rebuilt(metas, names) -> list[Any]:
+def _inputs_of(captured, metas, names) -> flush_child.PieceValues:
+    """How the piece's child makes its inputs: the host copies the sentinel kept of the mismatching call, else the
+    metadata (a kind of input with no metadata cannot be rebuilt)."""
+    if captured is not None and captured.inputs is not None:
+        return flush_child.PieceValues(copies=list(captured.inputs))
     for i, meta in enumerate(metas):
         if meta.kind is InputKind.OTHER:
             raise ValueError(f"input {i} ({meta.value}) cannot be rebuilt from its metadata")
-    return list(piece_inputs.rebuilt_inputs(metas, names))
-
-
-def _namespace(prelude: str) -> dict[str, Any]:
-    """Where the piece's code runs here: what a script that needs Thunder has (`script_support`), then the piece's
-    own prelude (imports, the torch executor's helpers)."""
-    namespace: dict[str, Any] = {name: getattr(script_support, name) for name in dir(script_support)
-                                 if not name.startswith("__")}
-    namespace.update(torch=torch, __name__="thunderfx_debug_minimize")
-    exec(compile(prelude, "<thunderfx_debug minimize: prelude>", "exec"), namespace)  # noqa: S102 (our own code)
-    return namespace
+    return flush_child.PieceValues(metas=tuple(metas), names=tuple(names))
 
 
 class Minimizer:
@@ -116,17 +102,16 @@ class Minimizer:
                         pending.append((owner, snapshot, split, region, region_tally.evidence))
         if not pending:
             return
-        with TrialRunner.in_this_process() as runner:
-            for key, snapshot, split, region, evidence in pending:
-                log.info("thunderfx_debug: minimizing %s (budget %g s)", key, self.settings.budget_s)
-                record, files = Minimized(ops_before=0, note="could not be minimized (see the reporting failures)"), []
-                with failures.guard(f"minimizing {key}"):
-                    record, files = self._piece(snapshot, split, region, evidence, settings, runner, failures)
-                self._done[key] = (evidence, record, files)
-                log.info("thunderfx_debug: %s", minimized.line(minimized.MinimizedPiece(key, record)))
+        for key, snapshot, split, region, evidence in pending:
+            log.info("thunderfx_debug: minimizing %s (budget %g s)", key, self.settings.budget_s)
+            record, files = Minimized(ops_before=0, note="could not be minimized (see the reporting failures)"), []
+            with failures.guard(f"minimizing {key}"):
+                record, files = self._piece(snapshot, split, region, evidence, settings)
+            self._done[key] = (evidence, record, files)
+            log.info("thunderfx_debug: %s", minimized.line(minimized.MinimizedPiece(key, record)))
 
-    def _piece(self, snapshot: GraphSnapshot, split: SplitSnapshot, region, evidence, settings: ArtifactSettings,
-               runner: TrialRunner, failures: ReportingFailures) -> tuple[Minimized, list[Artifact]]:
+    def _piece(self, snapshot: GraphSnapshot, split: SplitSnapshot, region, evidence,
+               settings: ArtifactSettings) -> tuple[Minimized, list[Artifact]]:
         graph, split_name = snapshot.state.name, split.state.name
         if region is None:
             spec, code, prelude, inputs = self._split(snapshot, split, evidence, settings)
@@ -136,18 +121,16 @@ class Minimizer:
             folder = layout.fusions_dir(graph, split_name)
         from thunderfx_debug.artifacts.repro.builder import versions_line
 
-        with torch.random.fork_rng(devices=_devices(inputs)):
-            values = full_values(code, _namespace(prelude), inputs, grad=spec.backward)
-        with tempfile.TemporaryDirectory(prefix="thunderfx_debug_minimal_") as out:
-            reduction = minimize_piece(spec, code, values, runner, self.settings.budget_s, Path(out),
-                                       versions_line())
-            files = []
-            if reduction.script is not None:
-                owner = spec.key
-                files.append(Artifact(owner, f"minimal_repro_{reduction.script.stem.rpartition('_')[2]}",
-                                      posixpath.join(folder, reduction.script.name), reduction.script.read_text()))
-                files.append(Artifact(owner, "minimal_inputs", posixpath.join(folder, reduction.inputs_file.name),
-                                      reduction.inputs_file.read_bytes()))
+        with tempfile.TemporaryDirectory(prefix="thunderfx_debug_minimize_") as out:
+            job = flush_child.MinimizeJob(spec, code, prelude, inputs, self.settings.budget_s, versions_line())
+            reduction, written = flush_child.minimized_in_a_child(job, Path(out))
+        files = []
+        if reduction.script is not None:
+            owner = spec.key
+            (script_name, script_text), (inputs_name, inputs_bytes) = written
+            files.append(Artifact(owner, f"minimal_repro_{Path(script_name).stem.rpartition('_')[2]}",
+                                  posixpath.join(folder, script_name), script_text))
+            files.append(Artifact(owner, "minimal_inputs", posixpath.join(folder, inputs_name), inputs_bytes))
         script = files[0].path if files else None
         return record_of(reduction, script), files
 
@@ -165,10 +148,7 @@ class Minimizer:
             file_kind="thunder", strategy=writers.ThunderJit(options, thunder_options.executor_names(options)),
             prelude=prelude, backward=any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas),
             random_ops=fx_facts.random_ops(module), origin=f"the run, call {evidence.call} ({evidence.phase})")
-        inputs = _real_inputs(evidence.captured)
-        if inputs is None:
-            inputs = _rebuilt(metas, split.state.split.input_names)
-        return spec, code, prelude, inputs
+        return spec, code, prelude, _inputs_of(evidence.captured, metas, split.state.split.input_names)
 
     @staticmethod
     def _region(split: SplitSnapshot, region, evidence, graph: str):
@@ -191,17 +171,8 @@ class Minimizer:
             random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
             origin=f"the run, call {evidence.call} ({evidence.phase})",
             executor="nvfuser" if executor == "nvfuser" else "")
-        inputs = _real_inputs(evidence.captured)
-        if inputs is None:
-            metas = repro_inputs.region_metas(split, region)
-            metas = tuple(dataclasses.replace(m, requires_grad=False) for m in metas)
-            inputs = _rebuilt(metas, region.inputs)
-        return spec, code, prelude, inputs
-
-
-def _devices(values) -> list[int]:
-    return sorted({v.device.index for v in values if isinstance(v, torch.Tensor) and v.is_cuda
-                   and v.device.index is not None})
+        metas = tuple(dataclasses.replace(m, requires_grad=False) for m in repro_inputs.region_metas(split, region))
+        return spec, code, prelude, _inputs_of(evidence.captured, metas, region.inputs)
 
 
 def record_of(reduction: Reduction, script: str | None) -> Minimized:

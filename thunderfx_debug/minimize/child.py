@@ -11,7 +11,7 @@ import sys
 import traceback
 
 
-def _into(log: str) -> None:
+def into(log: str) -> None:
     """Descriptors 1 and 2 and Python's streams into `log`: the parent's `sys.stdout` may be an object of its own (a
     notebook's, a test runner's capture) that a forked child must not write into."""
     descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -30,7 +30,7 @@ def run_script(script: str, log: str, argv: list[str]) -> None:
     """Runs `script` as `__main__` and ends the process with its exit status (never returns)."""
     code = 1
     try:
-        _into(log)
+        into(log)
         os.chdir(os.path.dirname(script) or ".")
         from thunderfx_debug.thunder.torch_private import fresh_compile_state
 
@@ -55,8 +55,12 @@ def run_function(target: str, log: str, args: list) -> None:
     steps that must run where the trials do, e.g. asking Thunder for nvFuser's definition of a minimal region)."""
     code = 1
     try:
-        _into(log)
+        into(log)
         import importlib
+
+        from thunderfx_debug.thunder.torch_private import fresh_compile_state
+
+        fresh_compile_state()  # as `run_script`: a fork of a process that ran OpenMP threads must not use them
 
         module, _, name = target.partition(":")
         getattr(importlib.import_module(module), name)(*args)

@@ -134,7 +134,7 @@ class Captured:
     """What a piece received and returned on its first call (see the module docstring).
 
     `observed`: metadata per input, with `pending` statistics (device tensors) to read at flush. `inputs`/`outputs`:
-    host copies (see `_host_copy`) or Python values, with real inputs only; `skipped` says why none were kept
+    host copies (see `host_copy`) or Python values, with real inputs only; `skipped` says why none were kept
     (over the cap, a value that cannot be saved), and then `inputs` is None."""
 
     observed: list[InputMeta] = dataclasses.field(default_factory=list)
@@ -257,12 +257,15 @@ def with_recorded_ranges(recorded: Sequence[InputMeta], observed: Sequence[Input
 # ---- real copies ----------------------------------------------------------------------------------------------------
 
 
-def _host_copy(t: torch.Tensor) -> dict[str, Any]:
+def host_copy(t: torch.Tensor, blocking: bool = False) -> dict[str, Any]:
     """The storage span of `t` copied to the host, with what rebuilds the tensor exactly (strides, expanded ones too,
-    storage offset and size)."""
+    storage offset and size). From a CUDA tensor the copy is queued into pinned memory, not waited for, unless
+    `blocking`."""
     offset = t.storage_offset()
     flat = t.detach().as_strided((storage_span(t.shape, t.stride()),), (1,), offset)
-    if flat.device.type == "cuda":
+    if flat.device.type == "cuda" and blocking:
+        host = flat.cpu()
+    elif flat.device.type == "cuda":
         host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
         host.copy_(flat, non_blocking=True)  # no synchronisation here; the recorder waits for the device at flush
     else:
@@ -296,7 +299,7 @@ def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, 
     copies = []
     for value in flat:
         if isinstance(value, torch.Tensor):
-            copies.append(_host_copy(value))
+            copies.append(host_copy(value))
         elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             copies.append(value.node.hint)
         elif isinstance(value, torch.dtype):

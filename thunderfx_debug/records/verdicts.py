@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from thunderfx_debug.records.codec import Count, JsonRecord
+from thunderfx_debug.records.codec import Count, JsonRecord, json_field
 from thunderfx_debug.records.timing import ClockKind
 
 #: The Thunder/inductor time ratio beyond which a triaged piece deviates, either way: THUNDERFX_DEBUG_DEVIATION's
@@ -75,17 +75,20 @@ class Check(JsonRecord):
 
 @dataclasses.dataclass(frozen=True)
 class Triage(JsonRecord):
-    """A piece timed against inductor at flush, in the training process, on the inputs of a recorded call.
+    """A piece timed against inductor at flush, in a process of its own, on the inputs of a recorded call.
 
     `thunder_ms` and `inductor_ms` are ms per call on `clock` (median of the rounds; a split's forward and backward
     together, a fusion region's call), `ratio` Thunder's time over inductor's with its 95% interval
     [`ratio_low`, `ratio_high`] (Yuen's trimmed t on the rounds' log times, the two sides interleaved), `deviates`
-    when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `ms_per_step` is the
-    time Thunder loses there per training step against inductor, (thunder_ms - inductor_ms) x `calls_per_step`
-    (negative: it gains). `inputs` says where the inputs came from ("real": the run's tensors; "meta": rebuilt from
-    the recorded metadata; "the run's tensors" where they were all alive). `error` says why a piece could not be
-    judged (then no figures), whole. `compile_s` is what compiling inductor's counterpart and both sides' first calls
-    took, `timing_s` the rounds."""
+    when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `run_ms` is the run's own
+    time per call of the piece on the same clock (the median of its `run_samples` sampled calls; None where the run
+    sampled none: THUNDERFX_DEBUG_TIMING below the piece's level). `ms_per_step` is the time Thunder loses there per
+    training step against inductor (negative: it gains): from the run's own time where known,
+    `run_ms` x (1 - 1/`ratio`) x `calls_per_step`, else (thunder_ms - inductor_ms) x `calls_per_step`. `inputs` says
+    where the inputs came from ("real": the run's captured call; "meta": rebuilt from the recorded metadata; "the
+    run's tensors" where they were all alive). `error` says why a piece could not be judged (then no figures),
+    whole; `died` where the process that timed it died (or was ended past its time limit) in it. `compile_s` is what
+    compiling inductor's counterpart and both sides' first calls took, `timing_s` the rounds."""
 
     JSON_DERIVED = ("ms_per_step",)  # for readers of the JSON; computed again on load
 
@@ -103,19 +106,47 @@ class Triage(JsonRecord):
     error: str | None = None
     compile_s: float | None = None
     timing_s: float | None = None
+    # Written only where set (older readers never saw them).
+    run_ms: float | None = json_field(None, omit_default=True)
+    run_samples: Count = json_field(0, omit_default=True)
+    died: bool = json_field(False, omit_default=True)
 
     @property
     def ms_per_step(self) -> float:
+        if self.run_ms is not None and self.ratio:
+            return self.run_ms * (1 - 1 / self.ratio) * self.calls_per_step
         if self.thunder_ms is None or self.inductor_ms is None:
             return 0.0
         return (self.thunder_ms - self.inductor_ms) * self.calls_per_step
 
     @property
+    def against_the_run(self) -> float | None:
+        """The piece's time in its process of its own over the run's own time of it (None where the run has none)."""
+        if self.run_ms is None or self.thunder_ms is None or self.run_ms <= 0:
+            return None
+        return self.thunder_ms / self.run_ms
+
+    @property
+    def unlike_the_run(self) -> bool:
+        """Whether the piece's time in its process differs from the run's own time of it by more than `deviation`
+        either way, with at least `RUN_SAMPLES_TO_COMPARE` samples of the run: its figures may not hold for the run."""
+        ratio = self.against_the_run
+        return (ratio is not None and self.run_samples >= RUN_SAMPLES_TO_COMPARE
+                and not 1 / self.deviation <= ratio <= self.deviation)
+
+    @property
     def why(self) -> str | None:
-        """"slower_than_inductor" or "faster_than_inductor" for a deviating piece (its scripts' names say so)."""
+        """"slower_than_inductor" or "faster_than_inductor" for a deviating piece, "triage_died" for a piece whose
+        triage took its process down (its scripts' names say so)."""
+        if self.died:
+            return "triage_died"
         if not self.deviates or self.ratio is None:
             return None
         return "slower_than_inductor" if self.ratio > 1 else "faster_than_inductor"
+
+
+#: Samples of the run's own time of a piece below which the triage's time is not set against it.
+RUN_SAMPLES_TO_COMPARE = 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The flush-time triage (records' `triage`, see `thunderfx_debug.flush_triage`) rendered: triage.md, the summary's
+"""The flush-time triage (records' `triage`, see `thunderfx_debug.flush.triage`) rendered: triage.md, the summary's
 lines and the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
 its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
 ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits
@@ -86,6 +86,12 @@ def _ratio(t: Triage) -> str:
     return f"{t.ratio:.2f}x [{t.ratio_low:.2f}, {t.ratio_high:.2f}]" if t.ratio is not None else "-"
 
 
+def _run(t: Triage) -> str:
+    if t.run_ms is None:
+        return "-"
+    return ms(t.run_ms) + (" (unlike)" if t.unlike_the_run else "")
+
+
 def _verdict(t: Triage) -> str:
     if t.error is not None:
         return "not judged"
@@ -108,23 +114,36 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
     deviating = [p for p in judged if p.triage.deviates]
     clocks = sorted({p.triage.clock.value for p in judged})
     deviation = pieces[0].triage.deviation if pieces else DEVIATION
-    lines = [f"# ThunderFX against inductor, in the training process{': ' + title if title else ''}", "",
+    failed = [p for p in pieces if p.triage.error is not None]
+    died = sum(p.triage.died for p in failed)
+    unlike = [p for p in judged if p.triage.unlike_the_run]
+    lines = [f"# ThunderFX against inductor, in processes of their own{': ' + title if title else ''}", "",
              f"{plural(len(judged), 'piece')} timed ({sum(p.level == 'split' for p in judged)} Thunder splits, "
              f"{sum(p.level == 'fusion' for p in judged)} fusion regions), {len(deviating)} deviate beyond "
-             f"{deviation:g}x either way, {len(pieces) - len(judged)} could not be judged. Each piece ran in the "
-             "training process on the inputs of a recorded call against the same piece compiled by inductor, the two "
-             "interleaved round by round; ms per call on the " + (", ".join(clocks) or "host") + " clock (a split's "
-             "forward and backward together), the ratio Thunder/inductor with its 95% interval; a piece deviates when "
-             "the whole interval lies beyond the threshold. \"lost ms per step\" is (Thunder - inductor) x calls per "
-             "step (negative: Thunder gains).", "",
-             "| # | piece | level | Thunder runs it with | Thunder ms | inductor ms | ratio [95%] | lost ms per step "
-             "| calls per step | verdict | inputs | scripts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{deviation:g}x either way, {len(failed)} could not be judged"
+             + (f" ({died} of them took the process that timed them down)" if died else "") + ". Each piece ran in "
+             "a process of its own, compiled again as the run compiled it, on the inputs of a recorded call, against "
+             "the same piece compiled by inductor, the two interleaved round by round; ms per call on the "
+             + (", ".join(clocks) or "host") + " clock (a split's forward and backward together), the ratio "
+             "Thunder/inductor with its 95% interval; a piece deviates when the whole interval lies beyond the "
+             "threshold. \"run ms\" is the run's own sampled time of the piece (where it has one on the same "
+             "clock); \"lost ms per step\" is the run's time x (1 - 1/ratio) x calls per step where the run has its "
+             "time, else (Thunder - inductor) x calls per step (negative: Thunder gains).", "",
+             "| # | piece | level | Thunder runs it with | Thunder ms | run ms | inductor ms | ratio [95%] "
+             "| lost ms per step | calls per step | verdict | inputs | scripts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, p in enumerate(judged, 1):
         t = p.triage
-        lines.append(f"| {i} | {p.path} | {p.level} | {p.executor} | {ms(t.thunder_ms)} | {ms(t.inductor_ms)} | "
-                     f"{_ratio(t)} | {ms(t.ms_per_step)} | {t.calls_per_step:g} | {_verdict(t)} | {t.inputs} | "
-                     + (", ".join(f"`{s}`" for s in p.scripts) or "-") + " |")
+        lines.append(f"| {i} | {p.path} | {p.level} | {p.executor} | {ms(t.thunder_ms)} | {_run(t)} | "
+                     f"{ms(t.inductor_ms)} | {_ratio(t)} | {ms(t.ms_per_step)} | {t.calls_per_step:g} | "
+                     f"{_verdict(t)} | {t.inputs} | " + (", ".join(f"`{s}`" for s in p.scripts) or "-") + " |")
+    if unlike:
+        lines += ["", "Timed in its own process, these pieces took another time than the run's own samples of them, "
+                      f"beyond {deviation:g}x either way: their figures may not hold for the run (a machine shared "
+                      "with other work, inputs unlike the run's):", ""]
+        lines += [f"- {p.path}: {ms(p.triage.thunder_ms)} ms against the run's {ms(p.triage.run_ms)} ms "
+                  f"({p.triage.against_the_run:.2f}x, {plural(p.triage.run_samples, 'sample')} of the run)"
+                  for p in unlike]
     explained = outside_regions(report)
     if explained:
         lines += ["", "## How much of each split's gap lies outside its fusion regions", "",
@@ -138,12 +157,14 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
         lines += ["", f"The triage took {compile_s + timing_s:.1f} s: {compile_s:.1f} s compiling inductor's "
                       f"counterparts with both sides' first calls, {timing_s:.1f} s timing "
                       f"({sum(t.rounds for t in spent)} rounds, each piece stopping once its interval was decided)."]
-    failed = [p for p in pieces if p.triage.error is not None]
     if failed:
         lines += ["", "## Not judged", ""]
         for p in failed:
             first, _, rest = p.triage.error.partition("\n")
             lines.append(f"- {p.path}: {first}")
+            if p.triage.died:
+                lines.append("  Rerun it alone: " + (", ".join(f"`python {s}`" for s in p.scripts) or
+                                                     "set THUNDERFX_DEBUG_REPRO=split for its scripts"))
             if rest.strip():
                 lines += ["", "  ```", *(f"  {line}" for line in rest.rstrip().splitlines()), "  ```", ""]
     return "\n".join(lines) + "\n"
@@ -156,12 +177,14 @@ def summary_lines(report: RankRecord) -> list[str]:
         return []
     judged = [p for p in pieces if p.triage.error is None]
     failed = [p for p in pieces if p.triage.error is not None]
-    lines = ["", f"triage against inductor ({plural(len(judged), 'piece')} timed in the training process, "
+    lines = ["", f"triage against inductor ({plural(len(judged), 'piece')} timed in processes of their own, "
                  f"{sum(p.triage.deviates for p in judged)} deviate"
                  + (f", {len(failed)} not judged" if failed else "") + "; see triage.md):"]
     for i, p in enumerate(judged[:SUMMARY_TOP], 1):
         t = p.triage
-        lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}")
+        unlike = (f" (its time there {ms(t.thunder_ms)} ms, the run's {ms(t.run_ms)} ms: may not hold for the run)"
+                  if t.unlike_the_run else "")
+        lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}{unlike}")
     lines += [f"  not judged: {p.path}: {p.triage.error.partition(chr(10))[0]}" for p in failed[:SUMMARY_TOP]]
     if len(failed) > SUMMARY_TOP:
         lines.append(f"  ... and {len(failed) - SUMMARY_TOP} more not judged (triage.md)")

@@ -8,7 +8,10 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `c10d_function`: a function of the c10d bindings (`torch._C._distributed_c10d`), the flight recorder's dumps;
 - `allocating_to`: every allocation of the current stream routed to a memory pool, from any thread;
 - `queue_at_end_of_backward`: a callback autograd's engine runs when the current backward ends;
-- `fresh_compile_state`: Dynamo's caches dropped and inductor compiling in its own thread (a forked child).
+- `fresh_compile_state`: one intra-op thread, Dynamo's caches dropped and inductor compiling in its own thread (a
+  forked child);
+- `operator_key`, `operator_from_key`: an operator of `torch.ops` (an overload, a packet, a higher-order operator)
+  by its names, for an FX graph sent to a child process (`flush.graph_codec`): overloads do not pickle.
 """
 
 from __future__ import annotations
@@ -71,12 +74,15 @@ def queue_at_end_of_backward(callback: Callable[[], None]) -> None:
 
 
 def fresh_compile_state() -> None:
-    """In a fork of a process that compiled: Dynamo's caches dropped and inductor compiling in the calling thread
-    (the parent's pool of compile workers is the parent's). Does nothing where torch is not loaded or lacks these
-    (the child then compiles as it would anyway)."""
+    """In a fork of a process that compiled: one intra-op thread, Dynamo's caches dropped and inductor compiling in
+    the calling thread (the parent's pool of compile workers is the parent's). One thread, because the parent's
+    OpenMP team does not exist in the fork, and GNU OpenMP (torch's CPU builds) hangs at the child's first parallel
+    region of more than one thread (a matmul, a large elementwise op). Does nothing where torch is not loaded or
+    lacks these (the child then compiles as it would anyway)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
+    torch.set_num_threads(1)
     try:
         torch._dynamo.reset()
         from torch._inductor import config as inductor_config
@@ -84,3 +90,32 @@ def fresh_compile_state() -> None:
         inductor_config.compile_threads = 1
     except Exception:
         pass
+
+
+def operator_key(obj: Any) -> tuple[str, str, str | None] | None:
+    """(namespace, name, overload) of an operator of `torch.ops` ("higher_order" for a higher-order operator, overload
+    None for a packet), None for anything else.
+
+    Example:
+        >>> import torch
+        >>> operator_key(torch.ops.aten.add.Tensor), operator_key(torch.ops.aten.add), operator_key(len)
+        (('aten', 'add', 'Tensor'), ('aten', 'add', None), None)
+    """
+    import torch._ops
+
+    if isinstance(obj, torch._ops.OpOverload):
+        return obj.namespace, obj.overloadpacket.__name__, obj._overloadname
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        namespace, _, name = obj._qualified_op_name.partition("::")
+        return namespace, name, None
+    if isinstance(obj, torch._ops.HigherOrderOperator):
+        return "higher_order", obj.name(), None
+    return None
+
+
+def operator_from_key(namespace: str, name: str, overload: str | None) -> Any:
+    """The operator `operator_key` named."""
+    import torch
+
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)

@@ -67,7 +67,7 @@ def saved_file(captured: Captured, gradients: Captured | None = None) -> bytes:
     `gradients` (a mismatch script's gradient mismatch), also the incoming gradients ("grad_outputs") and those
     the piece passed on ("grads")."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the non-blocking host copies of `capture._host_copy` are complete from here on
+        torch.cuda.synchronize()  # the non-blocking host copies of `capture.host_copy` are complete from here on
     buffer = io.BytesIO()
     content = {"format": INPUTS_FORMAT, "inputs": captured.inputs, "outputs": captured.outputs}
     if gradients is not None:

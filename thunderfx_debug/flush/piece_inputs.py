@@ -1,16 +1,16 @@
-"""The inputs of a recorded call made again at flush, so that a compiled piece runs on them the code the run ran.
+"""The inputs of a recorded call made again in a child process of the flush (`flush.triage_child`, the minimizer),
+so that a piece runs there on inputs like the run's.
 
 Compiled code is chosen by checks on its inputs: Thunder's prologue checks each tensor's shape, dtype, device and
 requires_grad, the numbers it specialised on, the grad mode and autocast, and which plain tensors share a storage;
 the torch.compile executor's regions guard on strides and on nn.Parameter too. Inputs that differ in any of these
-make the piece compile again, and what would be timed is then another compile of it. So the inputs are, in order:
+make the piece compile other code than the run's. So the inputs are, in order:
 
-- the run's own tensors where they are still alive and laid out as on the recorded call (weak references taken then,
-  `recording.capture`): its parameters as they are (read only: a split's backward goes through `torch.autograd.grad`,
-  which accumulates nothing into `.grad`), other tensors (buffers, a batch the loop still holds) as copies with the
-  same layout, so that a piece that writes into an input writes into the copy;
-- the rest as the run captured them (THUNDERFX_DEBUG_INPUTS=real), else rebuilt from the recorded metadata by the
-  code the repro scripts run (layouts exactly, values drawn like the run's);
+- in the training process (`run_tensors`), host copies of what the run really had: the recorded call's inputs where
+  they were captured (THUNDERFX_DEBUG_INPUTS=real), else the run's own tensors still alive and laid out as on that
+  call (weak references taken then, `recording.capture`: its parameters, buffers, a batch the loop still holds);
+- in the child (`made_inputs`), those copies on the run's devices, the rest rebuilt from the recorded metadata by
+  the code the repro scripts run (layouts exactly, values drawn like the run's, integers within what they index);
 - then every input placed as the run placed it: inputs that shared a storage in the run share one again, each at its
   own offset and strides (`InputMeta.alias_of`), parameters are parameters, and an input that requires grad is a
   tensor of its own (inside a Thunder split a view of a storage made for it would reach the regions without
@@ -26,47 +26,45 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
+from thunderfx_debug.flush.jobs import PieceInputs, RunTensors
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
-from thunderfx_debug.recording.capture import Captured, value_meta
+from thunderfx_debug.recording.capture import Captured, host_copy, value_meta
 
 #: What a live tensor must still have of its recorded metadata to stand in for the recorded call's input.
 _LAYOUT = ("shape", "stride", "storage_offset", "dtype", "device", "requires_grad", "parameter")
 
 
-def call_inputs(captured: Captured | None, metas: Sequence[InputMeta],
-                names: Sequence[str] = ()) -> tuple[list[Any], str]:
-    """(inputs, where they came from) for a piece whose call was `captured` (None: not captured) and whose inputs
-    are described by `metas`; see the module docstring. Where they came from: "real", "meta", or either with how
-    many are the run's own ("meta, the run's tensors for 23 of 30 inputs").
+def run_tensors(captured: Captured | None, metas: Sequence[InputMeta]) -> RunTensors:
+    """Host copies of a piece's inputs as the run had them (see the module docstring); reads the device, so the
+    caller waits for it first (`captured`'s own copies are complete only then)."""
+    if captured is not None and captured.inputs is not None:
+        return RunTensors(captured=list(captured.inputs))
+    return RunTensors(live={i: host_copy(t, blocking=True) for i, t in _live_tensors(captured, metas).items()})
+
+
+def made_inputs(inputs: PieceInputs, tensors: RunTensors) -> tuple[list[Any], str]:
+    """(inputs, where they came from) in the child: see the module docstring. Where they came from: "real", "meta",
+    "the run's tensors" (all of them alive), or "meta, the run's tensors for 23 of 30 inputs".
 
     Raises:
         ValueError: an input can be neither taken from the run nor rebuilt (an object of a kind with no metadata).
     """
-    live = _live_tensors(captured, metas)
-    if captured is not None and captured.inputs is not None:
-        values, kind = captured_values(captured), "real"
+    metas, live = inputs.metas, tensors.live
+    if tensors.captured is not None:
+        values, kind = [script_template._rebuild(x) for x in tensors.captured], "real"
     else:
         unresolvable = [i for i, m in enumerate(metas) if m.kind is InputKind.OTHER and i not in live]
         if unresolvable:
             i = unresolvable[0]
             raise ValueError(f"input {i} ({metas[i].value}) cannot be rebuilt from its metadata")
-        values, kind = rebuilt_inputs(metas, names), "meta"
-    for i, tensor in live.items():
-        values[i] = tensor if isinstance(tensor, torch.nn.Parameter) else script_template.fresh([tensor])[0]
-    values = placed_as_in_the_run(values, metas, frozenset(i for i, t in live.items()
-                                                           if isinstance(t, torch.nn.Parameter)))
-    tensors = sum(m.kind is InputKind.TENSOR for m in metas)
-    if live and len(live) == tensors and kind == "meta":
+        values, kind = rebuilt_inputs(metas, inputs.names), "meta"
+    for i, copy in live.items():
+        values[i] = script_template._rebuild(copy)
+    values = placed_as_in_the_run(values, metas)
+    tensors_in = sum(m.kind is InputKind.TENSOR for m in metas)
+    if live and len(live) == tensors_in and kind == "meta":
         return values, "the run's tensors"
-    return values, kind if not live else f"{kind}, the run's tensors for {len(live)} of {tensors} inputs"
-
-
-def captured_values(captured: Captured) -> list[Any]:
-    """The inputs `captured` holds (THUNDERFX_DEBUG_INPUTS=real, or a mismatching call's), as the run had them, by
-    the code a repro script loads its inputs file with (`script_template._rebuild`, which scripts carry as source)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the capture's non-blocking host copies are complete from here on
-    return [script_template._rebuild(x) for x in captured.inputs]
+    return values, kind if not live else f"{kind}, the run's tensors for {len(live)} of {tensors_in} inputs"
 
 
 def rebuilt_inputs(metas: Sequence[InputMeta], names: Sequence[str] = ()) -> list[Any]:
@@ -99,11 +97,9 @@ def _live_tensors(captured: Captured | None, metas: Sequence[InputMeta]) -> dict
     return live
 
 
-def placed_as_in_the_run(values: Sequence[Any], metas: Sequence[InputMeta],
-                         keep: frozenset[int] = frozenset()) -> list[Any]:
+def placed_as_in_the_run(values: Sequence[Any], metas: Sequence[InputMeta]) -> list[Any]:
     """`values` sharing storages where the run's inputs did, parameters where the run passed parameters, and each
-    tensor that requires grad a tensor of its own (see the module docstring). `keep`: inputs that are the run's own
-    tensors, never written to nor replaced (an input sharing a storage with one of them becomes a view of it).
+    tensor that requires grad a tensor of its own (see the module docstring).
 
     Example (the run passed position ids and an expanded view of them, as Hugging Face decoders do):
         >>> from thunderfx_debug.records import InputKind, InputMeta
@@ -122,10 +118,10 @@ def placed_as_in_the_run(values: Sequence[Any], metas: Sequence[InputMeta],
                 and isinstance(values[i], torch.Tensor) and isinstance(values[meta.alias_of], torch.Tensor)):
             groups.setdefault(meta.alias_of, []).append(i)
     for root, members in groups.items():
-        _share_storage(values, metas, root, members, writable=root not in keep)
+        _share_storage(values, metas, root, members)
     grouped = {i for root, members in groups.items() for i in (root, *members)}
     for i, (value, meta) in enumerate(zip(values, metas)):
-        if i in keep or not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.Tensor):
             continue
         if i not in grouped and value.requires_grad and value._base is not None:
             own = value.detach().clone(memory_format=torch.preserve_format)
@@ -136,25 +132,19 @@ def placed_as_in_the_run(values: Sequence[Any], metas: Sequence[InputMeta],
     return values
 
 
-def _share_storage(values: list[Any], metas: Sequence[InputMeta], root: int, members: list[int],
-                   writable: bool) -> None:
-    """Makes `members` views of one storage at their recorded offsets and strides: a new one holding each member's
-    values and the root's last (where values were drawn, the root's are the ones the views share, as in the run), or
-    with `writable` False the storage of `values[root]` itself, the run's own, left as it is."""
+def _share_storage(values: list[Any], metas: Sequence[InputMeta], root: int, members: list[int]) -> None:
+    """Makes the root and `members` views of one new storage at their recorded offsets and strides, holding each
+    member's values and the root's last (where values were drawn, the root's are the ones the views share, as in the
+    run)."""
     base = values[root]
     needed = max(_reach_bytes(values[i], metas[i]) for i in (root, *members))
-    if writable:
-        storage = torch.empty(-(-needed // base.element_size()), dtype=base.dtype, device=base.device).untyped_storage()
-        for i in (*members, root):
-            span = storage_span(values[i].shape, values[i].stride())
-            if span:
-                source = values[i].detach().as_strided((span,), (1,), values[i].storage_offset())
-                _view(storage, source.dtype, source.device, (span,), (1,), metas[i].storage_offset).copy_(source)
-    else:
-        storage = base.untyped_storage()
-        if storage.nbytes() < needed:
-            return  # the run's tensor no longer reaches where the views were: the members stay as they are
-    for i in (root, *members) if writable else members:
+    storage = torch.empty(-(-needed // base.element_size()), dtype=base.dtype, device=base.device).untyped_storage()
+    for i in (*members, root):
+        span = storage_span(values[i].shape, values[i].stride())
+        if span:
+            source = values[i].detach().as_strided((span,), (1,), values[i].storage_offset())
+            _view(storage, source.dtype, source.device, (span,), (1,), metas[i].storage_offset).copy_(source)
+    for i in (root, *members):
         meta, value = metas[i], values[i]
         view = _view(storage, value.dtype, value.device, meta.shape, meta.stride, meta.storage_offset)
         values[i] = view.requires_grad_() if value.requires_grad else view

@@ -1,5 +1,5 @@
-"""Long-lived worker processes that run a dump's repro scripts one after another, each as `__main__` in its own
-folder (`runpy`), for `verify` and `bench`: Python, torch, Thunder and nvFuser start once per worker, and inductor's,
+"""Long-lived worker processes that run scripts one after another, each as `__main__` in its own folder (`runpy`):
+a dump's repro scripts for `verify` and `bench`, and the flush-time triage's children (`flush.triage`). Python, torch, Thunder and nvFuser start once per worker, and inductor's,
 Triton's and nvFuser's in-memory caches carry over from script to script, instead of 10-50 s of start-up and
 compile per script in processes of their own.
 
@@ -12,7 +12,7 @@ the job's log file, and between scripts it resets what a script may leave behind
 (`torch._dynamo.reset`), inductor's and Dynamo's settings (a random piece's script sets `fallback_random`), the RNG
 seeds (at random, as in a fresh interpreter), grad mode and default dtype, `sys.argv` and the working directory;
 on CUDA it synchronises, so that an error a script left on the device shows there. The package cannot be imported
-in a worker (repro scripts must stand alone); Thunder is imported once with the workaround the scripts themselves
+in a worker that runs repro scripts (they must stand alone); Thunder is imported once with the workaround the scripts themselves
 carry (`thunder.script_support`).
 
 A script that takes its worker down (a native abort, a segfault, a device-side assert that leaves the CUDA context
@@ -41,7 +41,6 @@ from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG
 WORKER = r'''
 import gc, io, json, os, random, runpy, sys, time, traceback
 
-''' + REFUSE_THUNDERFX_DEBUG + r'''
 results = os.fdopen(int(sys.argv[1]), "w", buffering=1)
 home = os.getcwd()
 
@@ -135,14 +134,16 @@ class Finished:
     note: str = ""
 
 
-def worker_code() -> str:
+def worker_code(allow_package: bool = False) -> str:
     """The worker's program: the scripts' own Thunder support (to import Thunder as they do; standard library only
-    at module level), then the loop."""
+    at module level), then the loop; a worker that runs repro scripts refuses to import this package (they must
+    stand alone), one that runs the package's own children (`allow_package`, the flush-time triage) does not."""
     import inspect
 
     from thunderfx_debug.thunder import script_support
 
-    return inspect.getsource(script_support) + "\n" + WORKER
+    refusal = "" if allow_package else "import sys\n" + REFUSE_THUNDERFX_DEBUG + "\n"
+    return refusal + inspect.getsource(script_support) + "\n" + WORKER
 
 
 class _Worker:
@@ -204,16 +205,17 @@ class _Worker:
 
 
 def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s: float,
-             run_alone: Callable[[Job, Mapping[str, str]], Finished],
+             run_alone: Callable[[Job, Mapping[str, str], Finished], Finished],
              on_done: Callable[[Finished], None] | None = None, worker_log: Path | None = None,
-             deadline: float | None = None, python: str = sys.executable) -> list[Finished]:
+             deadline: float | None = None, python: str = sys.executable,
+             allow_package: bool = False) -> list[Finished]:
     """Runs `jobs` in one worker per slot (each slot the environment of its worker), the next job to whichever
     worker is free; returns how each ended, in the order of `jobs`. A job that takes its worker down runs again
-    with `run_alone(job, env)`. See the module docstring for crashes and timeouts. `worker_log` collects what the
+    with `run_alone(job, env, how its worker ended)`. See the module docstring for crashes and timeouts. `worker_log` collects what the
     workers themselves print (a warm-up import that failed). Past `deadline` (a time.monotonic() value) no job
     starts: those left end "not_run", and a job's timeout ends at the deadline. Interrupted (KeyboardInterrupt), it
-    ends its workers."""
-    code = worker_code()
+    ends its workers. `allow_package`: see `worker_code`."""
+    code = worker_code(allow_package)
     pending: queue.Queue[int] = queue.Queue()
     for index in range(len(jobs)):
         pending.put(index)
@@ -270,7 +272,8 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     worker.stop()  # and what it had started
                     retire(worker)
                     worker = None
-                    alone = run_alone(job, env)
+                    alone = run_alone(job, env, Finished(job, status, time.monotonic() - started, "worker",
+                                                         "took its worker down"))
                     done(index, dataclasses.replace(alone, how="alone", note=(
                         f"took its worker down (exit status {status}); run again alone" + (
                             f"; {alone.note}" if alone.note else ""))))
@@ -278,7 +281,8 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     worker.stop()
                     retire(worker)
                     worker = None
-                    alone = run_alone(job, env)
+                    alone = run_alone(job, env, Finished(job, reply["status"], reply["seconds"], "worker",
+                                                         f"left an error on the device ({reply['device_error']})"))
                     done(index, dataclasses.replace(alone, how="alone", note=(
                         f"left an error on the device ({reply['device_error']}); run again alone")))
                 else:
@@ -309,3 +313,20 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
         for worker in remaining:
             worker.stop()
     return [f for f in finished if f is not None]
+
+
+def run_process(argv: Sequence[str], log: Path, env: Mapping[str, str], timeout_s: float) -> int | None:
+    """Runs `argv` in a process of its own, stdout and stderr into `log`; its exit status (negative: killed by that
+    signal), or None where it ran past `timeout_s` and was ended with what it started (its process group)."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   env=dict(env), start_new_session=True)
+        try:
+            return process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            process.wait()
+            return None

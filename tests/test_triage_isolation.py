@@ -1,0 +1,147 @@
+"""The flush-time triage re-runs pieces in processes of their own: a piece whose re-run aborts its process, or hangs,
+is a verdict about that piece, and neither the training process, nor its training, nor the rest of the flush (the
+other pieces, the repro scripts) notices. Real Thunder runs on CPU, with executors of our own whose op is fine in
+the training process and aborts (or hangs) in any other (`crashing_executors`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import crashing_executors
+from conftest import cpu_executors
+from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.flush import triage as flush_triage
+from thunderfx_debug.thunder.compile import plain_thunder_compiler
+
+STEPS_BEFORE, STEPS_AFTER = 3, 2
+
+
+class ThreeGraphs(torch.nn.Module):
+    """Three Dynamo graphs, one Thunder split each: the second calls torch.tanh, the third torch.exp."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.third = (torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):
+        y = torch.nn.functional.gelu(self.first(x)) * 0.5
+        torch._dynamo.graph_break()
+        y = torch.tanh(self.second(y)) + y
+        torch._dynamo.graph_break()
+        return (torch.exp(self.third(y) * 0.1) * y).sum()
+
+
+def _train(backend, flush_after: int | None = None, device: str = "cpu"):
+    """Losses and final parameters of training `ThreeGraphs` under `backend`; with `flush_after`, `backend.flush()`
+    after that many steps (its rank directory returned too)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ThreeGraphs().to(device)
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(8, 16, device=device)
+    losses, rank_dir = [], None
+    for step in range(STEPS_BEFORE + STEPS_AFTER):
+        if step == flush_after:
+            rank_dir = backend.flush()
+        loss = compiled(x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], rank_dir
+
+
+@pytest.fixture
+def in_training(monkeypatch):
+    """This process is the training one: the crashing executors' ops are fine here only."""
+    monkeypatch.setenv(crashing_executors.TRAINING_PID, str(os.getpid()))
+
+
+def _executors(*ours):
+    return [*ours, *cpu_executors()]
+
+
+def _assert_as_plain(losses, params, executors, device: str = "cpu"):
+    plain_losses, plain_params, _ = _train(plain_thunder_compiler(executors=executors), device=device)
+    assert torch.equal(losses, plain_losses), (losses, plain_losses)
+    assert all(torch.equal(a, b) for a, b in zip(params, plain_params))
+
+
+def _thunder_splits(report):
+    return {f"{g.name}/{s.name}": s for g in report.graphs for s in g.splits if s.kind.value == "thunder"}
+
+
+@pytest.mark.parametrize("processes", ["fork", "workers"])
+def test_a_piece_whose_triage_aborts_its_process_is_its_verdict_and_training_goes_on_bit_identically(
+        tmp_path, monkeypatch, one_thread, in_training, processes):
+    if processes == "workers":  # as a process that initialised CUDA runs them: fresh interpreters
+        monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+    executors = _executors(crashing_executors.aborting_ex)
+    backend = ReportingBackend(dump_dir=tmp_path, triage="fusion", repro="all", flush_every=0, strict=True,
+                               executors=executors)
+    losses, params, rank_dir = _train(backend, flush_after=STEPS_BEFORE)
+    _assert_as_plain(losses, params, executors)
+
+    splits = _thunder_splits(load_report(rank_dir))
+    aborted, others = splits.pop("graph1/thunder_0"), list(splits.values())
+    # The piece that took its process down: that is its verdict, with how and where, and what its process printed.
+    verdict = aborted.triage
+    assert verdict.error is not None and verdict.died and verdict.thunder_ms is None
+    assert "killed by SIGABRT during Thunder's call of the split after inductor's first" in verdict.error
+    # Its regions went on in a fresh process (the split compiled there again), and so did every other split.
+    assert aborted.fusions and all(f.triage is not None and f.triage.error is None for f in aborted.fusions)
+    assert others and all(s.triage is not None and s.triage.error is None and s.triage.thunder_ms > 0 for s in others)
+    # Every split's scripts are written, and the dead piece's verdict tells how to rerun it.
+    for split in [aborted, *others]:
+        assert {"repro_thunder", "repro_inductor", "repro_eager"} <= set(split.files), split.files
+        assert all((rank_dir / path).is_file() for path in split.files.values())
+    triage_md = (rank_dir / "triage.md").read_text()
+    assert "1 could not be judged" in triage_md and "graph1/thunder_0: the process that timed it was killed by " \
+                                                       "SIGABRT" in triage_md
+    assert aborted.files["repro_inductor"] in triage_md
+
+
+def test_a_piece_whose_triage_hangs_is_ended_at_its_time_limit_and_the_others_are_judged(
+        tmp_path, monkeypatch, one_thread, in_training):
+    monkeypatch.setenv("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", "30")
+    executors = _executors(crashing_executors.hanging_ex)
+    backend = ReportingBackend(dump_dir=tmp_path, triage="split", flush_every=0, strict=True, executors=executors)
+    losses, params, rank_dir = _train(backend, flush_after=STEPS_BEFORE)
+    _assert_as_plain(losses, params, executors)
+    splits = _thunder_splits(load_report(rank_dir))
+    hung = splits.pop("graph2/thunder_0").triage
+    assert hung.died and "did not finish within 30 s (THUNDERFX_DEBUG_TRIAGE_TIMEOUT)" in hung.error
+    assert "_hanging_exp" in hung.error  # where it hung: the watchdog's stacks, in the process's last lines
+    assert all(s.triage.error is None for s in splits.values())
+    # A split whose triage died gets its scripts even with THUNDERFX_DEBUG_REPRO=none, named for why.
+    assert any(p.name.startswith("graph2_thunder_0_triage_died_repro_") for p in rank_dir.rglob("*.py"))
+
+
+@pytest.mark.cuda
+def test_on_cuda_a_device_side_assert_in_a_piece_s_process_is_its_verdict_and_the_next_piece_gets_a_fresh_one(
+        tmp_path, in_training):
+    """The training process has initialised CUDA, so the children are fresh interpreters (workers); a real
+    device-side assert in one leaves that child's CUDA context unusable, and only that child's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import thunder
+
+    executors = [crashing_executors.asserting_ex, *thunder.get_default_executors()]
+    backend = ReportingBackend(dump_dir=tmp_path, triage="fusion", repro="all", flush_every=0, executors=executors)
+    torch.use_deterministic_algorithms(True)  # plain ThunderFX itself varies from run to run on CUDA otherwise
+    try:
+        losses, params, rank_dir = _train(backend, flush_after=STEPS_BEFORE, device="cuda")
+        _assert_as_plain(losses, params, executors, device="cuda")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not flush_triage.forks(backend._flusher._triage_settings)
+    splits = _thunder_splits(load_report(rank_dir))
+    asserted, others = splits.pop("graph1/thunder_0"), list(splits.values())
+    assert asserted.triage.error is not None and "device-side assert" in asserted.triage.error
+    assert asserted.fusions and all(f.triage.error is None for f in asserted.fusions)
+    assert all(s.triage.error is None and s.triage.clock.value == "cuda" for s in others)
+    assert all({"repro_thunder", "repro_inductor"} <= set(s.files) for s in [asserted, *others])

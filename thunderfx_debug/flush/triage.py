@@ -1,0 +1,434 @@
+"""The flush-time triage (THUNDERFX_DEBUG_TRIAGE): each Thunder split, and at `fusion` each of its fusion regions,
+timed against the same piece compiled by inductor, in processes of their own.
+
+The training process only writes, per split, what a child needs (`jobs`: the split's FX module as Dynamo built it,
+Thunder's options and executors by name, the inputs' metadata, host copies of the run's own tensors still alive,
+the run's final traces) and reads back what the children wrote. Each child (`triage_child`) compiles the split again
+as ThunderFX did, checks that its final traces are the run's line for line, and times the pieces. Nothing a child
+does can reach the training process: not its memory, not its CUDA context, not its random streams. A child that
+dies (a signal, a native abort, a device-side assert, an illegal memory access, an out-of-memory) or hangs past
+THUNDERFX_DEBUG_TRIAGE_TIMEOUT gives the piece it was in that verdict, with what it printed last; the pieces of the
+split it had not started go on in a fresh child, and the next split too.
+
+Where the children run: a process that has not initialised CUDA forks them from itself (they have every executor the
+run registered, a custom one of the training script's too; `minimize.child.forked`); a process that has cannot fork
+a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one split after another
+(`worker_pool`, the workers of `verify` and `bench`), where an executor of the user's is there when the module that
+registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing there is not
+judged, and says which executor and why.
+
+The training process waits while the children run, at every flush that triages (the periodic one included): a child
+timing pieces on the GPU the training still used would time the training's kernels with its own. The children's
+CUDA contexts and the inputs they are handed (host copies of the split's live tensors, written to a temporary
+folder) cost device memory and disk only while the flush runs.
+
+Each piece's time is set beside the run's own sampled time of the same piece where the run has one on the same clock
+(THUNDERFX_DEBUG_TIMING=split or fusion): the time lost per step is computed from the run's time and the ratio, and a
+piece whose time in its child differs from the run's by more than THUNDERFX_DEBUG_DEVIATION says so.
+
+Results are kept per split while its final traces stay the same objects, so a later flush of the same run times
+nothing again; a flush that cannot time (SIGTERM's) marks the pieces not timed yet with why, and a later one times them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.config import TriageLevel
+from thunderfx_debug.flush import graph_codec, jobs, triage_child, worker_pool
+from thunderfx_debug.flush.judging import TriageSettings
+from thunderfx_debug.flush.piece_inputs import run_tensors
+from thunderfx_debug.records import InputMeta, SplitKind, Triage
+from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.thunder import rerun
+
+log = logging.getLogger("thunderfx_debug")
+
+#: owner key ("graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> its triage
+TriageIndex = Mapping[str, Triage]
+
+#: Lines of a dead child's output kept in the piece's verdict; of a hung one's, from its watchdog's first line.
+TAIL_LINES, WATCHDOG_LINES = 25, 200
+#: Children per split at most: a child that dies takes one piece with it; a split has its regions after it.
+MAX_ATTEMPTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """How one child of a job ended: `status` its exit status (negative: killed by that signal; None: killed past its
+    time limit), its output's `log`."""
+
+    number: int
+    status: int | None
+    log: Path
+    note: str = ""
+
+
+class Triager:
+    """The triage of one run's pieces, kept while each split's final traces stay the same objects."""
+
+    def __init__(self):
+        # split key -> (its trace objects, kept alive so that their ids stay theirs; the owner -> triage of the split
+        # and its regions)
+        self._done: dict[str, tuple[tuple, dict[str, Triage]]] = {}
+
+    def known(self) -> dict[str, Triage]:
+        """owner -> triage of the pieces triaged so far."""
+        return {owner: t for _, results in self._done.values() for owner, t in results.items()}
+
+    def triage(self, snapshots: Sequence[GraphSnapshot], settings: TriageSettings, failures: ReportingFailures,
+               thunder_options: Mapping[str, Any], occasion: str = "the flush",
+               unable: str | None = None) -> dict[str, Triage]:
+        """owner -> triage of every thunder split (and at `fusion` region) of `snapshots` that ran: the pieces not
+        triaged yet are timed now (`occasion` names the flush in what it says on stderr), or where this flush cannot
+        time (`unable` says why) they carry that reason, and a later flush that can times them."""
+        if settings.level is TriageLevel.OFF:
+            return {}
+        steps = min((s.state.calls for s in snapshots if s.state.calls > 0), default=0) or 1
+        pending = []
+        for snapshot in snapshots:
+            for split in snapshot.splits:
+                if split.state.split.kind is not SplitKind.THUNDER or split.fwd_trace is None or split.state.error:
+                    continue
+                key = f"{snapshot.state.name}/{split.state.name}"
+                done = self._done.get(key)
+                if done is None or done[0][0] is not split.fwd_trace or done[0][1] is not split.bwd_trace:
+                    pending.append((key, snapshot, split, snapshot.state.calls / steps))
+        if not pending:
+            return self.known()
+        if unable is not None:
+            return {**self.known(), **{owner: Triage(deviation=settings.deviation, calls_per_step=per_step,
+                                                     error=unable)
+                                       for key, _, split, per_step in pending
+                                       for owner in _owners(key, split, settings)}}
+        regions = sum(len(split.regions) for _, _, split, _ in pending) if settings.level >= TriageLevel.FUSION else 0
+        estimate = _estimate_s([split for _, _, split, _ in pending], settings)
+        announce(f"thunderfx_debug: {occasion} times {_count(len(pending), 'Thunder split')}"
+                 + (f" and {_count(regions, 'fusion region')}" if regions else "")
+                 + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
+                 + (f", about {estimate:.0f} s" if estimate is not None else "") + "; training waits meanwhile")
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="thunderfx_debug_triage_") as root:
+            folders: dict[str, Path] = {}
+            found: dict[str, dict[str, Triage]] = {}
+            unusable = _device_unusable()  # else the run's tensors are copied below, its captured copies complete
+            for index, (key, snapshot, split, per_step) in enumerate(pending):
+                folder = Path(root) / f"split{index}"
+                try:
+                    if unusable:
+                        raise RuntimeError(f"the training process's device cannot be waited for ({unusable})")
+                    _write_job(folder, key, snapshot, split, settings, per_step, thunder_options)
+                    folders[key] = folder
+                except Exception as e:  # noqa: BLE001  (a job that cannot be written: its pieces say why)
+                    error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
+                    found[key] = {owner: Triage(deviation=settings.deviation, calls_per_step=per_step, error=error)
+                                  for owner in _owners(key, split, settings)}
+            attempts = run_children(list(folders.values()), settings, Path(root))
+            for key, folder in folders.items():
+                with failures.guard(f"reading the triage of {key}"):
+                    found[key] = verdicts(folder, attempts.get(folder, []))
+        for key, snapshot, split, per_step in pending:
+            results = {owner: _beside_the_run(t, _run_samples(split, owner, key))
+                       for owner, t in found.get(key, {}).items()}
+            self._done[key] = ((split.fwd_trace, split.bwd_trace), results)
+        triaged = [t for key, *_ in pending for t in self._done[key][1].values()]
+        log.info("thunderfx_debug: the triage took %.1f s (%d pieces: %d judged, %d deviate, %d not judged)",
+                 time.perf_counter() - started, len(triaged), sum(t.error is None for t in triaged),
+                 sum(t.deviates for t in triaged), sum(t.error is not None for t in triaged))
+        return self.known()
+
+
+def _owners(key: str, split: SplitSnapshot, settings: TriageSettings) -> list[str]:
+    regions = [r.key for r in split.regions] if settings.level >= TriageLevel.FUSION else []
+    return [key, *(f"{key}/{region}" for region in regions)]
+
+
+# ---- the jobs -------------------------------------------------------------------------------------------------------
+def _device_unusable() -> str | None:
+    """None once the training process's device has done its work; else what it said (an error of the training's own
+    left its CUDA context unusable: nothing can be copied off it)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    try:
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001  (said in each piece's verdict)
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
+               per_step: float, thunder_options: Mapping[str, Any]) -> None:
+    """The job of one split (see `jobs`). Raises where the split cannot be handed over: a Thunder option or
+    transform that is an object, a graph that does not pickle."""
+    compiled = split.state.split.compiled
+    options, others = jobs.literal_options(thunder_options)
+    others += [f"transforms ({name})" for name in rerun.other_transforms(compiled)]
+    if others:
+        raise ValueError(f"the run's Thunder options {', '.join(others)} are objects, which a process of its own "
+                         "cannot be given")
+    executors = rerun.executor_objects(dict(thunder_options))
+    names = None if thunder_options.get("executors") is None else tuple(e.name for e in executors)
+    setup = jobs.ThunderSetup(options, names, jobs.executor_modules(executors), rerun.prologue_pruning(compiled))
+    captured = split.state.captured
+    metas = repro_inputs.split_metas(snapshot, split)
+    tensors = {key: run_tensors(captured, metas)}
+    regions = []
+    if settings.level >= TriageLevel.FUSION:
+        for region in split.regions:
+            region_metas = repro_inputs.region_metas(split, region)
+            regions.append((region.key, jobs.PieceInputs(region_metas, region.inputs)))
+            tensors[f"{key}/{region.key}"] = run_tensors(split.region_captures.get(region.key), region_metas)
+    job = jobs.SplitJob(
+        key=key, setup=setup, inputs=jobs.PieceInputs(metas, tuple(split.state.split.input_names)),
+        grad_enabled=captured.grad_enabled if captured is not None else True,
+        autocast=tuple((d, e, str(t).removeprefix("torch.")) for d, e, t in (captured.autocast if captured else ())),
+        grad_outputs=_grad_outputs(captured), regions=tuple(regions), fwd_text=split.fwd_text,
+        bwd_text=split.bwd_text, level=settings.level.name.lower(), deviation=settings.deviation,
+        looks=tuple(settings.looks), calls=settings.calls, calls_per_step=per_step,
+        piece_timeout_s=settings.timeout_s)
+    jobs.write(folder, job, graph_codec.encode(split.state.split.original_module), tensors)
+
+
+def _grad_outputs(captured) -> tuple[InputMeta | None, ...] | None:
+    if captured is None or captured.grad_outputs is None:
+        return None
+    return tuple(captured.grad_outputs)
+
+
+# ---- the children ---------------------------------------------------------------------------------------------------
+def forks(settings: TriageSettings) -> bool:
+    """Whether the children are forks of this process (see the module docstring)."""
+    if settings.processes != "auto":
+        return settings.processes == "fork"
+    return hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) -> dict[Path, list[Attempt]]:
+    """Runs the jobs in `folders`, one child at a time, until each job's pieces are all started or a child died in a
+    step that every piece needs (`triage_child.SHARED_STEPS`); the attempts of each job."""
+    attempts: dict[Path, list[Attempt]] = {folder: [] for folder in folders}
+    if not folders:
+        return attempts
+    if forks(settings):
+        for folder in folders:
+            _go_on(folder, attempts[folder], lambda attempt, log: _forked(folder, attempt, log, settings), settings)
+        return attempts
+    launcher = root / "triage_child.py"
+    launcher.write_text("from thunderfx_debug.flush.triage_child import main\nmain()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+
+    def alone(job: worker_pool.Job, env: Mapping[str, str], worker_end: worker_pool.Finished) -> worker_pool.Finished:
+        folder = Path(job.args[0])
+        tried = attempts[folder]
+        tried.append(Attempt(0, worker_end.status, job.log, worker_end.note))
+        _go_on(folder, tried, lambda attempt, log: _fresh(launcher, folder, attempt, log, env, settings), settings)
+        last = tried[-1]
+        return worker_pool.Finished(job, last.status, 0.0, "alone", last.note)
+
+    def timeout(folder: Path) -> float:
+        job, _, _ = jobs.read(folder)
+        return settings.timeout_s * (len(job.pieces) + 1)  # the child's own watchdog ends a piece before this
+
+    finished = worker_pool.run_jobs(
+        [worker_pool.Job(launcher, (str(folder), "0"), folder / "attempt0.log") for folder in folders],
+        slots=[env], timeout_s=max(timeout(f) for f in folders), run_alone=alone, allow_package=True)
+    for result in finished:
+        folder = Path(result.job.args[0])
+        if result.how == "worker":
+            attempts[folder].append(Attempt(0, result.status, result.job.log))
+        elif result.how in ("timeout", "not_run"):
+            attempts[folder].append(Attempt(0, None, result.job.log, result.note))
+            _go_on(folder, attempts[folder],
+                   lambda attempt, log, folder=folder: _fresh(launcher, folder, attempt, log, env, settings), settings)
+    return attempts
+
+
+def _go_on(folder: Path, tried: list[Attempt], start, settings: TriageSettings) -> None:
+    """Starts children for the job in `folder` (`start(attempt, log)` -> Attempt) while it has pieces no child has
+    started and the last child did not die in a step every piece needs."""
+    job, _, _ = jobs.read(folder)
+    while len(tried) < MAX_ATTEMPTS and jobs.pieces_left(job, folder):
+        if tried and _died_in_shared_step(job, folder):
+            return
+        number = len(tried)
+        tried.append(start(number, folder / f"attempt{number}.log"))
+        if tried[-1].status == 0 and not jobs.pieces_left(job, folder):
+            return
+
+
+def _died_in_shared_step(job: jobs.SplitJob, folder: Path) -> bool:
+    results = jobs.Results(folder)
+    records = results.records()
+    for piece in job.pieces:
+        step = results.last_step(piece)
+        if step is not None and piece not in records and step[0] in triage_child.SHARED_STEPS:
+            return True
+    return False
+
+
+def _forked(folder: Path, attempt: int, log: Path, settings: TriageSettings) -> Attempt:
+    from thunderfx_debug.minimize import child
+
+    job, _, _ = jobs.read(folder)
+    limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
+    status = child.forked(_run_forked, (str(folder), str(log), attempt), limit)
+    return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
+
+
+def _run_forked(folder: str, log: str, attempt: int) -> None:
+    """A forked child's body (never returns): output into `log`, Dynamo and inductor as a fresh process has them."""
+    from thunderfx_debug.minimize import child
+    from thunderfx_debug.thunder.torch_private import fresh_compile_state
+
+    code = 1
+    try:
+        child.into(log)
+        fresh_compile_state()
+        triage_child.run(Path(folder), attempt)
+        code = 0
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _fresh(launcher: Path, folder: Path, attempt: int, log: Path, env: Mapping[str, str],
+           settings: TriageSettings) -> Attempt:
+    job, _, _ = jobs.read(folder)
+    limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
+    status = worker_pool.run_process([sys.executable, str(launcher), str(folder), str(attempt)], log, env, limit)
+    return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
+
+
+# ---- what the children found ----------------------------------------------------------------------------------------
+def verdicts(folder: Path, tried: Sequence[Attempt]) -> dict[str, Triage]:
+    """owner -> triage of every piece of the job in `folder`: what its children wrote, and for a piece a child died
+    in, that death (how, in which step, the child's last lines)."""
+    job, _, _ = jobs.read(folder)
+    results = jobs.Results(folder)
+    records = results.records()
+    if "*" in records:  # the child could not read the job
+        return {piece: records["*"] for piece in job.pieces}
+    found: dict[str, Triage] = {}
+    shared_death = None
+    for piece in job.pieces:
+        if piece in records:
+            found[piece] = records[piece]
+            continue
+        step = results.last_step(piece)
+        if step is None:
+            error = (f"not judged: {shared_death}" if shared_death else
+                     "not judged: no process was left to time it (the split's children died one after another)")
+        else:
+            what, number = step
+            attempt = next((a for a in tried if a.number == number), None)
+            error = _death(piece, what, attempt, job.piece_timeout_s)
+            if what in triage_child.SHARED_STEPS:
+                shared_death = (f"the process that compiled its split died while {what} "
+                                f"(see {job.key}'s verdict)")
+        found[piece] = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error, died=True)
+    return found
+
+
+def _death(piece: str, step: str, attempt: Attempt | None, timeout_s: float) -> str:
+    """A piece's verdict where the process that timed it died: how, where, and its last lines (past its time limit,
+    the watchdog's stacks of every thread, where it hung)."""
+    lines: list[str] = []
+    if attempt is not None and attempt.log.exists():
+        lines = attempt.log.read_text(errors="replace").rstrip().splitlines()
+    ended = next((i for i, line in enumerate(lines) if line.startswith(triage_child.TIMEOUT_MARK)), None)
+    tail = "\n".join(lines[ended:ended + WATCHDOG_LINES] if ended is not None else lines[-TAIL_LINES:])
+    if attempt is None:
+        how = "died"
+    elif attempt.status is None or ended is not None:
+        how = f"did not finish within {timeout_s:.0f} s (THUNDERFX_DEBUG_TRIAGE_TIMEOUT) and was ended"
+    elif attempt.status < 0:
+        try:
+            name = signal.Signals(-attempt.status).name
+        except ValueError:
+            name = f"signal {-attempt.status}"
+        how = f"was killed by {name}"
+    else:
+        how = f"ended with exit status {attempt.status}" + (f" ({attempt.note})" if attempt.note else "")
+    return (f"the process that timed it {how} during {step}: a crash of the piece, not of the training, which went on"
+            f" (the piece's repro scripts rerun it alone)\n{tail}")
+
+
+# ---- the run's own time ---------------------------------------------------------------------------------------------
+def _run_samples(split: SplitSnapshot, owner: str, key: str) -> tuple[Any, list[float]]:
+    """(clock, ms per call) of the run's own samples of a piece: a split's forward and backward paired by call, a
+    region's calls."""
+    state = split.state
+    if owner == key:
+        forward, backward = state.forward.samples_ms, state.backward.samples_ms
+        by_call = dict(zip(state.backward.calls, backward))
+        paired = [f + by_call[c] for c, f in zip(state.forward.calls, forward) if c in by_call]
+        return state.forward.clock.kind, paired or (forward if not backward else [])
+    series = state.region_series.get(owner.rpartition("/")[2])
+    return (None, []) if series is None else (series.clock.kind, list(series.samples_ms))
+
+
+def _beside_the_run(triage: Triage, samples: tuple[Any, list[float]]) -> Triage:
+    """`triage` with the run's own time of the piece, where the run sampled it on the same clock."""
+    clock, values = samples
+    if triage.error is not None or not values or clock is not triage.clock:
+        return triage
+    return dataclasses.replace(triage, run_ms=statistics.median(values), run_samples=len(values))
+
+
+# ---- what the flush says --------------------------------------------------------------------------------------------
+def _estimate_s(splits: Sequence[SplitSnapshot], settings: TriageSettings) -> float | None:
+    """Seconds the triage of `splits` should take, from the run's own figures: Thunder compiling each split again and
+    inductor compiling it, each about as long as Thunder's first call of it took in the run (its compile; regions
+    about as long again), and the most rounds of both sides at the piece's median sampled call. None where the run
+    timed no first call."""
+    total, known = 0.0, False
+    calls = 2 * (settings.looks[-1] * settings.calls + 2)
+    for split in splits:
+        first = split.state.first
+        if first is not None and first.forward.samples_ms:
+            known = True
+            factor = 3 if settings.level >= TriageLevel.FUSION and split.regions else 2
+            total += factor * (sum(first.forward.samples_ms) + sum(first.backward.samples_ms)) / 1e3
+        sampled = [statistics.median(s.samples_ms) for s in (split.state.forward, split.state.backward) if s.samples_ms]
+        total += calls * sum(sampled) / 1e3
+    return total if known else None
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def announce(message: str) -> None:
+    """`message` at INFO on the package's logger, and on stderr too where logging is not set up (no handler on the
+    logger's path) and the logger was not silenced (a level above INFO set on it, or `logging.disable`): a flush that
+    makes training wait says so once, where a training script shows it. A script that set up logging gets the record
+    where its logging sends INFO (or not at all, at WARNING)."""
+    log.info(message)
+    silenced = log.level > logging.INFO or log.disabled or logging.root.manager.disable >= logging.INFO
+    if not log.hasHandlers() and not silenced:
+        print(message, file=sys.stderr, flush=True)
+
+
+def deviating(triage: TriageIndex) -> dict[str, str]:
+    """owner -> why its scripts are written even with THUNDERFX_DEBUG_REPRO=none ("slower_than_inductor",
+    "faster_than_inductor", "triage_died": a piece whose triage took its process down, rerun alone by its scripts)."""
+    return {owner: t.why for owner, t in triage.items() if t.why is not None}

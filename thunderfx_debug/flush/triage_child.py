@@ -1,0 +1,223 @@
+"""The flush-time triage's child: one Thunder split of the run (and, at `fusion`, its fusion regions) compiled again
+as ThunderFX compiled it, and each piece timed against inductor (`judging`), in a process of its own.
+
+    python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT]
+
+The job is a folder the training process wrote (`jobs`). The child
+1. compiles the split's FX module (Dynamo's, as it was: `graph_codec`) with `thunder.jit`, the run's options and
+   executors (`thunder.rerun`), and calls it once on the piece's inputs (`piece_inputs.made_inputs`): its final
+   traces must be the run's, line for line, or nothing of the job is timed (it would time other code than the run's);
+2. times the split against `torch._inductor.compile` of the same FX module, then each region against
+   torch.compile of its ops as torch calls;
+3. writes, before each step, which piece and step it starts, and after each piece its record
+   (`jobs.Results`), so that the parent knows where a child that died was, and a new child goes on with the pieces
+   no child has started.
+A process that dies does so here, not in the training process: its death is the piece's verdict (`flush.triage`).
+
+Each piece's step is watched by faulthandler's watchdog thread (`faulthandler.dump_traceback_later`), which works
+while the main thread is stuck in native code: past the piece's time limit it writes every thread's stack to the
+log and ends the process, so that a hang is a verdict with where it hung.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thunderfx_debug.config import TriageLevel
+from thunderfx_debug.flush import graph_codec, jobs, judging
+from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
+from thunderfx_debug.flush.piece_inputs import made_inputs
+from thunderfx_debug.records import Phase, Triage
+from thunderfx_debug.recording.check import kept_random_state
+from thunderfx_debug.thunder import counterparts, rerun, torch_private
+from thunderfx_debug.thunder.compile_events import SPANS
+from thunderfx_debug.thunder.traces import fusion_regions
+
+#: The steps that every piece of a job goes through first: a process that dies in one of them would die there again
+#: for each piece, so the parent gives the pieces left that verdict instead of another child.
+SHARED_STEPS = ("reading the job", "compiling the split with Thunder and calling it once")
+
+#: What the watchdog writes first when it ends a piece's process (faulthandler's own words).
+TIMEOUT_MARK = "Timeout ("
+
+
+class _Split:
+    """The job's split compiled in this process, with its inputs, kept for its regions (and, in a worker that runs
+    several jobs, only for its own job)."""
+
+    def __init__(self, job: jobs.SplitJob, graph: bytes, tensors: dict[str, jobs.RunTensors]):
+        self.job, self.tensors = job, tensors
+        setup = job.setup
+        self.module = graph_codec.decode(graph)
+        self.compiled = rerun.jit_as_in_the_run(self.module, setup.options, setup.executors, setup.executor_modules,
+                                                setup.prologue_pruning)
+        self.args, self.inputs = made_inputs(job.inputs, tensors.get(job.key, jobs.RunTensors()))
+        autocast = tuple((device, enabled, getattr(torch, dtype)) for device, enabled, dtype in job.autocast)
+        self.runs_as = RunsAs(job.grad_enabled, autocast)
+        self.call = TrainingCall(self.compiled, self.args, job.grad_outputs)
+        with kept_random_state(self.args), self.runs_as:
+            self.call()
+        forward, backward = rerun.final_trace_texts(self.compiled)
+        differs = rerun.same_trace(forward, job.fwd_text) or (
+            rerun.same_trace(backward, job.bwd_text) and f"backward: {rerun.same_trace(backward, job.bwd_text)}")
+        if differs:
+            raise NotJudged("Thunder compiled other code for the split in a process of its own than in the run, so "
+                            f"its time there is not the run's (the final traces differ at {differs}); a bug of "
+                            "thunderfx_debug's inputs or options: report it with the dump")
+        from thunderfx_debug.thunder.traces import final_traces
+
+        fwd, bwd = final_traces(self.compiled)
+        self.regions = {r.key: r for r in fusion_regions(fwd, Phase.FORWARD) + fusion_regions(bwd, Phase.BACKWARD)}
+
+
+def _settings(job: jobs.SplitJob) -> judging.TriageSettings:
+    return judging.TriageSettings(TriageLevel[job.level.upper()], job.deviation, job.looks, job.calls,
+                                  job.piece_timeout_s)
+
+
+def _split_verdict(split: _Split, step) -> Triage:
+    job = split.job
+    started = time.perf_counter()
+    step("compiling the split with inductor")
+    try:
+        inductor = torch_private.inductor_compile(split.module, split.args)
+    except Exception as e:
+        raise NotJudged(because("inductor could not compile the split", e)) from e
+    inductor_call = TrainingCall(inductor, split.args, job.grad_outputs)
+    with kept_random_state(split.args), split.runs_as:
+        judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()), "the split",
+                            step)
+        step("timing the split")
+        return judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
+                             split.inputs, time.perf_counter() - started)
+
+
+def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> Triage:
+    job = split.job
+    region = split.regions.get(key)
+    if region is None:
+        raise NotJudged(f"the split compiled in this process has no region {key}")
+    step("making the region's inputs")
+    try:
+        args, kind = made_inputs(inputs, split.tensors.get(f"{job.key}/{key}", jobs.RunTensors()))
+    except Exception as e:
+        raise NotJudged(because("the triage could not make the inputs", e)) from e
+    try:
+        thunder = counterparts.region_callable(region)
+    except LookupError as e:
+        raise NotJudged(str(e)) from e
+    started = time.perf_counter()
+    step("compiling the region's ops with inductor")
+    try:
+        inductor = counterparts.inductor_region(region)
+    except Exception as e:
+        raise NotJudged(because("the region's ops could not be made torch calls for inductor", e)) from e
+    thunder_call, inductor_call = no_grad_call(thunder, args), no_grad_call(inductor, args)
+    with kept_random_state(args), RunsAs.inside_a_trace():
+        judging.first_calls(thunder_call, inductor_call, None, [region], "the region", step)
+        step("timing the region")
+        return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
+                             time.perf_counter() - started)
+
+
+#: folder -> the split compiled for it, in a worker process that runs a job's pieces one call after another.
+_COMPILED: dict[str, _Split] = {}
+
+
+def run(folder: Path, attempt: int = 0) -> None:
+    """Judges the pieces of the job in `folder` that no child has started yet (see the module docstring)."""
+    results = jobs.Results(folder)
+    job = None
+    try:
+        job, graph, tensors = jobs.read(folder)
+    except Exception as e:  # noqa: BLE001  (a job this child cannot read is every piece's verdict)
+        results.step("*", SHARED_STEPS[0], attempt)
+        results.done("*", Triage(error=because("the triage's child could not read its job", e)))
+        return
+    left = [piece for piece in job.pieces if not results.started(piece)]
+    if not left:
+        return
+    SPANS.install()  # Dynamo's recompiles are how a region that compiled again shows (`counterparts`)
+    faulthandler.enable(file=sys.stderr)
+    split = _COMPILED.get(str(folder))
+    if split is None:
+        results.step(left[0], SHARED_STEPS[1], attempt)
+        try:
+            with _watched(job.piece_timeout_s):
+                split = _Split(job, graph, tensors)
+        except Exception as e:  # noqa: BLE001  (not judged, said whole)
+            error = str(e) if isinstance(e, NotJudged) else because(
+                "compiling the split with Thunder as the run did, or its first call, failed", e)
+            for piece in left:
+                results.done(piece, Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error))
+            return
+        _COMPILED.clear()
+        _COMPILED[str(folder)] = split
+    regions = dict(job.regions)
+    for piece in left:
+
+        def step(what: str, piece: str = piece) -> None:
+            results.step(piece, what, attempt)
+
+        step("starting")
+        try:
+            with _watched(job.piece_timeout_s):
+                if piece == job.key:
+                    triage = _split_verdict(split, step)
+                else:
+                    triage = _region_verdict(split, piece.rpartition("/")[2], regions[piece.rpartition("/")[2]],
+                                             step)
+        except NotJudged as e:
+            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=str(e))
+        except Exception as e:  # noqa: BLE001  (anything else a piece raises is its verdict, said whole)
+            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step,
+                            error=because("the triage of this piece failed", e))
+        results.done(piece, triage)
+        if not _device_usable():
+            # An error a piece left on the device (a device-side assert) fails every later CUDA call of this
+            # process: the next piece goes to a fresh one.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(3)
+
+
+def _device_usable() -> bool:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception as e:  # noqa: BLE001  (what the device says is printed; the process ends)
+        print(f"the device is unusable after the piece: {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+
+
+class _watched:
+    """faulthandler's watchdog around a step: past `seconds`, every thread's stack to stderr and the process ends."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self) -> None:
+        faulthandler.dump_traceback_later(self.seconds, exit=True, file=sys.stderr)
+
+    def __exit__(self, *exc: Any) -> None:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or len(argv) > 2:
+        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT]")
+    run(Path(argv[0]), int(argv[1]) if len(argv) > 1 else 0)
+
+
+if __name__ == "__main__":
+    main()
