@@ -25,7 +25,7 @@ import dataclasses
 import io
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class SplitJob:
     calls: int
     calls_per_step: float
     piece_timeout_s: float
+    device_lock: str | None = None  # a file whose lock a child holds while it runs the piece on the device
 
     @property
     def pieces(self) -> list[str]:
@@ -117,7 +118,7 @@ class SplitJob:
             regions=tuple((key, PieceInputs.from_json(inputs)) for key, inputs in data["regions"]),
             fwd_text=data["fwd_text"], bwd_text=data["bwd_text"], level=data["level"], deviation=data["deviation"],
             looks=tuple(data["looks"]), calls=data["calls"], calls_per_step=data["calls_per_step"],
-            piece_timeout_s=data["piece_timeout_s"])
+            piece_timeout_s=data["piece_timeout_s"], device_lock=data.get("device_lock"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +246,3 @@ def literal_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[st
         other.append(key)
     return literal, other
 
-
-def placed_values(values: Sequence[Any]) -> list[Any]:
-    return list(values)

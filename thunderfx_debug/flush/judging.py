@@ -244,7 +244,8 @@ class TriageSettings:
     """THUNDERFX_DEBUG_TRIAGE's level and DEVIATION, the rounds, and how the pieces run: `timeout_s` per piece
     (THUNDERFX_DEBUG_TRIAGE_TIMEOUT); `processes` "fork" (children forked from the training process, which has every
     executor it registered; only where it has not initialised CUDA), "workers" (fresh interpreters), or "auto"
-    (fork where it may)."""
+    (fork where it may); `workers` how many fresh interpreters at once (0: a quarter of the cores, at most 4; they
+    compile at once and take turns on the device)."""
 
     level: TriageLevel = TriageLevel.OFF
     deviation: float = DEVIATION
@@ -252,6 +253,7 @@ class TriageSettings:
     calls: int = CALLS
     timeout_s: float = PIECE_TIMEOUT_S
     processes: str = "auto"
+    workers: int = 0
 
 
 class NotJudged(Exception):

@@ -10,12 +10,13 @@ dies (a signal, a native abort, a device-side assert, an illegal memory access, 
 THUNDERFX_DEBUG_TRIAGE_TIMEOUT gives the piece it was in that verdict, with what it printed last; the pieces of the
 split it had not started go on in a fresh child, and the next split too.
 
-Where the children run: a process that has not initialised CUDA forks them from itself (they have every executor the
-run registered, a custom one of the training script's too; `minimize.child.forked`); a process that has cannot fork
-a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one split after another
-(`worker_pool`, the workers of `verify` and `bench`), where an executor of the user's is there when the module that
-registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing there is not
-judged, and says which executor and why.
+Where the children run: a process that has not initialised CUDA forks them from itself, one at a time (they have
+every executor the run registered, a custom one of the training script's too; `minimize.child.forked`); a process
+that has cannot fork a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one
+split after another (`worker_pool`, the workers of `verify` and `bench`), several at once so that their compiles
+overlap, taking turns on the device (`triage_child.on_the_device`); there an executor of the user's is there when the
+module that registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing
+there is not judged, and says which executor and why.
 
 The training process waits while the children run, at every flush that triages (the periodic one included): a child
 timing pieces on the GPU the training still used would time the training's kernels with its own. The children's
@@ -99,19 +100,24 @@ class Triager:
         if settings.level is TriageLevel.OFF:
             return {}
         steps = min((s.state.calls for s in snapshots if s.state.calls > 0), default=0) or 1
-        pending = []
+        pending, untimed = [], {}
         for snapshot in snapshots:
             for split in snapshot.splits:
-                if split.state.split.kind is not SplitKind.THUNDER or split.fwd_trace is None or split.state.error:
+                if split.state.split.kind is not SplitKind.THUNDER:
                     continue
                 key = f"{snapshot.state.name}/{split.state.name}"
+                if split.state.error or split.fwd_trace is None:  # said, so that no page counts it as judged
+                    why = ("Thunder failed on it in the run" if split.state.error else
+                           "it has not run yet" if split.state.calls == 0 else "its traces could not be read")
+                    untimed[key] = Triage(deviation=settings.deviation, error=f"not triaged: {why}")
+                    continue
                 done = self._done.get(key)
                 if done is None or done[0][0] is not split.fwd_trace or done[0][1] is not split.bwd_trace:
                     pending.append((key, snapshot, split, snapshot.state.calls / steps))
         if not pending:
-            return self.known()
+            return {**untimed, **self.known()}
         if unable is not None:
-            return {**self.known(), **{owner: Triage(deviation=settings.deviation, calls_per_step=per_step,
+            return {**untimed, **self.known(), **{owner: Triage(deviation=settings.deviation, calls_per_step=per_step,
                                                      error=unable)
                                        for key, _, split, per_step in pending
                                        for owner in _owners(key, split, settings)}}
@@ -126,12 +132,15 @@ class Triager:
             folders: dict[str, Path] = {}
             found: dict[str, dict[str, Triage]] = {}
             unusable = _device_unusable()  # else the run's tensors are copied below, its captured copies complete
+            if unusable:
+                log.warning("thunderfx_debug: the training process's device cannot be waited for (%s): the triage's "
+                            "children make every input from the recorded metadata", unusable)
+            lock = None if forks(settings) else str(Path(root) / "device.lock")
             for index, (key, snapshot, split, per_step) in enumerate(pending):
                 folder = Path(root) / f"split{index}"
                 try:
-                    if unusable:
-                        raise RuntimeError(f"the training process's device cannot be waited for ({unusable})")
-                    _write_job(folder, key, snapshot, split, settings, per_step, thunder_options)
+                    _write_job(folder, key, snapshot, split, settings, per_step, thunder_options,
+                               run_tensors_too=unusable is None, device_lock=lock)
                     folders[key] = folder
                 except Exception as e:  # noqa: BLE001  (a job that cannot be written: its pieces say why)
                     error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
@@ -149,7 +158,7 @@ class Triager:
         log.info("thunderfx_debug: the triage took %.1f s (%d pieces: %d judged, %d deviate, %d not judged)",
                  time.perf_counter() - started, len(triaged), sum(t.error is None for t in triaged),
                  sum(t.deviates for t in triaged), sum(t.error is not None for t in triaged))
-        return self.known()
+        return {**untimed, **self.known()}
 
 
 def _owners(key: str, split: SplitSnapshot, settings: TriageSettings) -> list[str]:
@@ -171,9 +180,11 @@ def _device_unusable() -> str | None:
 
 
 def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
-               per_step: float, thunder_options: Mapping[str, Any]) -> None:
-    """The job of one split (see `jobs`). Raises where the split cannot be handed over: a Thunder option or
-    transform that is an object, a graph that does not pickle."""
+               per_step: float, thunder_options: Mapping[str, Any], run_tensors_too: bool = True,
+               device_lock: str | None = None) -> None:
+    """The job of one split (see `jobs`); without `run_tensors_too` (a device that cannot be read), metadata only.
+    Raises where the split cannot be handed over: a Thunder option or transform that is an object, a graph that
+    does not pickle."""
     compiled = split.state.split.compiled
     options, others = jobs.literal_options(thunder_options)
     others += [f"transforms ({name})" for name in rerun.other_transforms(compiled)]
@@ -185,13 +196,16 @@ def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnap
     setup = jobs.ThunderSetup(options, names, jobs.executor_modules(executors), rerun.prologue_pruning(compiled))
     captured = split.state.captured
     metas = repro_inputs.split_metas(snapshot, split)
-    tensors = {key: run_tensors(captured, metas)}
+    def handed(captured_call, piece_metas) -> jobs.RunTensors:
+        return run_tensors(captured_call, piece_metas) if run_tensors_too else jobs.RunTensors()
+
+    tensors = {key: handed(captured, metas)}
     regions = []
     if settings.level >= TriageLevel.FUSION:
         for region in split.regions:
             region_metas = repro_inputs.region_metas(split, region)
             regions.append((region.key, jobs.PieceInputs(region_metas, region.inputs)))
-            tensors[f"{key}/{region.key}"] = run_tensors(split.region_captures.get(region.key), region_metas)
+            tensors[f"{key}/{region.key}"] = handed(split.region_captures.get(region.key), region_metas)
     job = jobs.SplitJob(
         key=key, setup=setup, inputs=jobs.PieceInputs(metas, tuple(split.state.split.input_names)),
         grad_enabled=captured.grad_enabled if captured is not None else True,
@@ -199,7 +213,7 @@ def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnap
         grad_outputs=_grad_outputs(captured), regions=tuple(regions), fwd_text=split.fwd_text,
         bwd_text=split.bwd_text, level=settings.level.name.lower(), deviation=settings.deviation,
         looks=tuple(settings.looks), calls=settings.calls, calls_per_step=per_step,
-        piece_timeout_s=settings.timeout_s)
+        piece_timeout_s=settings.timeout_s, device_lock=device_lock)
     jobs.write(folder, job, graph_codec.encode(split.state.split.original_module), tensors)
 
 
@@ -243,9 +257,11 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
         job, _, _ = jobs.read(folder)
         return settings.timeout_s * (len(job.pieces) + 1)  # the child's own watchdog ends a piece before this
 
+    workers = settings.workers or min(4, max(1, (os.cpu_count() or 1) // 4))
     finished = worker_pool.run_jobs(
         [worker_pool.Job(launcher, (str(folder), "0"), folder / "attempt0.log") for folder in folders],
-        slots=[env], timeout_s=max(timeout(f) for f in folders), run_alone=alone, allow_package=True)
+        slots=[env] * min(workers, len(folders)), timeout_s=max(timeout(f) for f in folders), run_alone=alone,
+        allow_package=True)
     for result in finished:
         folder = Path(result.job.args[0])
         if result.how == "worker":

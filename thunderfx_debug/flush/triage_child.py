@@ -62,19 +62,69 @@ class _Split:
         autocast = tuple((device, enabled, getattr(torch, dtype)) for device, enabled, dtype in job.autocast)
         self.runs_as = RunsAs(job.grad_enabled, autocast)
         self.call = TrainingCall(self.compiled, self.args, job.grad_outputs)
-        with kept_random_state(self.args), self.runs_as:
-            self.call()
+        failed = None
+        with on_the_device(job), kept_random_state(self.args), self.runs_as:
+            try:
+                self.call()
+            except Exception as e:  # noqa: BLE001  (what Thunder built is compared first: see below)
+                failed = e
+        # Thunder keeps the traces it built before it runs them: whether the call failed or not, they say whether
+        # this process compiled the run's code.
         forward, backward = rerun.final_trace_texts(self.compiled)
         differs = rerun.same_trace(forward, job.fwd_text) or (
             rerun.same_trace(backward, job.bwd_text) and f"backward: {rerun.same_trace(backward, job.bwd_text)}")
-        if differs:
+        if differs and forward is not None:
             raise NotJudged("Thunder compiled other code for the split in a process of its own than in the run, so "
                             f"its time there is not the run's (the final traces differ at {differs}); a bug of "
                             "thunderfx_debug's inputs or options: report it with the dump")
+        if failed is not None:
+            raise NotJudged(because(
+                "Thunder's compile of the split " + ("(the run's code, line for line) " if forward is not None else "")
+                + f"failed on the triage's inputs ({self.inputs}; {_layouts_against(self.args, job.inputs.metas)})",
+                failed)) from failed
         from thunderfx_debug.thunder.traces import final_traces
 
         fwd, bwd = final_traces(self.compiled)
         self.regions = {r.key: r for r in fusion_regions(fwd, Phase.FORWARD) + fusion_regions(bwd, Phase.BACKWARD)}
+
+
+def _layouts_against(args, metas) -> str:
+    """How the inputs made here differ from the run's in what compiled code sees of them (none, or the first few)."""
+    from thunderfx_debug.recording.capture import value_meta
+
+    fields = ("shape", "stride", "storage_offset", "dtype", "requires_grad")
+    differ = []
+    for i, (value, meta) in enumerate(zip(args, metas)):
+        if not isinstance(value, torch.Tensor):
+            continue
+        made = value_meta(value)
+        changed = [f"{f} {getattr(made, f)} against the run's {getattr(meta, f)}" for f in fields
+                   if getattr(made, f) != getattr(meta, f)]
+        if changed:
+            differ.append(f"input {i}: " + ", ".join(changed))
+    return "; ".join(differ[:4]) if differ else "every tensor laid out as the run's"
+
+
+class on_the_device:
+    """Holds the job's device lock (a file lock, `jobs.SplitJob.device_lock`) around work on the device, so that of
+    the children that run at once only one uses the GPU at a time: a piece timed while another child's kernels run
+    would be timed with them. Compiling without running (inductor's, at the same time) needs no lock; the lock goes
+    with a process that dies."""
+
+    def __init__(self, job: jobs.SplitJob):
+        self.path = job.device_lock
+
+    def __enter__(self) -> None:
+        self._file = None
+        if self.path is not None:
+            import fcntl
+
+            self._file = open(self.path, "a")  # noqa: SIM115 (closed in __exit__)
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._file is not None:
+            self._file.close()  # and with it the lock
 
 
 def _settings(job: jobs.SplitJob) -> judging.TriageSettings:
@@ -91,7 +141,7 @@ def _split_verdict(split: _Split, step) -> Triage:
     except Exception as e:
         raise NotJudged(because("inductor could not compile the split", e)) from e
     inductor_call = TrainingCall(inductor, split.args, job.grad_outputs)
-    with kept_random_state(split.args), split.runs_as:
+    with on_the_device(job), kept_random_state(split.args), split.runs_as:
         judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()), "the split",
                             step)
         step("timing the split")
@@ -120,7 +170,7 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
     except Exception as e:
         raise NotJudged(because("the region's ops could not be made torch calls for inductor", e)) from e
     thunder_call, inductor_call = no_grad_call(thunder, args), no_grad_call(inductor, args)
-    with kept_random_state(args), RunsAs.inside_a_trace():
+    with on_the_device(job), kept_random_state(args), RunsAs.inside_a_trace():
         judging.first_calls(thunder_call, inductor_call, None, [region], "the region", step)
         step("timing the region")
         return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
