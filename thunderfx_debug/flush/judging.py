@@ -24,7 +24,6 @@ interval a piece stops at misses its ratio stays within 5% over all looks (Bonfe
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import statistics
 import time
@@ -43,7 +42,6 @@ from thunderfx_debug.recording.check import AutocastState
 from thunderfx_debug.safety import describe_exception
 from thunderfx_debug.thunder import counterparts
 
-log = logging.getLogger("thunderfx_debug")
 
 #: The rounds after which a piece's interval is looked at (the last is the most a piece gets), and calls per side in
 #: each round.
@@ -55,8 +53,6 @@ CONFIDENCE = 0.95
 #: What of an error a record keeps at most: its first and last characters (see `safety.describe_exception`).
 ERROR_HEAD, ERROR_TAIL = 50_000, 200_000
 
-#: owner key ("graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> its triage
-TriageIndex = Mapping[str, Triage]
 
 
 # ---- timing ---------------------------------------------------------------------------------------------------------

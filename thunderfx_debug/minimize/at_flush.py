@@ -29,6 +29,7 @@ import posixpath
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from thunderfx_debug import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
