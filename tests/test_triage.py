@@ -197,3 +197,30 @@ def test_regions_lowered_to_torch_calls_each_compile_as_themselves():
         out = torch.compile(namespace[f"region_{i}"], backend=counting_backend, fullgraph=True)(x)
         assert torch.equal(out, torch.sin(x) * (i + 1))
     assert len(compiled_graphs) == regions
+
+
+def test_a_piece_whose_interval_reaches_past_the_threshold_is_undecided_not_within(tmp_path):
+    """Three outcomes, from the interval alone: beyond the threshold (deviates), inside it (within), or reaching
+    past it (undecided: more rounds would decide), counted apart on the page and in the summary."""
+    import dataclasses
+
+    from conftest import dump_fixtures
+    from thunderfx_debug.records import Triage
+    from thunderfx_debug.render import triage_findings
+
+    report = load_report(dump_fixtures() / "normal" / "rank0")
+    figures = {"straddles": (1.35, 0.94, 1.96), "inside": (1.02, 0.97, 1.08), "beyond": (1.6, 1.4, 1.8)}
+    triages = iter(Triage(thunder_ms=ratio, inductor_ms=1.0, ratio=ratio, ratio_low=low, ratio_high=high,
+                          deviates=low > 1.2, rounds=21) for ratio, low, high in figures.values())
+    graphs = []
+    for graph in report.graphs:
+        splits = [dataclasses.replace(s, triage=next(triages, None)) if s.kind.value == "thunder" else s
+                  for s in graph.splits]
+        graphs.append(dataclasses.replace(graph, splits=tuple(splits)))
+    report = dataclasses.replace(report, graphs=tuple(graphs))
+    outcomes = [p.triage.outcome for p in triage_findings.triaged_pieces(report)]
+    assert sorted(outcomes) == sorted(["undecided", "within", "deviates"][:len(outcomes)]) and len(outcomes) >= 2
+    page = triage_findings.render_triage_md(report)
+    assert "1 lie within it, 1 are undecided" in page
+    assert "undecided: its interval reaches past 1.2x (more rounds would decide)" in page
+    assert "undecided" in "\n".join(triage_findings.summary_lines(report))

@@ -135,6 +135,23 @@ class Triage(JsonRecord):
                 and not 1 / self.deviation <= ratio <= self.deviation)
 
     @property
+    def outcome(self) -> str:
+        """What the interval says: "deviates" (wholly beyond `deviation` either way), "within" (wholly inside it),
+        "undecided" (it reaches past the threshold: more rounds would decide), or "not judged".
+
+        Example:
+            >>> Triage(ratio=1.3, ratio_low=0.97, ratio_high=1.73).outcome, Triage(ratio=1.0, ratio_low=0.95,
+            ...                                                                    ratio_high=1.05).outcome
+            ('undecided', 'within')
+        """
+        if self.error is not None or self.ratio is None:
+            return "not judged"
+        if self.deviates:
+            return "deviates"
+        inside = 1 / self.deviation <= (self.ratio_low or 0) and (self.ratio_high or float("inf")) <= self.deviation
+        return "within" if inside else "undecided"
+
+    @property
     def why(self) -> str | None:
         """"slower_than_inductor" or "faster_than_inductor" for a deviating piece, "triage_died" for a piece whose
         triage took its process down (its scripts' names say so)."""

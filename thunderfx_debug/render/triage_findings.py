@@ -86,6 +86,10 @@ def _ratio(t: Triage) -> str:
     return f"{t.ratio:.2f}x [{t.ratio_low:.2f}, {t.ratio_high:.2f}]" if t.ratio is not None else "-"
 
 
+def _count_outcome(pieces, outcome: str) -> int:
+    return sum(p.triage.outcome == outcome for p in pieces)
+
+
 def _run(t: Triage) -> str:
     if t.run_ms is None:
         return "-"
@@ -93,9 +97,11 @@ def _run(t: Triage) -> str:
 
 
 def _verdict(t: Triage) -> str:
-    if t.error is not None:
-        return "not judged"
-    return t.why.replace("_", " ") if t.why else "within"
+    if t.outcome == "deviates":
+        return t.why.replace("_", " ")
+    if t.outcome == "undecided":
+        return f"undecided: its interval reaches past {t.deviation:g}x (more rounds would decide)"
+    return t.outcome
 
 
 def totals_line(report: RankRecord) -> str:
@@ -120,7 +126,9 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
     lines = [f"# ThunderFX against inductor, in processes of their own{': ' + title if title else ''}", "",
              f"{plural(len(judged), 'piece')} timed ({sum(p.level == 'split' for p in judged)} Thunder splits, "
              f"{sum(p.level == 'fusion' for p in judged)} fusion regions), {len(deviating)} deviate beyond "
-             f"{deviation:g}x either way, {len(failed)} could not be judged"
+             f"{deviation:g}x either way, {_count_outcome(judged, 'within')} lie within it, "
+             f"{_count_outcome(judged, 'undecided')} are undecided (their interval reaches past it: more rounds would "
+             f"decide), {len(failed)} could not be judged"
              + (f" ({died} of them took the process that timed them down)" if died else "") + ". Each piece ran in "
              "a process of its own, compiled again as the run compiled it, on the inputs of a recorded call, against "
              "the same piece compiled by inductor, the two interleaved round by round; ms per call on the "
@@ -178,7 +186,8 @@ def summary_lines(report: RankRecord) -> list[str]:
     judged = [p for p in pieces if p.triage.error is None]
     failed = [p for p in pieces if p.triage.error is not None]
     lines = ["", f"triage against inductor ({plural(len(judged), 'piece')} timed in processes of their own, "
-                 f"{sum(p.triage.deviates for p in judged)} deviate"
+                 f"{sum(p.triage.deviates for p in judged)} deviate, "
+                 f"{_count_outcome(judged, 'undecided')} undecided"
                  + (f", {len(failed)} not judged" if failed else "") + "; see triage.md):"]
     for i, p in enumerate(judged[:SUMMARY_TOP], 1):
         t = p.triage
