@@ -59,6 +59,9 @@ def test_the_dump_at_exit_of_a_training_script_holds_verdicts_and_sigterm_s_says
     announcements = [line for line in done.stderr.splitlines() if "against inductor in processes of their own" in line]
     assert len(announcements) == 1, done.stderr[-3000:]
     assert "the flush at exit times 1 Thunder split" in announcements[0]
+    # What it costs is said when the backend is made, before training: not first at its end.
+    said_first = done.stderr.index("THUNDERFX_DEBUG_TRIAGE=split: the first flush that triages")
+    assert said_first < done.stderr.index(announcements[0])
     assert " about " in announcements[0]
     report = load_report(tmp_path / "dump" / "rank0")
     triages = [s.triage for g in report.graphs for s in g.splits if s.kind.value == "thunder"]

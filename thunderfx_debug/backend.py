@@ -34,6 +34,7 @@ from thunderfx_debug.report import Report
 from thunderfx_debug.runs import this_run
 from thunderfx_debug.sigterm import chain_sigterm
 from thunderfx_debug.flush.judging import TriageSettings
+from thunderfx_debug.flush.triage import announce_cost
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import THUNDERFX_OWN_OPTIONS, describe_options, jit_arguments, unread_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled
@@ -115,11 +116,11 @@ class ReportingBackend(ThunderCompiler):
         if self.config.dump_dir is not None:
             check_writable(self.config.dump_dir)
             on_report = self._torch_trace.flushed if self._torch_trace is not None else None
+            triage = TriageSettings(self.config.triage, self.config.deviation, timeout_s=self.config.triage_timeout)
             self._flusher = DumpFlusher(lambda: self.config.dump_dir, self.recorder, self._artifact_settings,
                                         lambda: self.rank, self._run_facts, self._run.process_uid, on_report,
-                                        TriageSettings(self.config.triage, self.config.deviation,
-                                                       timeout_s=self.config.triage_timeout),
-                                        MinimizeSettings(self.config.minimize, self.config.minimize_budget))
+                                        triage, MinimizeSettings(self.config.minimize, self.config.minimize_budget))
+            announce_cost(triage)
             if self.config.flush_every > 0:
                 self._periodic = PeriodicFlush(self.config.flush_every, self._flush_periodically)
             chain_sigterm(self._on_sigterm)

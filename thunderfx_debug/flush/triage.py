@@ -126,7 +126,8 @@ class Triager:
         announce(f"thunderfx_debug: {occasion} times {_count(len(pending), 'Thunder split')}"
                  + (f" and {_count(regions, 'fusion region')}" if regions else "")
                  + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
-                 + (f", about {estimate:.0f} s" if estimate is not None else "") + "; training waits meanwhile")
+                 + (f", about {estimate:.0f} s" if estimate is not None else "")
+                 + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="thunderfx_debug_triage_") as root:
             folders: dict[str, Path] = {}
@@ -448,3 +449,15 @@ def deviating(triage: TriageIndex) -> dict[str, str]:
     """owner -> why its scripts are written even with THUNDERFX_DEBUG_REPRO=none ("slower_than_inductor",
     "faster_than_inductor", "triage_died": a piece whose triage took its process down, rerun alone by its scripts)."""
     return {owner: t.why for owner, t in triage.items() if t.why is not None}
+
+
+def announce_cost(settings: TriageSettings) -> None:
+    """Says once, when the backend is made, what the triage will cost at flush: a cost said before it is paid."""
+    if settings.level is TriageLevel.OFF:
+        return
+    announce(f"thunderfx_debug: THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()}: the first flush that triages "
+             "(backend.flush(), the one at exit, the first periodic one, which training waits for) compiles each "
+             "Thunder split again in a process of its own and times it against inductor"
+             + (", each of its fusion regions too" if settings.level >= TriageLevel.FUSION else "")
+             + ": about two to three times what the splits' first calls take in this run; "
+             "THUNDERFX_DEBUG_TRIAGE=off skips it")
