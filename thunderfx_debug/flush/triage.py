@@ -147,7 +147,13 @@ class Triager:
                     error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
                     found[key] = {owner: Triage(deviation=settings.deviation, calls_per_step=per_step, error=error)
                                   for owner in _owners(key, split, settings)}
-            attempts = run_children(list(folders.values()), settings, Path(root))
+            attempts: dict[Path, list[Attempt]] = {}
+            try:
+                attempts = run_children(list(folders.values()), settings, Path(root))
+            except Exception as e:  # noqa: BLE001  (no child could be run: every piece says why, none is lost)
+                failures.record("running the triage's children", e)
+                attempts = {folder: [Attempt(0, None, folder / "attempt0.log",
+                                             f"no child could be run: {type(e).__name__}: {e}")] for folder in folders.values()}
             for key, folder in folders.items():
                 with failures.guard(f"reading the triage of {key}"):
                     found[key] = verdicts(folder, attempts.get(folder, []))
@@ -351,16 +357,17 @@ def verdicts(folder: Path, tried: Sequence[Attempt]) -> dict[str, Triage]:
             found[piece] = records[piece]
             continue
         step = results.last_step(piece)
-        if step is None:
-            error = (f"not judged: {shared_death}" if shared_death else
+        if step is None:  # no child started it
+            note = next((a.note for a in reversed(tried) if a.note), "")
+            error = (f"not judged: {shared_death}" if shared_death else f"not judged: {note}" if note else
                      "not judged: no process was left to time it (the split's children died one after another)")
-        else:
-            what, number = step
-            attempt = next((a for a in tried if a.number == number), None)
-            error = _death(piece, what, attempt, job.piece_timeout_s)
-            if what in triage_child.SHARED_STEPS:
-                shared_death = (f"the process that compiled its split died while {what} "
-                                f"(see {job.key}'s verdict)")
+            found[piece] = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error)
+            continue
+        what, number = step
+        attempt = next((a for a in tried if a.number == number), None)
+        error = _death(piece, what, attempt, job.piece_timeout_s)
+        if what in triage_child.SHARED_STEPS:
+            shared_death = f"the process that compiled its split died while {what} (see {job.key}'s verdict)"
         found[piece] = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error, died=True)
     return found
 
