@@ -10,7 +10,8 @@ make the piece compile again, and what would be timed is then another compile of
   which accumulates nothing into `.grad`), other tensors (buffers, a batch the loop still holds) as copies with the
   same layout, so that a piece that writes into an input writes into the copy;
 - the rest as the run captured them (THUNDERFX_DEBUG_INPUTS=real), else rebuilt from the recorded metadata by the
-  code the repro scripts run (layouts exactly, values drawn like the run's);
+  code the repro scripts run (layouts exactly, values drawn like the run's; integer and bool tensors, which index
+  and mask, as the run passed them, `Captured.integers`);
 - then every input placed as the run placed it: inputs that shared a storage in the run share one again, each at its
   own offset and strides (`InputMeta.alias_of`), parameters are parameters, and an input that requires grad is a
   tensor of its own (inside a Thunder split a view of a storage made for it would reach the regions without
@@ -51,6 +52,8 @@ def call_inputs(captured: Captured | None, metas: Sequence[InputMeta],
             i = unresolvable[0]
             raise ValueError(f"input {i} ({metas[i].value}) cannot be rebuilt from its metadata")
         values, kind = rebuilt_inputs(metas, names), "meta"
+        for i, saved in repro_inputs.run_integers(captured, metas).items():  # as the scripts take them
+            values[i] = script_template._rebuild(saved)
     for i, tensor in live.items():
         values[i] = tensor if isinstance(tensor, torch.nn.Parameter) else script_template.fresh([tensor])[0]
     values = placed_as_in_the_run(values, metas, frozenset(i for i, t in live.items()

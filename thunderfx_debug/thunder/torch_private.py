@@ -8,7 +8,9 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `c10d_function`: a function of the c10d bindings (`torch._C._distributed_c10d`), the flight recorder's dumps;
 - `allocating_to`: every allocation of the current stream routed to a memory pool, from any thread;
 - `queue_at_end_of_backward`: a callback autograd's engine runs when the current backward ends;
-- `fresh_compile_state`: Dynamo's caches dropped and inductor compiling in its own thread (a forked child).
+- `fresh_compile_state`: Dynamo's caches dropped and inductor compiling in its own thread (a forked child);
+- `custom_op_module`: the Python module that defined a custom op (`torch.library.custom_op`), which a script must
+  import for `torch.ops.<namespace>.<name>` to exist.
 """
 
 from __future__ import annotations
@@ -84,3 +86,22 @@ def fresh_compile_state() -> None:
         inductor_config.compile_threads = 1
     except Exception:
         pass
+
+
+def custom_op_module(target: Any) -> tuple[str, str] | None:
+    """(the op's name, the module of the function it was made from) for an FX node's target that is a custom op
+    made with `torch.library.custom_op` (torch.ops.transformers.grouped_mm_fallback -> ("transformers::
+    grouped_mm_fallback", "transformers.integrations.moe")), from torch's registry of such ops
+    (`torch._library.custom_ops.OPDEFS`); None for any other target."""
+    import torch
+    from torch._library import custom_ops
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        qualname = target._qualified_op_name
+    elif isinstance(target, torch._ops.OpOverload):
+        qualname = target.name().split(".")[0]
+    else:
+        return None
+    definition = getattr(custom_ops, "OPDEFS", {}).get(qualname)
+    module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
+    return (qualname, module) if isinstance(module, str) and module != "__main__" else None
