@@ -9,7 +9,8 @@
 - a fusion region that writes into a watched tensor as the graph asks (`copy_`, Thunder's form of an in-place op) is
   not a stray write; Dynamo code that assigns a name twice is cut by the minimizer in single-assignment form, and a
   script that cannot rebuild its piece is refused;
-- on CUDA (skipped here): dropout regions' torch scripts with CUDA's philox offsets, and nvFuser's printed `topk`.
+- on CUDA (skipped here): dropout regions' torch scripts with CUDA's philox offsets (on CPU in
+  tests/test_repro_regions.py), and nvFuser's printed `topk`.
 
 Every generated script runs in a fresh interpreter where thunderfx_debug cannot be imported (`run_script`).
 """
@@ -277,44 +278,6 @@ def test_the_regions_of_a_real_trace_say_which_inputs_they_write():
     written = [build_reference(r, f"{r.sym.name}_forward").written_inputs for r in regions]
     names = [[r.flat_args[i].name for i in w] for r, w in zip(regions, written)]
     assert names == [["a"]]
-
-
-# ---- dropout's philox state in the torch lowering of a region --------------------------------------------------------
-
-
-def test_a_dropout_regions_torch_lowering_hands_philox_the_offset_as_cudas_generator_counts_it():
-    """Thunder's offset is nvFuser's, a quarter of PyTorch's; `torch.ops.rngprims.philox_rand` sets CUDA's generator,
-    which refuses offsets that are no multiple of 4. The lowering is made on CPU (CUDA proxies need no device); the
-    call it makes is read from its own code run up to it."""
-    import types
-
-    from thunder.core import devices, dtypes, prims
-    from thunder.core.proxies import IntegerProxy
-    from thunder.core.trace import TraceCtx, tracectx
-
-    from thunderfx_debug.thunder.scripts import region_torch_function
-
-    trace = TraceCtx(None)
-    with tracectx(trace):
-        seed, offset = IntegerProxy(name="seed", value=None), IntegerProxy(name="offset", value=None)
-        drawn = prims.uniform_philox((4, 8), 0.0, 1.0, device=devices.Device("cuda:0"), dtype=dtypes.float32,
-                                     seed=seed, offset=offset)
-    region = types.SimpleNamespace(flat_args=[seed, offset], flat_outs=[drawn], subsymbols=list(trace.bound_symbols))
-    source, ctx = region_torch_function(region, "nvFusion0")
-    handed = {}
-
-    class Philox:  # stands for the CUDA op this machine cannot run; what the lowering computes is real
-        @staticmethod
-        def philox_rand(shape, **kwargs):
-            handed.update(kwargs)
-            return torch.zeros(shape), None
-
-    namespace = dict(ctx)
-    exec(compile(source, "<lowering>", "exec"), namespace)  # noqa: S102  (Thunder's lowering of the region)
-    namespace["torch"] = types.SimpleNamespace(**{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")})
-    namespace["torch"].ops = types.SimpleNamespace(rngprims=Philox)  # read when the function runs
-    namespace["nvFusion0"](1234, 7)
-    assert int(handed["seed"]) == 1234 and int(handed["offset"]) == 28
 
 
 # ---- CUDA: dropout's philox regions and nvFuser's topk, on the zoo ---------------------------------------------------
