@@ -12,7 +12,8 @@ Models: decoders (Llama, Mistral, Qwen2, Qwen3, GPT-2, Phi3, Gemma, GPT-NeoX, OP
 relative-position buckets computed in the graph). Every model trains in train mode with dropout off (so that each piece
 can be compared with eager), but for the `-dropout` variants, which keep the configuration's dropout (0.1). The last
 sequence of a batch ends in two padding positions (attention_mask 0, labels -100), so that the models' mask paths are
-traced; BERT predicts three masked positions per sequence. No KV cache (its torch.cat would be one more inductor split per decoder).
+traced; BERT predicts three masked positions per sequence. No KV cache (its torch.cat would be one more inductor split
+per decoder).
 
     import harness
     model, batch = harness.build("llama", "realistic", device="cuda", dtype="bfloat16")

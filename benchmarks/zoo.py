@@ -6,8 +6,11 @@ and kind.
     python benchmarks/zoo.py --device cpu --models llama,gpt2 --jobs 2 --json zoo_cpu.json      # the torch.compile executor
     source .gpu/setup.sh && python benchmarks/zoo.py --device cuda --size realistic --dtype bfloat16 \\
         --models gpt2 --jobs 8 --single 5 --json zoo_h200.json                              # nvFuser, one H200
+    source .gpu/setup.sh && python benchmarks/zoo.py --device cuda --size realistic --dtype bfloat16 \\
+        --models gpt2-dropout,t5-dropout,mixtral --check fusion --jobs 8 --json zoo_h200_moe_t5.json
 
-Each model trains in its own process (`--train-jobs` at a time) for `--steps` steps with THUNDERFX_DEBUG_REPRO=all,
+Each model trains in its own process (`--train-jobs` at a time) for `--steps` steps with THUNDERFX_DEBUG_REPRO=all
+(and with `--check`, the correctness sentinel checking every call at that level; its verdicts are in the JSON),
 all sharing inductor's and Triton's cache directories under the dump (`<dump>/inductor_cache`, `triton_cache`),
 which the scripts then use too; verify's files are written into the dump (`verify.json`, `verify.md`, `verify/`).
 Deterministic pieces must be OK; random ones (the `-dropout` models) OK where they draw as eager does, else NOT
@@ -49,8 +52,10 @@ EVERY_FEATURE = dict(timing="fusion", timing_every=5, check="fusion", check_ever
                      strict=False)
 
 
-def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int, every_feature: bool = False) -> dict:
-    """Trains one model under ReportingBackend (all repro scripts), flushes, and returns facts of the run."""
+def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int, check: str = "off",
+          every_feature: bool = False) -> dict:
+    """Trains one model under ReportingBackend (all repro scripts; `check`: the sentinel at that level on every
+    call; `every_feature`: see the module docstring), flushes, and returns facts of the run."""
     started = time.perf_counter()
     import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on this torch)
     import torch
@@ -60,7 +65,7 @@ def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int,
     if device == "cpu":
         torch.set_num_threads(1)
     model, batch = harness.build(name, size, device, dtype)
-    settings = EVERY_FEATURE if every_feature else dict(strict=True)
+    settings = EVERY_FEATURE if every_feature else dict(strict=True, check=check, check_every=1)
     backend = ReportingBackend(dump_dir=dump, repro="all", **settings, **harness.thunder_options(device))
     losses = harness.train(model, batch, backend, steps)
     flush_started = time.perf_counter()
@@ -69,11 +74,13 @@ def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int,
     report = backend.report()
     splits = [s for g in report.graphs for s in g.splits]
     facts = {"model": name, "dump": str(rank_dir), "train_s": round(time.perf_counter() - started, 1),
-             "flush_s": round(flush_s, 1), "losses": [round(float(x), 4) for x in losses],
-             "graphs": len(report.graphs), "thunder_splits": sum(s.kind.value == "thunder" for s in splits),
-             "inductor_splits": sum(s.kind.value == "inductor" for s in splits),
-             "fusions": sum(len(s.fusions) for s in splits),
-             "reporting_failures": report.meta.get("reporting_failures", [])}
+            "flush_s": round(flush_s, 1), "losses": [round(float(x), 4) for x in losses], "graphs": len(report.graphs),
+            "thunder_splits": sum(s.kind.value == "thunder" for s in splits),
+            "inductor_splits": sum(s.kind.value == "inductor" for s in splits),
+            "fusions": sum(len(s.fusions) for s in splits),
+            "check_mismatches": [f"{g.name}/{p}" for g in report.graphs for p, c in _checks(g) if c.mismatches],
+            "check_failed": [f"{g.name}/{p}" for g in report.graphs for p, c in _checks(g) if c.failed],
+            "reporting_failures": report.meta.get("reporting_failures", [])}
     if every_feature:
         facts["splits"] = {f"{g.name}/{s.name}": split_facts(s) for g in report.graphs for s in g.splits
                            if s.kind.value == "thunder"}
@@ -94,12 +101,22 @@ def split_facts(split) -> dict:
                               if f.check is not None and f.check.mismatches}}
 
 
+def _checks(graph):
+    """(piece name, check) of every split and fusion region of `graph` that was checked."""
+    for split in graph.splits:
+        if split.check is not None:
+            yield split.name, split.check
+        for fusion in split.fusions:
+            if fusion.check is not None:
+                yield f"{split.name}/{fusion.qualified_name}", fusion.check
+
+
 def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict[str, dict]:
     """Trains each model in its own process, `--train-jobs` at a time; model -> its facts (or {"error": ...})."""
 
     def one(model: str) -> tuple[str, dict]:
         command = [sys.executable, __file__, "--train", model, "--device", args.device, "--size", args.size,
-                   "--dtype", args.dtype, "--steps", str(args.steps), "--dump", str(dump)]
+                   "--dtype", args.dtype, "--steps", str(args.steps), "--dump", str(dump), "--check", args.check]
         if args.every_feature:
             command.append("--every-feature")
         try:
@@ -179,6 +196,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", default="tiny", choices=tuple(harness.SIZES))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--check", default="off", choices=("off", "split", "fusion"),
+                        help="the correctness sentinel on every call at this level (default off)")
     parser.add_argument("--dump", default="zoo_dump", help="dump directory (one folder per model)")
     parser.add_argument("--train-jobs", type=int, default=1, help="models trained at once (default 1)")
     parser.add_argument("--train-timeout", type=float, default=1800, help="seconds per model's training")
@@ -191,9 +210,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "script must have started: those that cannot are NOT_RUN (default: no deadline)")
     parser.add_argument("--single", type=int, default=0, metavar="N",
                         help="then run one fusion script alone N times in a fresh interpreter and time it")
+    parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--every-feature", action="store_true", help="train with every feature on (see above)")
     parser.add_argument("--no-verify", action="store_true", help="stop after training (its facts only)")
-    parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)  # a child: train one model, print JSON
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -246,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     dump = Path(args.dump).absolute()
     if args.train:
         print("ZOO " + json.dumps(train(args.train, dump / args.train, args.device, args.size, args.dtype,
-                                        args.steps, args.every_feature)))
+                                        args.steps, args.check, args.every_feature)))
         return 0
     env = environment(dump, args.device)
     started = time.perf_counter()

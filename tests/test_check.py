@@ -437,7 +437,7 @@ def test_a_write_behind_the_programs_back_is_a_mismatch_and_its_region_is_found_
 
     class References:
         def get(self, key):
-            return RegionReference(key, lambda a: [a * 2, a + 1], (), False, ("t0", "t1"))
+            return RegionReference(key, lambda a: [a * 2, a + 1], (), (), ("t0", "t1"))
 
     failures = ReportingFailures(strict=True)
     tallies: dict[str, CheckTally] = {}

@@ -31,10 +31,10 @@ def _beyond_eager(judge):
     touched), so that every floating-point value goes to the float64 round: on CPU, bf16 Thunder and eager often
     agree exactly, and the float64 reference would never run."""
 
-    def judged(labels, actual, eager, float64=None):
+    def judged(labels, actual, eager, float64=None, *rest, **options):
         moved = [a + (a.detach().abs().amax() + 1) * 0.5 if isinstance(a, torch.Tensor) and a.is_floating_point()
                  and a.numel() else a for a in actual]
-        return judge(labels, moved, eager, float64)
+        return judge(labels, moved, eager, float64, *rest, **options)
 
     return judged
 

@@ -47,7 +47,8 @@ def test_a_dropout_regions_philox_seed_and_offset_reach_philox_rand_as_tensors(m
     """On the H200 every script of a dropout region said REFUSED: "rngprims::philox_rand() Expected a value of type
     'Tensor' for argument 'seed' but instead found type 'int'". The region is called with the seed and offset as the
     run passed them (ints); philox_rand cannot run on CPU, so it is called under FakeTensorMode (its schema and meta
-    kernel) and swapped for a recorder (the values it gets)."""
+    kernel) and swapped for a recorder (the values it gets). The offset reaches it as CUDA's generator counts it: 4
+    times Thunder's, which is nvFuser's (on the H200, Thunder's own, 8, said "offset must be a multiple of 4")."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     source, region = _lowered(_dropout_region())
@@ -67,7 +68,7 @@ def test_a_dropout_regions_philox_seed_and_offset_reach_philox_rand_as_tensors(m
     ((seed, offset, device),) = calls
     assert isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)
     assert (seed.dtype, seed.device, seed.item(), offset.dtype, offset.device, offset.item()) == (
-        torch.int64, torch.device("cpu"), 1234, torch.int64, torch.device("cpu"), 8)
+        torch.int64, torch.device("cpu"), 1234, torch.int64, torch.device("cpu"), 4 * 8)
     assert device == torch.device("cuda:0")
     torch.testing.assert_close(out, x / 0.9)
 
@@ -75,12 +76,13 @@ def test_a_dropout_regions_philox_seed_and_offset_reach_philox_rand_as_tensors(m
 @pytest.mark.cuda
 def test_a_dropout_regions_lowering_draws_what_philox_rand_draws_on_cuda():
     """On CUDA the lowered region runs: its draws are philox_rand's for the run's seed and offset, i.e. torch.rand
-    after the CUDA generator was set to that state (philox_rand's definition)."""
+    after the CUDA generator was set to that state (philox_rand's definition), the offset as the generator counts it
+    (4 times Thunder's, nvFuser's count; Thunder's 7 as it is raised "offset must be a multiple of 4")."""
     _, region = _lowered(_dropout_region())
     x = torch.ones(4, 8, device="cuda")
-    (out,) = region(1234, 8, x)
+    (out,) = region(1234, 7, x)
     with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
-        state = torch.cat([torch.tensor([1234]).view(torch.uint8), torch.tensor([8]).view(torch.uint8)])
+        state = torch.cat([torch.tensor([1234]).view(torch.uint8), torch.tensor([4 * 7]).view(torch.uint8)])
         torch.cuda.set_rng_state(state)
         draws = torch.rand(4, 8, device="cuda")
     torch.testing.assert_close(out, (draws < 0.9).float() / 0.9)

@@ -37,7 +37,8 @@ VERIFY_MD = "verify.md"
 VERIFY_DIR = "verify"
 CLEAN = frozenset({"OK", "NOT_COMPARABLE"})
 #: Verdicts in the order verify.md lists them (failures first).
-OUTCOMES = ("MISMATCH", "CRASH", "REFUSED", "KILLED", "TIMEOUT", "NO_RESULT", "NOT_RUN", "NOT_COMPARABLE", "OK")
+OUTCOMES = ("MISMATCH", "CRASH", "REFUSED", "NOT_REBUILT", "KILLED", "TIMEOUT", "NO_RESULT", "NOT_RUN",
+            "NOT_COMPARABLE", "OK")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +58,9 @@ class Script:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What one script said: its outcome (OK, MISMATCH, REFUSED, CRASH, NOT_COMPARABLE; KILLED by a signal,
-    TIMEOUT, NO_RESULT: it ended without a RESULT line), the line, its exit status, wall seconds, how it ran."""
+    """What one script said: its outcome (OK, MISMATCH, REFUSED, CRASH, NOT_COMPARABLE, NOT_REBUILT; KILLED by a
+    signal, TIMEOUT, NO_RESULT: it ended without a RESULT line), the line, its exit status, wall seconds, how it
+    ran."""
 
     script: Script
     outcome: str

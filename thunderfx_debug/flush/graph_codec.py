@@ -7,7 +7,8 @@ Proxy), and a `torch.fx.Graph` does not pickle (its namespace holds weak diction
 by node: op, name, target and arguments, with references to earlier nodes by name; submodules (the bodies of
 higher-order ops) the same way; attributes that `get_attr` reads by value. Targets are pickled by reference (their
 module and name); torch's operators (`torch.ops.aten.add.Tensor`, whose overloads do not pickle, and higher-order
-operators) by their names under `torch.ops` (`torch_private.operator_key`).
+operators) by their names under `torch.ops` (`torch_private.operator_key`), a custom op (transformers' MoE kernels)
+with the module that registers it.
 
 What is read back runs code: the file is the parent's, written for its own child into a private folder; a dump is
 never read this way.
@@ -22,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import pickle
 from typing import Any
@@ -44,7 +46,16 @@ class _NodeRef:
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         key = torch_private.operator_key(obj)
-        return NotImplemented if key is None else (torch_private.operator_from_key, key)
+        if key is None:
+            return NotImplemented
+        custom = torch_private.custom_op_module(obj)
+        return (_custom_operator, (custom[1], *key)) if custom else (torch_private.operator_from_key, key)
+
+
+def _custom_operator(module: str, namespace: str, name: str, overload: str | None):
+    """A custom op (`torch.library.custom_op`), after importing the module that defines it (where it registers)."""
+    importlib.import_module(module)
+    return torch_private.operator_from_key(namespace, name, overload)
 
 
 def _graph_data(gm: torch.fx.GraphModule) -> dict[str, Any]:

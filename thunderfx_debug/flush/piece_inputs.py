@@ -7,10 +7,12 @@ the torch.compile executor's regions guard on strides and on nn.Parameter too. I
 make the piece compile other code than the run's. So the inputs are, in order:
 
 - in the training process (`run_tensors`), host copies of what the run really had: the recorded call's inputs where
-  they were captured (THUNDERFX_DEBUG_INPUTS=real), else the run's own tensors still alive and laid out as on that
-  call (weak references taken then, `recording.capture`: its parameters, buffers, a batch the loop still holds);
+  they were captured (THUNDERFX_DEBUG_INPUTS=real), else its integer and bool inputs as the recorded call passed them
+  (they index, select and mask: `Captured.integers`, as the repro scripts take them) and the run's own tensors still
+  alive and laid out as on that call (weak references taken then, `recording.capture`: its parameters, buffers, a
+  batch the loop still holds);
 - in the child (`made_inputs`), those copies on the run's devices, the rest rebuilt from the recorded metadata by
-  the code the repro scripts run (layouts exactly, values drawn like the run's, integers within what they index);
+  the code the repro scripts run (layouts exactly, values drawn like the run's);
 - then every input placed as the run placed it: inputs that shared a storage in the run share one again, each at its
   own offset and strides (`InputMeta.alias_of`), parameters are parameters, and an input that requires grad is a
   tensor of its own (inside a Thunder split a view of a storage made for it would reach the regions without
@@ -39,7 +41,9 @@ def run_tensors(captured: Captured | None, metas: Sequence[InputMeta]) -> RunTen
     caller waits for it first (`captured`'s own copies are complete only then)."""
     if captured is not None and captured.inputs is not None:
         return RunTensors(captured=list(captured.inputs))
-    return RunTensors(live={i: host_copy(t, blocking=True) for i, t in _live_tensors(captured, metas).items()})
+    taken = dict(repro_inputs.run_integers(captured, metas))
+    taken.update({i: host_copy(t, blocking=True) for i, t in _live_tensors(captured, metas).items()})
+    return RunTensors(live=taken)
 
 
 def made_inputs(inputs: PieceInputs, tensors: RunTensors) -> tuple[list[Any], str]:

@@ -63,7 +63,8 @@ def _inputs_of(captured, metas, names) -> flush_child.PieceValues:
     for i, meta in enumerate(metas):
         if meta.kind is InputKind.OTHER:
             raise ValueError(f"input {i} ({meta.value}) cannot be rebuilt from its metadata")
-    return flush_child.PieceValues(metas=tuple(metas), names=tuple(names))
+    return flush_child.PieceValues(metas=tuple(metas), names=tuple(names),
+                                   integers=repro_inputs.run_integers(captured, metas))
 
 
 class Minimizer:

@@ -34,11 +34,12 @@ SLACK_S = 3 * TRIAL_TIMEOUT_S
 @dataclasses.dataclass(frozen=True)
 class PieceValues:
     """How the child makes the piece's inputs: host copies of the recorded call's (`recording.capture`'s format), or
-    the metadata the repro scripts rebuild inputs from."""
+    the metadata the repro scripts rebuild inputs from, with the run's integer and bool inputs."""
 
     copies: list[Any] | None = None
     metas: tuple[Any, ...] = ()
     names: tuple[str, ...] = ()
+    integers: dict[int, Any] = dataclasses.field(default_factory=dict)  # the run's integer and bool inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,10 @@ def made_inputs(values: PieceValues) -> list[Any]:
 
     if values.copies is not None:
         return [script_template._rebuild(x) for x in values.copies]
-    return list(rebuilt_inputs(values.metas, values.names))
+    made = list(rebuilt_inputs(values.metas, values.names))
+    for i, saved in values.integers.items():  # as the repro scripts take them: they index, select and mask
+        made[i] = script_template._rebuild(saved)
+    return made
 
 
 def run(folder: Path) -> None:

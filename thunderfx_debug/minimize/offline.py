@@ -165,9 +165,11 @@ def _refusal(piece: ScriptPiece, runs: list[ScriptVerdict]) -> str | None:
         seen = "; ".join(dict.fromkeys(run.describe() for run in runs))
         return (f"its failure is random: identical runs said {seen}; a random failure cannot be shrunk (each cut "
                 "would be judged by chance): report it with the script as it is")
-    if first.outcome in ("OK", "NOT_COMPARABLE", "REFUSED"):
-        what = {"OK": "it passes", "NOT_COMPARABLE": "its values cannot be compared (random ops)",
-                "REFUSED": "its inputs were refused (a bug of thunderfx_debug's input rebuild, not of the backend)"}
+    if first.outcome in ("OK", "NOT_COMPARABLE", "REFUSED", "NOT_REBUILT"):
+        what = {"OK": "it passes", "NOT_COMPARABLE": "its values cannot be compared (random ops, or picks among ties)",
+                "REFUSED": "its inputs were refused (a bug of thunderfx_debug's input rebuild, not of the backend)",
+                "NOT_REBUILT": "the script itself could not rebuild its piece, so the backend never ran it (a bug of "
+                               "the script, not of the backend)"}
         return (f"its verdict is {first.outcome.replace('_', ' ')}: {what[first.outcome]}; minimize takes a script "
                 "that says MISMATCH or CRASH")
     if first.outcome == "MISMATCH" and first.reproduces is False:

@@ -8,6 +8,15 @@ per FX node, as Thunder's writer prints the graph), parsed from the text a repro
 elimination that decides which ops and inputs a cut keeps. Statements keep their own text and the comments above
 them (for a split, the model's source line each op came from), so the minimal script reads like the original.
 
+Code that assigns a name again (Dynamo's in-place `x /= y`) is put in single-assignment form first:
+
+    >>> twice = PieceCode.parse("def g(x, y):\\n  x /= y\\n  z = x * 2\\n  return (x, z)\\n", "g")
+    >>> print(twice.render((0, 1), ("x__1", "z"), ("x", "y")))
+    def g(x, y):
+      x__1 = __import__('operator').itruediv(x, y)
+      z = x__1 * 2
+      return (x__1, z)
+
 Example:
     >>> code = PieceCode.parse("def f(a, b):\\n  c = a + b  # c\\n  d = c * 2\\n  e = a - 1\\n  return (d, e)\\n", "f")
     >>> [op.defines for op in code.ops], code.outputs
@@ -114,6 +123,7 @@ class PieceCode:
         params = tuple(a.arg for a in args)
         annotations = {a.arg: ast.unparse(a.annotation) for a in args if a.annotation is not None}
         known = set(params)
+        renamed: dict[str, str] = {}  # a name assigned again -> the name its latest value has (single assignment)
         ops: list[Op] = []
         outputs: tuple[str, ...] | None = None
         style = "tuple"
@@ -132,15 +142,15 @@ class PieceCode:
                 outputs, style = _returned(statement, name)
                 break
             text = _statement_text(lines, statement)
+            single = _single_assignment(statement, known, renamed)
+            if single is not None:  # written anew (its comments above it stay)
+                statement, text = single, ast.unparse(single)
             defines = _stored(statement)
-            again = known.intersection(defines)
-            if again:
-                raise NotAPiece(f"{name} assigns {sorted(again)} more than once; only code in which every name is "
-                                "assigned once (as FX and Thunder write it) can be cut")
             ops.append(Op(text, defines, frozenset(_loaded(statement) & known), comment))
             known.update(defines)
         if outputs is None:
             raise NotAPiece(f"{name} returns nothing this can cut: it must end with `return` of names")
+        outputs = tuple(renamed.get(o, o) for o in outputs)
         indent = " " * (fn.body[0].col_offset - fn.col_offset) if fn.body else "  "
         return cls(kind, name, params, annotations, tuple(ops), outputs, style, head, tail, indent)
 
@@ -237,6 +247,52 @@ def _statement_text(lines: list[str], statement: ast.stmt) -> str:
 def _trailing_comment(rest: str) -> str:
     stripped = rest.strip()
     return f"  {stripped}" if stripped.startswith("#") else ""
+
+
+#: The in-place operator of each augmented assignment (`x /= y` is `operator.itruediv(x, y)`, bound to x).
+_IN_PLACE = {ast.Add: "iadd", ast.Sub: "isub", ast.Mult: "imul", ast.Div: "itruediv", ast.FloorDiv: "ifloordiv",
+             ast.Mod: "imod", ast.Pow: "ipow", ast.LShift: "ilshift", ast.RShift: "irshift", ast.BitOr: "ior",
+             ast.BitXor: "ixor", ast.BitAnd: "iand", ast.MatMult: "imatmul"}
+
+
+class _Renamer(ast.NodeTransformer):
+    def __init__(self, loads: Mapping[str, str], stores: Mapping[str, str]):
+        self.loads, self.stores = loads, stores
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        table = self.stores if isinstance(node.ctx, ast.Store) else self.loads
+        return ast.copy_location(ast.Name(table.get(node.id, node.id), node.ctx), node)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    number = 1
+    while f"{name}__{number}" in taken:
+        number += 1
+    return f"{name}__{number}"
+
+
+def _single_assignment(statement: ast.stmt, known: set[str], renamed: dict[str, str]) -> ast.stmt | None:
+    """`statement` in single-assignment form, or None where it is so already: a name assigned again (Dynamo's
+    `router_top_value /= sum_1`, an in-place op, printed as an augmented assignment) gets a fresh name (`x__1`),
+    and later statements read the latest value by it (`renamed` is updated); an augmented assignment becomes the
+    in-place call it is (`x__1 = operator.itruediv(x, y)`, x__1 being x). Every op then defines each name once, so
+    a cut can take any op's values as inputs."""
+    loads = {old: new for old, new in renamed.items() if old in _loaded(statement)}
+    again = [n for n in _stored(statement) if n in known]
+    if not loads and not again:
+        return None
+    stores = {}
+    for old in again:
+        stores[old] = _fresh(old, known | set(renamed.values()) | set(stores.values()))
+    if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+        target = statement.target.id
+        call = ast.Call(ast.Attribute(ast.Call(ast.Name("__import__", ast.Load()), [ast.Constant("operator")], []),
+                                      _IN_PLACE[type(statement.op)], ast.Load()),
+                        [ast.Name(target, ast.Load()), statement.value], [])
+        statement = ast.copy_location(ast.Assign([ast.Name(target, ast.Store())], call), statement)
+    statement = ast.fix_missing_locations(_Renamer(loads, stores).visit(statement))
+    renamed.update(stores)
+    return statement
 
 
 def _returned(statement: ast.Return, name: str) -> tuple[tuple[str, ...], str]:

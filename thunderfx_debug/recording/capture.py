@@ -12,6 +12,10 @@ region. Nothing here waits for the device:
   flush (`Captured.metas(wait=True)`);
 - real copies go to pinned host memory with `non_blocking` (copies on the same stream are ordered before any later
   in-place update, e.g. the optimizer's) and are read at flush, after the recorder waited for the device.
+Integer and bool tensors are copied so whenever the values are read (`Captured.integers`, within
+RUN_INTEGERS_MAX_BYTES per piece), also without THUNDERFX_DEBUG_INPUTS=real: they index, select and mask (embedding
+rows, relative-position buckets, expert ids, a permutation, where a mask is False), and no value drawn within their
+range keeps what they index or how they relate to each other.
 Beyond THUNDERFX_DEBUG_INPUTS_MAX_MB (per piece: a graph, a split, a fusion region; inputs and outputs together) no
 copy is kept and the scripts make inputs from the metadata, saying so.
 """
@@ -34,6 +38,9 @@ from thunderfx_debug.safety import ReportingFailures
 
 #: Version of the saved inputs file (format 2 keeps storage offsets and sizes, dtypes and devices).
 INPUTS_FORMAT = 2
+
+#: Bytes of integer and bool inputs kept as the run had them, per piece (see the module docstring).
+RUN_INTEGERS_MAX_BYTES = 16 * 2**20
 
 
 # ---- metadata and value statistics ----------------------------------------------------------------------------------
@@ -155,6 +162,8 @@ class Captured:
     # Per output (the leaves of what the call returned): the layout of the gradient it received in the call's backward,
     # None where it received none; None before that backward ran (noted by `InputCapture.gradients`).
     grad_outputs: list[InputMeta | None] | None = None
+    # input index -> host copy (`_host_copy`) of an integer or bool tensor input, where the values were read
+    integers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     _resolved: tuple[InputMeta, ...] | None = None
 
     @property
@@ -191,9 +200,25 @@ def observe(values: Sequence[Any], statistics: bool = True, references: bool = F
         numbers = _statistics(value) if statistics and isinstance(value, torch.Tensor) else None
         captured.pending.append(numbers)
         on_cuda |= numbers is not None and numbers.device.type == "cuda"
+    if statistics:
+        captured.integers = _integer_copies(values)
     if on_cuda:
         captured.ready = device_timer.mark(timing=False)
     return captured
+
+
+def _integer_copies(values: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """Host copies of the integer and bool tensors among `values`, in order, while they fit RUN_INTEGERS_MAX_BYTES."""
+    copies, total = {}, 0
+    for i, value in enumerate(values):
+        if (not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex()
+                or value.layout is not torch.strided or type(value) is not torch.Tensor or value.device.type == "meta"):
+            continue
+        total += storage_span(value.shape, value.stride()) * value.element_size()
+        if total > RUN_INTEGERS_MAX_BYTES:
+            break
+        copies[i] = _host_copy(value)
+    return copies
 
 
 def alias_roots(values: Sequence[Any]) -> dict[int, int]:

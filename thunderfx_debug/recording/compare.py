@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 # ---- the judging rule: the same text in recording/compare.py and artifacts/repro/script_template.py ----------------
 
@@ -196,6 +197,170 @@ def to_float64(values, requires_grad=False):
             result.append(x)
     return result
 
+
+#: Ops whose index outputs pick one of several equal values in an order of their own (torch promises none for topk,
+#: sort and argsort unless stable, argmax, argmin, max and min along a dim): a backend may pick another of them.
+PICKING_OPS = frozenset({"topk", "sort", "argsort", "argmax", "argmin", "max", "min"})
+#: Ops that write their result into their first argument: a value written from a pick depends on it.
+_WRITES_FIRST_ARGUMENT = frozenset({"__setitem__", "index_put_", "scatter_", "scatter_add_", "index_copy_",
+                                    "index_add_", "masked_scatter_", "copy_"})
+
+
+class Picks(TorchFunctionMode):
+    """Eager run under it, what the ops of `PICKING_OPS` picked: each index tensor they returned with the values it
+    picks from, whether they had a choice (values within their dtype's tolerance of each other where the order
+    decides: the k-th and the next for top-k, neighbours for a sort, the extreme for argmax), and which tensors
+    depend on a pick (computed from an index tensor, or written from one). A value beyond its tolerance is then
+    judged by `excuse`: an index output by the values its indices pick, a value that depends on a pick among tied
+    values not compared (`tied`), its gradients neither once the forward was seen to pick otherwise (`differed`).
+
+    Example (a tie: eager picks index 0 of two equal values, another backend index 1):
+        >>> with Picks() as picks:
+        ...     values, indices = torch.topk(torch.tensor([[1.0, 1.0, 0.0]]), 1)
+        >>> picks.excuse(torch.tensor([[1]]), indices)
+        'its indices pick other of tied values (topk) at 1 of 1 positions; the values they pick match'
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.index_outputs = []  # (index tensor, values it picks from, dim, whether the dim was reduced away, op)
+        self.choices = []  # (op, values, dim, k or None: top-k, 0: an extreme, -1: a sort, stable)
+        self.differed = []  # what `excuse` excused: the forward picked otherwise than eager
+        self._dependent = weakref.WeakValueDictionary()  # id -> tensor computed from a pick
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if any(self.depends(x) for x in tensors):
+            written = tree_leaves(args[0]) if name in _WRITES_FIRST_ARGUMENT or name.startswith("__i") else []
+            for out in [*tree_leaves(result), *written]:
+                if isinstance(out, torch.Tensor):
+                    self._dependent[id(out)] = out
+        if name in PICKING_OPS and tensors and isinstance(args[0], torch.Tensor):
+            self._note(name, args, kwargs, result)
+        return result
+
+    def depends(self, value) -> bool:
+        return isinstance(value, torch.Tensor) and self._dependent.get(id(value)) is value
+
+    def _note(self, name, args, kwargs, result):
+        source = args[0].detach()
+        bound = dict(zip(("k", "dim") if name == "topk" else ("dim",), args[1:]), **kwargs)
+        dim = bound.get("dim", -1 if name in ("topk", "sort", "argsort") else None)
+        if name in ("max", "min") and not isinstance(dim, int):
+            return  # the overall extreme, or the elementwise one of two tensors: values, no index
+        if dim is None:  # argmax/argmin over all elements: an index into the flattened tensor
+            source, dim = source.reshape(-1), 0
+        if not isinstance(dim, int) or (name == "topk" and not isinstance(bound.get("k"), int)):
+            return
+        dim = dim % max(source.dim(), 1)
+        indices = result[1] if isinstance(result, tuple) else result
+        if not isinstance(indices, torch.Tensor):
+            return
+        reduced = name in ("argmax", "argmin", "max", "min") and not bound.get("keepdim", False)
+        self.index_outputs.append((indices, source, dim, reduced and indices.dim() < source.dim(), name))
+        self._dependent[id(indices)] = indices
+        order = bound.get("k") if name == "topk" else (-1 if name in ("sort", "argsort") else 0)
+        self.choices.append((name, source, dim, int(order), bool(bound.get("stable", False))))
+
+    def tied(self) -> list[str]:
+        """The ops that had a choice among values within their dtype's tolerance of each other."""
+        found = []
+        for name, source, dim, order, stable in self.choices:
+            if stable or source.numel() == 0 or source.size(dim) < 2:
+                continue
+            values = source.double() if not source.is_complex() else source.abs().double()
+            rtol, atol = tolerance(source.dtype)
+            scale = float(values.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
+            close = allowed_error(rtol, atol, scale)
+            if order == 0:  # an extreme: tied where another element is as extreme
+                largest = name in ("argmax", "max")
+                extreme = values.amax(dim, keepdim=True) if largest else values.amin(dim, keepdim=True)
+                tied = bool(((values - extreme).abs() <= close).sum(dim).gt(1).any())
+            else:
+                ordered = values.sort(dim, descending=True).values
+                if order > 0:
+                    ordered = ordered.narrow(dim, 0, min(order + 1, ordered.size(dim)))
+                gaps = ordered.narrow(dim, 1, ordered.size(dim) - 1) - ordered.narrow(dim, 0, ordered.size(dim) - 1)
+                tied = bool((gaps.abs() <= close).any())
+            if tied:
+                found.append(name)
+        return list(dict.fromkeys(found))
+
+    def _picked(self, indices, source, dim, reduced):
+        indices = indices.to(source.device).long()
+        if reduced:
+            indices = indices.unsqueeze(dim)
+        return source.gather(dim, indices)
+
+    def excuses(self, actual, expected, beyond):
+        """Position -> why `actual[i]`, beyond its tolerance against eager's `expected[i]` (values of eager's run
+        under this mode) for each i in `beyond`, is no mismatch; positions absent are mismatches. An index output
+        whose indices pick values that match those eager's pick is none; a value computed from a pick is not
+        compared where some pick had tied values, unless an index output picked other values (then the picks
+        differ beyond the ties, and what they feed mismatches with them)."""
+        found, wrong = {}, False
+        for i in sorted(beyond, key=lambda i: self._index_output(expected[i]) is None):  # index outputs first
+            if self._index_output(expected[i]) is not None:
+                excuse = self.excuse(actual[i], expected[i])
+                wrong |= excuse is None
+            else:
+                excuse = None if wrong else self.excuse(actual[i], expected[i])
+            if excuse:
+                found[i] = excuse
+        return found
+
+    def _index_output(self, expected):
+        if not isinstance(expected, torch.Tensor):
+            return None
+        for entry in self.index_outputs:
+            indices = entry[0]
+            if expected is indices or (expected.numel() == indices.numel() and expected.is_contiguous()
+                                       and indices.is_contiguous() and expected.data_ptr() == indices.data_ptr()):
+                return entry
+        return None
+
+    def excuse(self, actual, expected):
+        """Why `actual`, beyond its tolerance against eager's `expected` (a value of eager's run under this mode),
+        is no mismatch, or None where it is one: an index output whose indices pick values that match those eager's
+        pick; a value computed from a pick, where some pick had tied values (see `excuses` for both at once)."""
+        if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            return None
+        found = self._index_output(expected)
+        if found is not None:
+            indices, source, dim, reduced, name = found
+            if actual.numel() != indices.numel() or actual.is_floating_point() or actual.is_complex():
+                return None
+            theirs = actual.reshape(indices.shape)
+            if bool(((theirs < 0) | (theirs >= source.size(dim))).any()):
+                return None
+            ours, picked = self._picked(indices, source, dim, reduced), self._picked(theirs, source, dim, reduced)
+            rtol, atol = tolerance(source.dtype)
+            difference = float((picked.double() - ours.double()).abs().max()) if ours.numel() else 0.0
+            scale = float(ours.double().abs().max()) if ours.numel() else 0.0
+            if difference > allowed_error(rtol, atol, scale):
+                return None
+            moved = int((theirs.to(indices.device) != indices).sum())
+            excuse = (f"its indices pick other of tied values ({name}) at {moved} of {indices.numel()} positions; "
+                      "the values they pick match")
+            self.differed.append(excuse)
+            return excuse
+        tied = self.tied() if self.depends(expected) else []
+        if tied:
+            excuse = f"not compared: it depends on which of tied values {', '.join(tied)} picked"
+            self.differed.append(excuse)
+            return excuse
+        return None
+
+    def excuse_gradient(self):
+        """Why a gradient beyond its tolerance is not compared (None where it is a mismatch): the forward was seen
+        to pick among tied values otherwise than eager, and a gradient follows the picks."""
+        if not self.differed:
+            return None
+        return "not compared: the forward picked otherwise than eager among tied values, and gradients follow the picks"
+
 # ---- end of the judging rule -----------------------------------------------------------------------------------------
 
 
@@ -277,11 +442,21 @@ def scalars(values: list[torch.Tensor]) -> list[float]:
     return result
 
 
+#: `Judged.reference` of a value not compared: it follows which of tied values an index op picked (`Picks`).
+NOT_COMPARED_TIE = "not compared (a pick among tied values)"
+#: `Judged.reference` of an index output judged by the values its indices pick (`Picks`).
+PICKED_VALUES = "the values its indices pick"
+
+
 def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
-          float64: Callable[[], Sequence[Any] | None] | None = None) -> list[Judged]:
+          float64: Callable[[], Sequence[Any] | None] | None = None, picks: Picks | None = None,
+          gradients: bool = False) -> list[Judged]:
     """Judges `actual[i]` against `eager[i]` (tensors, or Python values compared for equality) by `verdict`, in two
     rounds (see the module docstring). `float64()` runs eager in float64 and returns the values in the same order
-    (or None where it cannot be run); it is called at most once, and only when some floating-point value needs it."""
+    (or None where it cannot be run); it is called at most once, and only when some floating-point value needs it.
+    `picks`: eager's run under `Picks`: a value still beyond what is allowed that `Picks.excuse` (for `gradients`,
+    `Picks.excuse_gradient`) excuses is judged by the values its indices pick (`PICKED_VALUES`), or not compared
+    (`NOT_COMPARED_TIE`, its label saying why), not held against the piece."""
     results: dict[int, Judged] = {}
     pending: list[int] = []
     device_values: list[torch.Tensor] = []
@@ -314,7 +489,25 @@ def judge(labels: Sequence[str], actual: Sequence[Any], eager: Sequence[Any],
         reference = float64()
         if reference is not None:
             _judge_against_float64(results, beyond, actual, eager, reference, piece_scale)
+    beyond_all = [i for i, judged in results.items() if judged.mismatch]
+    if picks is not None and beyond_all:
+        excuses = ({i: picks.excuse_gradient() for i in beyond_all} if gradients
+                   else picks.excuses(actual, eager, beyond_all))
+        for i, excuse in excuses.items():
+            judged = results[i]
+            if excuse:
+                results[i] = dataclasses.replace(
+                        judged, label=f"{judged.label}: {excuse}", ratio=0.0,
+                        reference=NOT_COMPARED_TIE if excuse.startswith("not compared") else PICKED_VALUES)
     return [results[i] for i in range(len(results))]
+
+
+def not_compared_for_ties(judged: Sequence[Judged]) -> tuple[list[Judged], str | None]:
+    """(the values compared, why the others were not: None where all were), of values judged with `picks`."""
+    skipped = [j.label for j in judged if j.reference == NOT_COMPARED_TIE]
+    if not skipped:
+        return list(judged), None
+    return [j for j in judged if j.reference != NOT_COMPARED_TIE], "; ".join(skipped)
 
 
 def _judge_against_float64(results: dict[int, Judged], beyond: list[tuple[int, float]], actual, eager,

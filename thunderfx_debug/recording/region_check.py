@@ -28,7 +28,8 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
-from thunderfx_debug.recording.compare import Float64Mode, Judged, judge, max_abs_difference, to_float64
+from thunderfx_debug.recording.compare import (Float64Mode, Judged, Picks, judge, max_abs_difference,
+                                               not_compared_for_ties, to_float64)
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
@@ -65,6 +66,7 @@ class RegionCheck:
         self._call = 0
         self._phase = ""
         self._inputs: tuple = ()
+        self._written: list[torch.Tensor] = []  # the inputs the running region writes into as the graph asks
         self._watched: dict[int, _Watched] = {}
         self._next_id = 0
         self._split_inputs: list[tuple[str, torch.Tensor]] = []
@@ -101,8 +103,12 @@ class RegionCheck:
         if not self._call:
             return
         self._inputs = inputs
+        self._written = []
         with guarded(self.failures, self._tally(key), self._call, "preparing the check", f"{self.label}/{key}"):
-            if self.references.get(key).mutates_inputs:  # the reference needs the inputs as the region got them
+            written = self.references.get(key).written_inputs
+            # the graph's own in-place ops, written by the region: not a stray write to the tensors they hit
+            self._written = [inputs[i] for i in written if i < len(inputs) and isinstance(inputs[i], torch.Tensor)]
+            if written:  # the reference needs the inputs as the region got them
                 with self.isolation.entered(inputs):
                     self._inputs = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs)
 
@@ -110,12 +116,14 @@ class RegionCheck:
         if not self._call:
             return
         inputs, self._inputs = self._inputs, ()
+        written, self._written = self._written, []
         tally, where = self._tally(key), f"{self.label}/{key}"
         with guarded(self.failures, tally, self._call, "checking the fusion region", where), \
                 self.isolation.entered([*inputs, *outputs]):
             self._check(key, inputs, outputs)
         with guarded(self.failures, tally, self._call, "checking that the fusion regions' outputs held", where), \
-                self.isolation.entered(outputs):
+                self.isolation.entered([*written, *outputs]):
+            self._rewatch_written(written)
             if self._localising:
                 self._compare_watched(self._call, culprit=key)
             names = self.references.get(key).output_names
@@ -156,7 +164,8 @@ class RegionCheck:
                              "draws differently: its values are not compared, only that they hold")
             return
         values = tree_leaves(list(outputs))
-        with torch.no_grad():
+        picks = Picks()  # what the reference's topk, sort, argmax picked, for indices that pick among ties
+        with torch.no_grad(), picks:
             expected = tree_leaves(reference.fn(*inputs))
         if len(expected) != len(values):
             tally.add(call, judge([f"outputs: {len(values)} values where the reference has {len(expected)}"],
@@ -168,7 +177,10 @@ class RegionCheck:
                 return tree_leaves(reference.fn(*to_float64(inputs)))
 
         judged = judge([self._output_label(reference.output_names, i) for i in range(len(values))], values,
-                       expected, float64)
+                       expected, float64, picks)
+        judged, not_compared = not_compared_for_ties(judged)
+        if not_compared:
+            tally.skip(call, not_compared)
         mismatches = tally.add(call, judged)
         self.evidence.keep(tally, f"{self.label}/{key}", call, self._phase, inputs, values, mismatches,
                            values=range(len(values)))
@@ -188,6 +200,18 @@ class RegionCheck:
             watched.pop(entry_id, None)
 
         watched[entry_id] = _Watched(key, label, weakref.ref(value, forget), value.detach().clone(), version(value))
+
+    def _rewatch_written(self, written: list[torch.Tensor]) -> None:
+        """The watched tensors that share memory with what the region just wrote as the graph asked (`copy_` into
+        its inputs) hold their new values from here on."""
+        storages = {t.untyped_storage().data_ptr() for t in written}
+        if not storages:
+            return
+        for entry_id, entry in list(self._watched.items()):
+            tensor = entry.tensor()
+            if tensor is not None and tensor.untyped_storage().data_ptr() in storages:
+                self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone(),
+                                                              version=version(tensor))
 
     def _alive(self) -> list[torch.Tensor]:
         return [t for t in (entry.tensor() for entry in self._watched.values()) if t is not None]

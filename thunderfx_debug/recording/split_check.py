@@ -11,7 +11,9 @@ graph, FSDP blocks) has the backward of each checked call checked. Hooks on the 
 (`sampler.backward_nodes`) note, before the split's backward, the gradients coming into its outputs, and after it
 the gradients it passes to each of its inputs (read off the edges of its nodes, so that a tied weight gets this
 split's part only); then the FX graph runs forward and backward on copies of the inputs with the same incoming
-gradients, under the autocast settings of the forward, and each input's gradient is judged against eager's.
+gradients, under the autocast settings of the forward, and each input's gradient is judged against eager's. An input
+that was not a leaf in the run is fed as one that is not (a clone of the leaf whose gradient is judged), since the
+graph may write into it in place, which autograd refuses on a leaf that requires grad.
 
 A capture is proved before a gradient is called a mismatch: a pre-hook on each input's gradient node receives the
 total gradient autograd delivers to that input in this backward. Where that total is what this split passed on (the
@@ -39,7 +41,8 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
                                              version)
-from thunderfx_debug.recording.compare import Float64Mode, judge, max_abs_difference, scalars, to_float64
+from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, Float64Mode, Picks, judge, max_abs_difference,
+                                               not_compared_for_ties, scalars, to_float64)
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
@@ -74,6 +77,8 @@ class SplitCheck:
         self.regions = regions
         self.isolation = isolation if isolation is not None else CheckIsolation()
         self.facts: SplitFacts = split_facts(module)
+        # checked calls whose forward picked among tied values otherwise than eager (their gradients follow the picks)
+        self.picked_otherwise: set[int] = set()
 
     def guarded(self, call: int, what: str):
         return guarded(self.failures, self.tally, call, what, self.label)
@@ -128,7 +133,8 @@ class SplitCheck:
 
     def _check_forward(self, call: int, inputs: list[Any], out: Any, args: tuple) -> None:
         outputs = tree_leaves(out)
-        with torch.no_grad():
+        picks = Picks()  # what eager's topk, sort, argmax picked, for indices that pick among ties
+        with torch.no_grad(), picks:
             eager = tree_leaves(self.module(*inputs))
         if len(eager) != len(outputs):
             self.tally.add(call, judge([f"forward outputs: {len(outputs)} values where eager has {len(eager)}"],
@@ -148,7 +154,12 @@ class SplitCheck:
             return [wide[i] for i in chosen]
 
         judged = judge([f"forward output {i}" for i in chosen], [outputs[i] for i in chosen],
-                       [eager[i] for i in chosen], float64)
+                       [eager[i] for i in chosen], float64, picks)
+        if picks.differed:
+            self.picked_otherwise.add(call)
+        judged, not_compared = not_compared_for_ties(judged)
+        if not_compared:
+            self.tally.skip(call, not_compared)
         mismatches = self.tally.add(call, judged)
         if mismatches:
             self.evidence.keep(self.tally, self.label, call, "forward", _as_received(inputs, _requires_grad(args)),
@@ -233,6 +244,9 @@ class _BackwardCheck:
         self.parameters = [i for i, (x, a) in enumerate(zip(inputs, args))
                            if isinstance(x, torch.Tensor) and isinstance(a, torch.nn.Parameter)]
         self.requires_grad = _requires_grad(args)
+        # inputs that were not leaves in the run (an earlier split's output): the graph may write into them in
+        # place (`masked_fill_`), which autograd refuses on a leaf that requires grad
+        self.non_leaf = [isinstance(a, torch.Tensor) and a.grad_fn is not None for a in args]
         self.state = {"started": False}  # read by the finalizer of a check whose backward never ran
         self.autocast = AutocastState.capture(inputs)
         self.versions = [version(a) for a in args]
@@ -383,11 +397,22 @@ class _BackwardCheck:
             return [w if w is not None else (torch.zeros_like(e, dtype=torch.float64) if isinstance(e, torch.Tensor)
                                              else None) for w, e in zip(wide, eager)]
 
-        judged = judge([f"gradient of {owner._input(i)}" for i in chosen], thunder, eager, float64)
+        picks = None
+        if call in owner.picked_otherwise:  # the forward picked otherwise: gradients that follow it are not compared
+            owner.picked_otherwise.discard(call)
+            picks = Picks()
+            picks.differed.append("the forward's picks")  # what `Picks.excuse_gradient` goes by
+        judged = judge([f"gradient of {owner._input(i)}" for i in chosen], thunder, eager, float64, picks,
+                       gradients=True)
+        _, not_compared = not_compared_for_ties(judged)
+        if not_compared:
+            owner.tally.skip(call, not_compared)
         verified = self._verified(chosen)
         owner.tally.verified_gradients += len(verified)
         counted = []
         for i, judgement in zip(chosen, judged):
+            if judgement.reference == NOT_COMPARED_TIE:
+                continue
             if i in verified or not judgement.mismatch:  # a capture gone wrong cannot match eager by chance
                 counted.append(judgement)
                 continue
@@ -416,7 +441,8 @@ class _BackwardCheck:
         # Float64Mode turns autocast off itself: the float64 run is the yardstick, whatever the forward ran in.
         mode = Float64Mode() if wide else self.autocast.restored()
         with torch.enable_grad(), mode:
-            outputs = tree_leaves(self.owner.module(*leaves))
+            fed = [x.clone() if i in wanted and self.non_leaf[i] else x for i, x in enumerate(leaves)]  # as in the run
+            outputs = tree_leaves(self.owner.module(*fed))
             own = self.own + [False] * len(outputs)
             pairs = [(o, g) for o, g, mine in zip(outputs, incoming + [None] * len(outputs), own)
                      if mine and isinstance(o, torch.Tensor) and o.requires_grad]

@@ -21,15 +21,20 @@ from thunderfx_debug.thunder.traces import final_traces
 @dataclasses.dataclass(frozen=True)
 class RegionReference:
     """A region's torch reference `fn(*inputs) -> list of outputs`, the names of its random ops (its values cannot
-    be compared with torch's: the streams differ), whether it writes into one of its inputs (`copy_`), and the trace
-    names of its outputs."""
+    be compared with torch's: the streams differ), the positions of the inputs it writes into (`copy_`: Thunder's
+    form of the graph's own in-place ops, which a fusion runs without bumping the tensor's version counter), and the
+    trace names of its outputs."""
 
     key: str
     fn: Callable[..., Any]
     random_ops: tuple[str, ...]
-    mutates_inputs: bool
+    written_inputs: tuple[int, ...]
     output_names: tuple[str, ...]
     input_shapes: tuple[tuple[int | None, ...] | None, ...] | None = None  # None: not known; per input None: no tensor
+
+    @property
+    def mutates_inputs(self) -> bool:
+        return bool(self.written_inputs)
 
     def fits(self, inputs) -> bool:
         """Whether `inputs` are what the region was traced for (count, tensor shapes): a split with several cache
@@ -54,10 +59,31 @@ def _walk(bsym):
         yield from _walk(sub)
 
 
-def _mutates_inputs(bsym) -> bool:
+def _written_inputs(bsym) -> tuple[int, ...]:
+    """The positions of the region's inputs that its `copy_` (destination: its second argument) or in-place ops
+    (their first) write into, through the aliases Thunder names for them (`(t3,) = prims.update_aliases((a,))`)."""
     from thunder.core.prims import OpTags, PrimIDs
 
-    return any(sub.sym.id == PrimIDs.COPY_ or OpTags.IN_PLACE in (sub.sym.tags or ()) for sub in _walk(bsym))
+    positions = {getattr(a, "name", None): i for i, a in enumerate(bsym.flat_args)}
+    aliases: dict[str, str] = {}  # a name -> the name it is an alias of
+
+    def root(proxy) -> int | None:
+        name = getattr(proxy, "name", None)
+        while name in aliases:
+            name = aliases[name]
+        return positions.get(name)
+
+    written = set()
+    for sub in _walk(bsym):
+        if sub.sym.id == PrimIDs.UPDATE_ALIASES and sub.args:
+            for out, of in zip(sub.flat_outs, sub.args[0]):
+                if getattr(out, "name", None) and getattr(of, "name", None):
+                    aliases[out.name] = of.name
+        elif sub.sym.id == PrimIDs.COPY_ and len(sub.args) > 1:
+            written.add(root(sub.args[1]))
+        elif OpTags.IN_PLACE in (sub.sym.tags or ()) and sub.args:
+            written.add(root(sub.args[0]))
+    return tuple(sorted(written - {None}))
 
 
 def region_bsym(compiled, key: str):
@@ -108,7 +134,7 @@ def build_reference(bsym, key: str) -> RegionReference:
         key=key,
         fn=namespace[name],
         random_ops=region_random_ops(bsym),
-        mutates_inputs=_mutates_inputs(bsym),
+        written_inputs=_written_inputs(bsym),
         output_names=tuple(getattr(o, "name", repr(o)) for o in bsym.flat_outs),
         input_shapes=tuple(_shape(a) for a in bsym.flat_args),
     )

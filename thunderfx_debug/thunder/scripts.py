@@ -4,6 +4,7 @@ about its inputs (random ops, integer inputs that index). All read at flush, nev
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -60,8 +61,25 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
                     trace.add_name(out.name)
     trace._siginfo = SigInfo(function_name)
     trace._siginfo.args = [(a.name, None) for a in inputs]
-    lowered = transform_for_execution(trace, executors_list=(*region_lowering_executors(), torch_ex))
+    with _jit_cache_info():
+        lowered = transform_for_execution(trace, executors_list=(*region_lowering_executors(), torch_ex))
     return lowered.python(include_decorators=False), dict(lowered.python_ctx())
+
+
+@contextlib.contextmanager
+def _jit_cache_info():
+    """Thunder's cache info as `thunder.jit` sets it while it traces (`thunder._cache_info_ctx`, with the default
+    dtype and device it saw), for a lowering outside `thunder.jit`: the torch executor re-traces factory ops
+    (`arange` without a dtype, as `torch.arange(n)` in Hugging Face's MoE code), which read them from there
+    (`thunder.torch.get_default_dtype`) and raise LookupError without it. Checked against lightning-thunder 0.2.6."""
+    import thunder
+
+    token = thunder._cache_info_ctx.set({"default_dtype": torch.get_default_dtype(),
+                                         "default_device": torch.get_default_device()})
+    try:
+        yield
+    finally:
+        thunder._cache_info_ctx.reset(token)
 
 
 def torch_executor_op_names() -> frozenset[str]:
@@ -87,7 +105,50 @@ def nvfuser_repro_source(bsym) -> str:
     writer = getattr(fd, "repro_script_for", None) or getattr(fd, "getReproString", None)
     if writer is None:
         raise RuntimeError("the installed nvFuser cannot write a repro of a fusion definition (no repro_script_for)")
-    return writer(None)
+    return with_constant_vals(writer(None))
+
+
+#: Ops of nvFuser's Python API that take a constant as a Val only -> the positions of such arguments.
+#: nvfuser_direct's printer writes a constant Val as a literal (`fd.ops.topk(tv13, 2, dim=1, sorted=True)`), and
+#: `fd.ops.topk` refuses an int for `k` ("TypeError: topk(): incompatible function arguments"): checked with
+#: nvfuser_direct 0.2.36 and in nvFuser's sources as of 2026-04 (python_direct/python_translate.cpp prints
+#: `topkop->k()`, python_direct/ops.cpp binds `Val* k`); no upstream issue found.
+_VAL_ARGUMENTS = {"topk": (1,)}
+
+
+def with_constant_vals(definition: str) -> str:
+    """nvFuser's printed definition with each constant that an op takes as a Val (`_VAL_ARGUMENTS`) defined as one,
+    as the printer should have written it, so that the definition builds again.
+
+    Example:
+        >>> print(with_constant_vals("tv14, tv15 = fd.ops.topk(tv13, 2, dim=1, sorted=True)"))
+        tv14, tv15 = fd.ops.topk(tv13, fd.define_scalar(2), dim=1, sorted=True)
+    """
+    import ast
+
+    try:
+        tree = ast.parse(definition)
+    except SyntaxError:
+        return definition
+    line_starts = [0]
+    for line in definition.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    dtype = ", dtype=DataType.Int" if "DataType" in definition else ""
+    replacements = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _VAL_ARGUMENTS and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "ops"):
+            continue
+        for position in _VAL_ARGUMENTS[node.func.attr]:
+            argument = node.args[position] if position < len(node.args) else None
+            if isinstance(argument, ast.Constant) and type(argument.value) is int:
+                start = line_starts[argument.lineno - 1] + argument.col_offset
+                end = line_starts[argument.end_lineno - 1] + argument.end_col_offset
+                replacements.append((start, end, f"fd.define_scalar({argument.value}{dtype})"))
+    for start, end, text in sorted(replacements, reverse=True):
+        definition = definition[:start] + text + definition[end:]
+    return definition
 
 
 _RANDOM_SYMBOLS = frozenset({

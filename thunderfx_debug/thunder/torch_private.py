@@ -10,6 +10,8 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `queue_at_end_of_backward`: a callback autograd's engine runs when the current backward ends;
 - `fresh_compile_state`: one intra-op thread, Dynamo's caches dropped and inductor compiling in its own thread (a
   forked child);
+- `custom_op_module`: the Python module that defined a custom op (`torch.library.custom_op`), which a script must
+  import for `torch.ops.<namespace>.<name>` to exist;
 - `operator_key`, `operator_from_key`: an operator of `torch.ops` (an overload, a packet, a higher-order operator)
   by its names, for an FX graph sent to a child process (`flush.graph_codec`): overloads do not pickle.
 """
@@ -119,3 +121,22 @@ def operator_from_key(namespace: str, name: str, overload: str | None) -> Any:
 
     packet = getattr(getattr(torch.ops, namespace), name)
     return packet if overload is None else getattr(packet, overload)
+
+
+def custom_op_module(target: Any) -> tuple[str, str] | None:
+    """(the op's name, the module of the function it was made from) for an FX node's target that is a custom op
+    made with `torch.library.custom_op` (torch.ops.transformers.grouped_mm_fallback -> ("transformers::
+    grouped_mm_fallback", "transformers.integrations.moe")), from torch's registry of such ops
+    (`torch._library.custom_ops.OPDEFS`); None for any other target."""
+    import torch
+    from torch._library import custom_ops
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        qualname = target._qualified_op_name
+    elif isinstance(target, torch._ops.OpOverload):
+        qualname = target.name().split(".")[0]
+    else:
+        return None
+    definition = getattr(custom_ops, "OPDEFS", {}).get(qualname)
+    module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
+    return (qualname, module) if isinstance(module, str) and module != "__main__" else None

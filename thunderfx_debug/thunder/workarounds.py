@@ -119,9 +119,17 @@ def region_lowering_executors() -> tuple:
     a proxy the lowering passes the number, and every call refuses it ("Expected a value of type 'Tensor' for
     argument 'seed' but instead found type 'int'"). No upstream issue was found. This executor lowers such a call as
     Thunder lowers a literal one: the numbers become int64 scalar tensors on the host (what philox_rand hands to
-    `torch.cuda.set_rng_state`), the rest is Thunder's own transform. Where the workaround does not apply: none.
+    `torch.cuda.set_rng_state`), the rest is Thunder's own transform. The offset is counted as CUDA's generator
+    counts it: Thunder's is nvFuser's, a quarter of PyTorch's (`_get_and_update_rng_state_impl` returns
+    `pytorch_offset // 4`, after nvFuser's "Note [Divide offset by 4]", csrc/rng.cpp), and CUDA's generator takes only
+    multiples of 4 ("offset must be a multiple of 4" where philox_rand set the state with Thunder's number as it is).
+    Where the workaround does not apply: none.
     """
     return (_philox_state_as_tensors(),) if needs_philox_state_as_tensors() else ()
+
+
+#: PyTorch's philox offsets per unit of Thunder's (and nvFuser's): see `region_lowering_executors`.
+PHILOX_OFFSET_UNIT = 4
 
 
 @functools.cache
@@ -139,8 +147,9 @@ def _philox_state_as_tensors():
         return isinstance(seed, NumberProxy) or isinstance(offset, NumberProxy)
 
     def lowering(shape, minval=0.0, maxval=1.0, *, device, dtype, seed, offset):
+        pytorch_offset = ltorch.mul(as_tensor(offset), PHILOX_OFFSET_UNIT) if isinstance(offset, NumberProxy) else offset
         return _uniform_philox_transform(shape, minval, maxval, device=device, dtype=dtype, seed=as_tensor(seed),
-                                         offset=as_tensor(offset))
+                                         offset=pytorch_offset)
 
     executor = OperatorExecutor("thunderfx_debug_philox_state")  # not registered: used by the lowering alone
     for symbol in (prims.uniform_philox, ltorch.uniform_philox):

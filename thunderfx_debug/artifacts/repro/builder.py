@@ -155,6 +155,10 @@ class ScriptBuilder:
                            else repro_inputs.saved_file(piece.captured, evidence.gradients))
                 self._add(owner, "mismatch_inputs" if evidence else "inputs", piece.inputs_path, content)
                 self._saved_inputs.add(piece.inputs_path)
+            elif piece.takes_run_integers and piece.inputs_path not in self._saved_inputs:
+                content = repro_inputs.run_integers_file(piece.run_integers, len(piece.metas))
+                self._add(owner, "mismatch_inputs" if evidence else "inputs", piece.inputs_path, content)
+                self._saved_inputs.add(piece.inputs_path)
             self._add(owner, f"repro_mismatch_{strategy.file_kind}" if evidence else f"repro_{strategy.file_kind}",
                       path, text)
 
@@ -191,7 +195,8 @@ class ScriptBuilder:
                 backward=_needs_backward(metas),
                 captured=state.captured if self.real else None,
                 inputs_path=layout.inputs_file(state.name),
-                imports=self.fx_imports,
+                run_integers=repro_inputs.run_integers(state.captured, metas),
+                imports=self.fx_imports + fx_facts.custom_op_imports(state.gm),
                 random_ops=fx_facts.random_ops(state.gm),
             )
             for strategy in (
@@ -237,7 +242,8 @@ class ScriptBuilder:
                 backward=_needs_backward(metas),
                 captured=state.captured if self.real else None,
                 inputs_path=layout.inputs_file(graph, state.name),
-                imports=self.fx_imports,
+                run_integers=repro_inputs.run_integers(state.captured, metas),
+                imports=self.fx_imports + fx_facts.custom_op_imports(module),
                 random_ops=fx_facts.random_ops(module),
             )
             if evidence is not None:
@@ -291,6 +297,7 @@ class ScriptBuilder:
                 backward=False,
                 captured=captured if self.real else None,
                 inputs_path=layout.inputs_file(graph, split_name, region.key),
+                run_integers=repro_inputs.run_integers(captured, metas),
                 inputs_note=note,
                 random_ops=thunder_scripts.region_random_ops(region.bsym),
                 needs_thunder=needs_thunder,

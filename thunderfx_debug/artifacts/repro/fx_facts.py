@@ -1,5 +1,6 @@
 """What a repro script needs to know about an FX graph (a Dynamo graph or a split) beyond its code: which of its ops
-draw random numbers, and which integer inputs index a dimension, and of what size.
+draw random numbers, which integer inputs index a dimension, and of what size, and which modules define the custom
+ops it calls.
 
 Example:
     >>> import torch
@@ -17,6 +18,20 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from thunderfx_debug.recording.piece_facts import op_base_name, split_facts
+from thunderfx_debug.thunder import torch_private
+
+
+def custom_op_imports(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """The imports a script of `gm` needs for the custom ops it calls (`torch.ops.transformers.grouped_mm_fallback`
+    exists once `transformers.integrations.moe` is imported), one line each, saying which op it brings."""
+    lines = {}
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                found = torch_private.custom_op_module(node.target) if node.op == "call_function" else None
+                if found is not None:
+                    lines.setdefault(f"import {found[1]}", f"  # defines torch.ops.{found[0].replace('::', '.')}")
+    return tuple(f"{line}{comment}" for line, comment in lines.items())
 
 
 def random_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:

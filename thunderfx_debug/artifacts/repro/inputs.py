@@ -170,11 +170,15 @@ def value_code(meta: InputMeta) -> str:
     return f"None  # the run passed {meta.value}: not reproducible from metadata, give it by hand"
 
 
-def make_inputs_code(metas, names=()) -> str:
-    """The body of `make_inputs()`: a list of one expression per input, with its name as a comment."""
+def make_inputs_code(metas, names=(), taken=()) -> str:
+    """The body of `make_inputs()`: a list of one expression per input, with its name as a comment; the inputs at
+    the positions `taken` are `run[i]`, the run's own values (a list `run` the script loads, see `run_integers`)."""
     lines = []
     for i, meta in enumerate(metas):
-        code = tensor_call(meta) if meta.kind is InputKind.TENSOR else value_code(meta)
+        if i in taken:
+            code = f"run[{i}]  # as the run passed it"
+        else:
+            code = tensor_call(meta) if meta.kind is InputKind.TENSOR else value_code(meta)
         name = names[i] if i < len(names) else f"input {i}"
         if "  #" in code:
             expression, comment = code.split("  #", 1)
@@ -182,6 +186,28 @@ def make_inputs_code(metas, names=()) -> str:
         else:
             lines.append(f"{code},  # {name}")
     return "return [\n" + "".join(f"    {line}\n" for line in lines) + "]"
+
+
+def run_integers(captured: Captured | None, metas) -> dict[int, dict]:
+    """Input position -> the run's own values (host copies, `Captured.integers`) of the integer and bool inputs of a
+    piece that fit its `metas` (same shape and dtype: a capture may be of another version of the piece). A script
+    takes these rather than drawing them: they index, select and mask, and a draw within their range keeps neither
+    what they index (T5's relative-position buckets, computed from several inputs) nor what they are (a permutation).
+    """
+    if captured is None:
+        return {}
+    taken = {}
+    for i, saved in captured.integers.items():
+        meta = metas[i] if i < len(metas) else None
+        if (meta is not None and meta.kind is InputKind.TENSOR and tuple(saved["shape"]) == tuple(meta.shape)
+                and str(saved["flat"].dtype) == meta.dtype):
+            taken[i] = saved
+    return taken
+
+
+def run_integers_file(taken: dict[int, dict], count: int) -> bytes:
+    """The inputs file of a script whose inputs `taken` are the run's own values, the others drawn (None there)."""
+    return saved_file(Captured(inputs=[taken.get(i) for i in range(count)]))
 
 
 def borrow_value_ranges(metas, sources: dict[str, InputMeta], names) -> tuple[InputMeta, ...]:

@@ -11,9 +11,12 @@ Exit status of a script (`main`), each with one line that says which it is:
                        a finding about the backend (Thunder, nvFuser, inductor), worth reporting upstream
     3  REFUSED         the backend or eager refused the inputs the script built (they do not match what the piece
                        received in the run): a bug of thunderfx_debug's input rebuild, not of the backend
-    4  CRASH           the piece raised on inputs that eager accepts (or the script could not be built)
+    4  CRASH           the piece raised on inputs that eager accepts (or the backend failed to compile it)
     5  NOT COMPARABLE  the piece draws random numbers that the backend and eager draw differently (reseeded
-                       identically before each run): its values cannot be compared, and nothing is claimed
+                       identically before each run), or its values follow which of tied values an index op
+                       (topk, sort, argmax) picked, and the backend picked otherwise: nothing is claimed
+    6  NOT REBUILT     the script could not rebuild the piece as the run built it (tracing its code, or the
+                       definition the backend printed, failed): the backend never ran it, a bug of the script
 A native abort (e.g. an inductor kernel's bounds assertion) ends the process with a signal and no line: a crash.
 """
 
@@ -24,9 +27,11 @@ import enum
 import functools
 import json
 import math
+import operator
 import statistics
 import sys
 import traceback
+import weakref
 from pathlib import Path
 
 import torch
@@ -45,6 +50,7 @@ class Outcome(enum.IntEnum):
     REFUSED = 3
     CRASH = 4
     NOT_COMPARABLE = 5
+    NOT_REBUILT = 6
 
 
 _MEANING = {
@@ -55,22 +61,83 @@ _MEANING = {
     Outcome.CRASH: "{backend} raised on inputs that eager accepts",
     Outcome.NOT_COMPARABLE: "the piece draws random numbers ({random_ops}), which {backend} and eager draw "
                             "differently even from the same seed: values not comparable, nothing is claimed",
+    Outcome.NOT_REBUILT: "this script could not rebuild the piece as the run built it, so {backend} never ran it: a "
+                         "bug of thunderfx_debug's script (or of the printer of the backend's definition), no claim "
+                         "about {backend}",
 }
+
+
+#: What a NOT COMPARABLE verdict means where the values that differ follow a pick among tied values (`Picks`).
+TIED_MEANING = ("its values depend on which of tied values {backend} and eager picked, and they picked otherwise: "
+                "those values not compared, nothing is claimed")
 
 
 @dataclasses.dataclass
 class Verdict:
     outcome: Outcome
     detail: str = ""
+    meaning: str = ""  # instead of the outcome's usual meaning
 
     def line(self, backend: str, random_ops=()) -> str:
-        meaning = _MEANING[self.outcome].format(backend=backend, random_ops=", ".join(random_ops) or "random ops")
+        meaning = (self.meaning or _MEANING[self.outcome]).format(backend=backend,
+                                                                  random_ops=", ".join(random_ops) or "random ops")
         detail = f": {self.detail}" if self.detail else ""
         return f"RESULT {self.outcome.name.replace('_', ' ')} (exit {self.outcome.value}){detail}; {meaning}"
 
 
 class Refused(Exception):
     """The inputs were refused before the piece ran (they cannot be valid inputs of the piece)."""
+
+
+class NotRebuilt(Exception):
+    """The script's own rebuild of the piece failed, before the backend saw it (see `as_the_run_built`)."""
+
+
+def as_the_run_built(rebuild, what):
+    """`rebuild()`, the script's own step of making the piece as the run had it (`what` says which: tracing its
+    code, nvFuser's printed definition); a failure there is NotRebuilt, never a crash of the backend."""
+    try:
+        return rebuild()
+    except Exception as error:
+        raise NotRebuilt(f"{what} raised {type(error).__name__}: {str(error)[:300]}") from error
+
+
+class _DynamoProxy(torch.fx.Proxy):
+    """A torch.fx Proxy that records an item assignment and the augmented assignments (`x[i] = v`, `x += y`) as
+    the `operator.setitem` / `operator.iadd` calls Dynamo's graph has, where a plain Proxy refuses the first
+    ("'Proxy' object does not support item assignment") and turns the others into new values (`x = x + y`), so
+    that an input the graph writes into is no longer written."""
+
+    def __setitem__(self, key, value):
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+
+def _augmented(name):
+    target = getattr(operator, name)
+
+    def method(self, other):
+        return self.tracer.create_proxy("call_function", target, (self, other), {})
+
+    return method
+
+
+for _name in ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior", "ipow", "irshift", "isub",
+              "itruediv", "ixor"):
+    setattr(_DynamoProxy, f"__{_name}__", _augmented(_name))
+
+
+class _DynamoTracer(torch.fx.Tracer):
+    def proxy(self, node):
+        return _DynamoProxy(node, self)
+
+
+def dynamo_graph_module(module):
+    """The FX GraphModule of `module`, a Dynamo graph written as code (`DynamoModule`), with Dynamo's nodes:
+    traced by torch.fx with item and augmented assignments kept as the in-place calls they are in Dynamo's graph
+    (`_DynamoProxy`). What ThunderFX hands `torch._inductor.compile` for an inductor split."""
+    tracer = _DynamoTracer()
+    graph = tracer.trace(module)
+    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
 
 
 # ---- the judging rule: the same text in recording/compare.py and artifacts/repro/script_template.py ----------------
@@ -222,6 +289,170 @@ def to_float64(values, requires_grad=False):
         else:
             result.append(x)
     return result
+
+
+#: Ops whose index outputs pick one of several equal values in an order of their own (torch promises none for topk,
+#: sort and argsort unless stable, argmax, argmin, max and min along a dim): a backend may pick another of them.
+PICKING_OPS = frozenset({"topk", "sort", "argsort", "argmax", "argmin", "max", "min"})
+#: Ops that write their result into their first argument: a value written from a pick depends on it.
+_WRITES_FIRST_ARGUMENT = frozenset({"__setitem__", "index_put_", "scatter_", "scatter_add_", "index_copy_",
+                                    "index_add_", "masked_scatter_", "copy_"})
+
+
+class Picks(TorchFunctionMode):
+    """Eager run under it, what the ops of `PICKING_OPS` picked: each index tensor they returned with the values it
+    picks from, whether they had a choice (values within their dtype's tolerance of each other where the order
+    decides: the k-th and the next for top-k, neighbours for a sort, the extreme for argmax), and which tensors
+    depend on a pick (computed from an index tensor, or written from one). A value beyond its tolerance is then
+    judged by `excuse`: an index output by the values its indices pick, a value that depends on a pick among tied
+    values not compared (`tied`), its gradients neither once the forward was seen to pick otherwise (`differed`).
+
+    Example (a tie: eager picks index 0 of two equal values, another backend index 1):
+        >>> with Picks() as picks:
+        ...     values, indices = torch.topk(torch.tensor([[1.0, 1.0, 0.0]]), 1)
+        >>> picks.excuse(torch.tensor([[1]]), indices)
+        'its indices pick other of tied values (topk) at 1 of 1 positions; the values they pick match'
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.index_outputs = []  # (index tensor, values it picks from, dim, whether the dim was reduced away, op)
+        self.choices = []  # (op, values, dim, k or None: top-k, 0: an extreme, -1: a sort, stable)
+        self.differed = []  # what `excuse` excused: the forward picked otherwise than eager
+        self._dependent = weakref.WeakValueDictionary()  # id -> tensor computed from a pick
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if any(self.depends(x) for x in tensors):
+            written = tree_leaves(args[0]) if name in _WRITES_FIRST_ARGUMENT or name.startswith("__i") else []
+            for out in [*tree_leaves(result), *written]:
+                if isinstance(out, torch.Tensor):
+                    self._dependent[id(out)] = out
+        if name in PICKING_OPS and tensors and isinstance(args[0], torch.Tensor):
+            self._note(name, args, kwargs, result)
+        return result
+
+    def depends(self, value) -> bool:
+        return isinstance(value, torch.Tensor) and self._dependent.get(id(value)) is value
+
+    def _note(self, name, args, kwargs, result):
+        source = args[0].detach()
+        bound = dict(zip(("k", "dim") if name == "topk" else ("dim",), args[1:]), **kwargs)
+        dim = bound.get("dim", -1 if name in ("topk", "sort", "argsort") else None)
+        if name in ("max", "min") and not isinstance(dim, int):
+            return  # the overall extreme, or the elementwise one of two tensors: values, no index
+        if dim is None:  # argmax/argmin over all elements: an index into the flattened tensor
+            source, dim = source.reshape(-1), 0
+        if not isinstance(dim, int) or (name == "topk" and not isinstance(bound.get("k"), int)):
+            return
+        dim = dim % max(source.dim(), 1)
+        indices = result[1] if isinstance(result, tuple) else result
+        if not isinstance(indices, torch.Tensor):
+            return
+        reduced = name in ("argmax", "argmin", "max", "min") and not bound.get("keepdim", False)
+        self.index_outputs.append((indices, source, dim, reduced and indices.dim() < source.dim(), name))
+        self._dependent[id(indices)] = indices
+        order = bound.get("k") if name == "topk" else (-1 if name in ("sort", "argsort") else 0)
+        self.choices.append((name, source, dim, int(order), bool(bound.get("stable", False))))
+
+    def tied(self) -> list[str]:
+        """The ops that had a choice among values within their dtype's tolerance of each other."""
+        found = []
+        for name, source, dim, order, stable in self.choices:
+            if stable or source.numel() == 0 or source.size(dim) < 2:
+                continue
+            values = source.double() if not source.is_complex() else source.abs().double()
+            rtol, atol = tolerance(source.dtype)
+            scale = float(values.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
+            close = allowed_error(rtol, atol, scale)
+            if order == 0:  # an extreme: tied where another element is as extreme
+                largest = name in ("argmax", "max")
+                extreme = values.amax(dim, keepdim=True) if largest else values.amin(dim, keepdim=True)
+                tied = bool(((values - extreme).abs() <= close).sum(dim).gt(1).any())
+            else:
+                ordered = values.sort(dim, descending=True).values
+                if order > 0:
+                    ordered = ordered.narrow(dim, 0, min(order + 1, ordered.size(dim)))
+                gaps = ordered.narrow(dim, 1, ordered.size(dim) - 1) - ordered.narrow(dim, 0, ordered.size(dim) - 1)
+                tied = bool((gaps.abs() <= close).any())
+            if tied:
+                found.append(name)
+        return list(dict.fromkeys(found))
+
+    def _picked(self, indices, source, dim, reduced):
+        indices = indices.to(source.device).long()
+        if reduced:
+            indices = indices.unsqueeze(dim)
+        return source.gather(dim, indices)
+
+    def excuses(self, actual, expected, beyond):
+        """Position -> why `actual[i]`, beyond its tolerance against eager's `expected[i]` (values of eager's run
+        under this mode) for each i in `beyond`, is no mismatch; positions absent are mismatches. An index output
+        whose indices pick values that match those eager's pick is none; a value computed from a pick is not
+        compared where some pick had tied values, unless an index output picked other values (then the picks
+        differ beyond the ties, and what they feed mismatches with them)."""
+        found, wrong = {}, False
+        for i in sorted(beyond, key=lambda i: self._index_output(expected[i]) is None):  # index outputs first
+            if self._index_output(expected[i]) is not None:
+                excuse = self.excuse(actual[i], expected[i])
+                wrong |= excuse is None
+            else:
+                excuse = None if wrong else self.excuse(actual[i], expected[i])
+            if excuse:
+                found[i] = excuse
+        return found
+
+    def _index_output(self, expected):
+        if not isinstance(expected, torch.Tensor):
+            return None
+        for entry in self.index_outputs:
+            indices = entry[0]
+            if expected is indices or (expected.numel() == indices.numel() and expected.is_contiguous()
+                                       and indices.is_contiguous() and expected.data_ptr() == indices.data_ptr()):
+                return entry
+        return None
+
+    def excuse(self, actual, expected):
+        """Why `actual`, beyond its tolerance against eager's `expected` (a value of eager's run under this mode),
+        is no mismatch, or None where it is one: an index output whose indices pick values that match those eager's
+        pick; a value computed from a pick, where some pick had tied values (see `excuses` for both at once)."""
+        if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            return None
+        found = self._index_output(expected)
+        if found is not None:
+            indices, source, dim, reduced, name = found
+            if actual.numel() != indices.numel() or actual.is_floating_point() or actual.is_complex():
+                return None
+            theirs = actual.reshape(indices.shape)
+            if bool(((theirs < 0) | (theirs >= source.size(dim))).any()):
+                return None
+            ours, picked = self._picked(indices, source, dim, reduced), self._picked(theirs, source, dim, reduced)
+            rtol, atol = tolerance(source.dtype)
+            difference = float((picked.double() - ours.double()).abs().max()) if ours.numel() else 0.0
+            scale = float(ours.double().abs().max()) if ours.numel() else 0.0
+            if difference > allowed_error(rtol, atol, scale):
+                return None
+            moved = int((theirs.to(indices.device) != indices).sum())
+            excuse = (f"its indices pick other of tied values ({name}) at {moved} of {indices.numel()} positions; "
+                      "the values they pick match")
+            self.differed.append(excuse)
+            return excuse
+        tied = self.tied() if self.depends(expected) else []
+        if tied:
+            excuse = f"not compared: it depends on which of tied values {', '.join(tied)} picked"
+            self.differed.append(excuse)
+            return excuse
+        return None
+
+    def excuse_gradient(self):
+        """Why a gradient beyond its tolerance is not compared (None where it is a mismatch): the forward was seen
+        to pick among tied values otherwise than eager, and a gradient follows the picks."""
+        if not self.differed:
+            return None
+        return "not compared: the forward picked otherwise than eager among tied values, and gradients follow the picks"
 
 # ---- end of the judging rule -----------------------------------------------------------------------------------------
 
@@ -486,6 +717,13 @@ def _grad_outputs(outputs, dtypes=None):
             for o, dtype in zip(outputs, dtypes)]
 
 
+def as_non_leaves(args):
+    """`args` with each tensor that requires grad fed as a clone (its gradient still reaches the leaf): in the run a
+    piece that writes into such an input in place (`masked_fill_`) was given a non-leaf, an earlier piece's output,
+    as autograd refuses the write on a leaf that requires grad; the metadata does not say which, a clone serves both."""
+    return [x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in args]
+
+
 def run(fn, inputs, backward, float64=False, cotangent_dtypes=None):
     """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one. Every run
     starts from the same seed, so random ops draw the same numbers where the backend draws them as eager does.
@@ -493,7 +731,7 @@ def run(fn, inputs, backward, float64=False, cotangent_dtypes=None):
     args = fresh(inputs)
     torch.manual_seed(SEED)
     with (Float64Mode() if float64 else contextlib.nullcontext()):
-        outputs = tree_leaves(fn(*args))
+        outputs = tree_leaves(fn(*as_non_leaves(args) if backward else args))
     if not backward:
         return outputs, None
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -545,9 +783,11 @@ def judge(actual, expected, eager_value=None, fp64_value=None, floor=0.0):
     return error, ratio
 
 
-def compare(what, actual, expected, eager=None, fp64=None):
+def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients=False):
     """Prints the largest error between two lists of values; True when every one is within what is allowed (see
-    `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64."""
+    `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64.
+    `picks`: eager's run (`expected`) under `Picks`; a value beyond what is allowed that `Picks.excuse` (or, for
+    `gradients`, `Picks.excuse_gradient`) excuses is said and not held against the piece."""
     if len(actual) != len(expected):
         print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
         return False
@@ -555,12 +795,21 @@ def compare(what, actual, expected, eager=None, fp64=None):
     for e in expected:
         if isinstance(e, torch.Tensor) and e.is_floating_point():
             piece_scale[e.dtype] = max(piece_scale.get(e.dtype, 0.0), _difference(e, e)[1])
-    worst_error, worst_ratio, index = 0.0, 0.0, None
+    judged = []
     for i, (a, e) in enumerate(zip(actual, expected)):
         eager_value = eager[i] if eager is not None and i < len(eager) else None
         fp64_value = fp64[i] if fp64 is not None and i < len(fp64) else None
         floor = rounding_floor(getattr(e, "dtype", None), piece_scale.get(getattr(e, "dtype", None), 0.0))
-        error, ratio = judge(a, e, eager_value, fp64_value, floor)
+        judged.append(judge(a, e, eager_value, fp64_value, floor))
+    beyond = [i for i, (_, ratio) in enumerate(judged) if ratio > 1.0]
+    excuses = {}
+    if picks is not None and beyond:
+        excuses = {i: picks.excuse_gradient() for i in beyond} if gradients else picks.excuses(actual, expected, beyond)
+    worst_error, worst_ratio, index = 0.0, 0.0, None
+    for i, (error, ratio) in enumerate(judged):
+        if excuses.get(i):
+            print(f"  {what}: value {i} is {error:.3g} off: {excuses[i]}")
+            continue
         worst_error = max(worst_error, error)
         if index is None or ratio > worst_ratio:
             worst_ratio, index = ratio, i
@@ -637,11 +886,14 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     # device are checked against them after eager has run, which catches memory written after the piece returned.
     returned_outputs, returned_grads = _host_copies(outputs), _host_copies(grads)
     reference = eager()
+    picks = None  # what eager's index ops picked, for values that pick among ties (`Picks`)
     if is_eager:
         eager_outputs, eager_grads = outputs, grads
     else:
+        picks = Picks()
         try:
-            eager_outputs, eager_grads = run(reference, inputs, backward)
+            with picks:
+                eager_outputs, eager_grads = run(reference, inputs, backward)
         except Exception as error:
             traceback.print_exc()
             return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__} on these inputs: {str(error)[:300]}")
@@ -652,13 +904,19 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     if expected_outputs is not None:
         ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs)
     else:
-        ok &= compare("forward outputs vs eager", returned_outputs, eager_outputs, eager_outputs, fp64_outputs)
+        ok &= compare("forward outputs vs eager", returned_outputs, eager_outputs, eager_outputs, fp64_outputs, picks)
     if not is_eager and (grads is not None or eager_grads is not None):
-        ok &= compare("gradients vs eager", returned_grads or [], eager_grads or [], eager_grads, fp64_grads)
+        ok &= compare("gradients vs eager", returned_grads or [], eager_grads or [], eager_grads, fp64_grads, picks,
+                      gradients=True)
     unchanged = unchanged_since_returned("forward outputs", outputs, returned_outputs)
     unchanged &= unchanged_since_returned("gradients", grads or [], returned_grads or [])
     if not unchanged:
         return Verdict(Outcome.MISMATCH, "values the piece returned changed after it returned them")
+    if ok and picks is not None and picks.differed:
+        not_compared = sorted({e for e in picks.differed if e.startswith("not compared")})
+        if not_compared:
+            return Verdict(Outcome.NOT_COMPARABLE, "; ".join(not_compared), meaning=TIED_MEANING)
+        return Verdict(Outcome.OK, "; ".join(sorted(set(picks.differed))))
     if ok:
         return Verdict(Outcome.OK, "same random numbers as eager (reseeded), values compared" if random_ops else "")
     if random_ops:
@@ -700,7 +958,7 @@ def _gradients(fn, inputs, incoming, float64=False):
     args = fresh(inputs)
     torch.manual_seed(SEED)
     with (Float64Mode() if float64 else contextlib.nullcontext()):
-        outputs = tree_leaves(fn(*args))
+        outputs = tree_leaves(fn(*as_non_leaves(args)))
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
     pairs = [(o, g) for o, g in zip(outputs, list(incoming) + [None] * len(outputs))
              if isinstance(o, torch.Tensor) and o.requires_grad and isinstance(g, torch.Tensor)]
@@ -979,6 +1237,9 @@ def _checked(build, eager, make_inputs, expected_outputs, is_eager, backward, ra
         return Verdict(Outcome.REFUSED, f"{type(error).__name__}: {str(error)[:300]}"), None, None
     try:
         fn = build()
+    except NotRebuilt as error:
+        traceback.print_exc()
+        return Verdict(Outcome.NOT_REBUILT, str(error)), None, None
     except Exception as error:
         traceback.print_exc()
         return Verdict(Outcome.CRASH, f"building the piece raised {type(error).__name__}: {str(error)[:300]}"), None, None

@@ -3,7 +3,8 @@
 Tests and benchmarks use this to prove that the scripts stand on their own.
 
     run = run_script(Path("dump/rank0/graph0/graph0_repro_thunder.py"))
-    run.outcome        # "OK", "MISMATCH", "REFUSED", "CRASH", "NOT_COMPARABLE", or "KILLED" / "TIMEOUT" / "NO_RESULT"
+    run.outcome        # "OK", "MISMATCH", "REFUSED", "CRASH", "NOT_COMPARABLE", "NOT_REBUILT",
+                       # or "KILLED" / "TIMEOUT" / "NO_RESULT"
 """
 
 from __future__ import annotations

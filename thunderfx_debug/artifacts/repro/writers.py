@@ -36,8 +36,12 @@ EXIT_STATUS = (
     "                      finding about {backend}, worth reporting upstream with this script\n"
     "    3 REFUSED         the backend or eager refused the inputs this script built: a bug of thunderfx_debug's\n"
     "                      input rebuild, not of {backend}\n"
-    "    4 CRASH           {backend} raised on inputs that eager accepts (or building the piece failed)\n"
-    "    5 NOT COMPARABLE  the piece draws random numbers that {backend} and eager draw differently: no claim\n"
+    "    4 CRASH           {backend} raised on inputs that eager accepts (or failed to compile the piece)\n"
+    "    5 NOT COMPARABLE  the piece draws random numbers that {backend} and eager draw differently, or its\n"
+    "                      values follow which of tied values topk/sort/argmax picked, and {backend} picked\n"
+    "                      otherwise: no claim\n"
+    "    6 NOT REBUILT     this script could not rebuild the piece as the run built it ({backend} never ran it):\n"
+    "                      a bug of the script, no claim\n"
     "    (killed by a signal: a native abort, e.g. an inductor kernel's bounds assertion: a crash)"
 )
 
@@ -50,7 +54,9 @@ class ReproSubject:
     definitions: code that defines `callable_name` (an nn.Module class or a function) and what it needs.
     metas: the inputs as the run passed them; names: their names (comments in `make_inputs`).
     captured: the real values where THUNDERFX_DEBUG_INPUTS=real kept them; inputs_path: where they are saved in the
-    dump (relative to the rank directory). random_ops: the names of the random ops in the piece.
+    dump (relative to the rank directory). run_integers: without real values, the integer and bool inputs the run
+    passed (position -> host copy, `inputs.run_integers`), saved at inputs_path; the others are drawn.
+    random_ops: the names of the random ops in the piece.
     needs_thunder: the definitions call `import_thunder()` or other Thunder support.
     """
 
@@ -65,6 +71,7 @@ class ReproSubject:
     names: tuple[str, ...] = ()
     captured: Captured | None = None
     inputs_path: str | None = None
+    run_integers: dict[int, dict] = dataclasses.field(default_factory=dict)
     imports: tuple[str, ...] = ()
     inputs_note: str = ""
     random_ops: tuple[str, ...] = ()
@@ -73,6 +80,11 @@ class ReproSubject:
     @property
     def real(self) -> bool:
         return self.captured is not None and self.captured.inputs is not None and self.inputs_path is not None
+
+    @property
+    def takes_run_integers(self) -> bool:
+        """Whether its script draws its inputs but for the integer and bool ones, loaded from `inputs_path`."""
+        return not self.real and bool(self.run_integers) and self.inputs_path is not None
 
     def instance(self) -> str:
         return f"{self.callable_name}()" if self.is_module else self.callable_name
@@ -179,7 +191,9 @@ class TorchCompile(Strategy):
 class InductorSplit(Strategy):
     """What ThunderFX does with an inductor split: `torch._inductor.compile` of the FX module with example inputs.
     The module is traced with torch.fx rather than handed to torch.compile, so Dynamo cannot split it again
-    (lightning-thunder#1521, the same choice as Thunder's own report module)."""
+    (lightning-thunder#1521, the same choice as Thunder's own report module), by the template's
+    `dynamo_graph_module`, which keeps Dynamo's item assignments and in-place operators (a plain
+    `torch.fx.symbolic_trace` refuses `x[i] = v`); a failure of that trace is the script's own (NOT REBUILT)."""
 
     executor = "inductor"
     file_kind = "inductor"
@@ -187,7 +201,8 @@ class InductorSplit(Strategy):
     description = "torch._inductor.compile of the FX module (as ThunderFX compiles inductor splits)"
 
     def build_body(self, piece: ReproSubject) -> str:
-        return (f"graph_module = torch.fx.symbolic_trace({piece.instance()})\n"
+        return (f"graph_module = as_the_run_built(lambda: dynamo_graph_module({piece.instance()}), "
+                "\"tracing the split's code\")\n"
                 "return torch._inductor.compile(graph_module, fresh(make_inputs()))")
 
 
@@ -228,7 +243,8 @@ class NvFuserRegion(Strategy):
         declared = "None" if self._declared(piece) is None else _literal_list(self._declared(piece))
         return (
             "def define_fusion():\n"
-            "    # nvFuser's repro of the fusion definition the run used (FusionDefinition.repro_script_for):\n"
+            "    # nvFuser's repro of the fusion definition the run used (FusionDefinition.repro_script_for; a\n"
+            "    # constant that an op takes as a Val, such as topk's k, defined as one, as the printer should):\n"
             f"{body}\n"
             "    return fd\n\n\n"
             "# The definition's inputs as it declares them, to check the inputs against before nvFuser binds them.\n"
@@ -236,7 +252,8 @@ class NvFuserRegion(Strategy):
         )
 
     def build_body(self, piece: ReproSubject) -> str:
-        return "fd = define_fusion()\nreturn lambda *inputs: fd.execute(list(inputs))"
+        return ("fd = as_the_run_built(define_fusion, \"nvFuser's printed definition\")\n"
+                "return lambda *inputs: fd.execute(list(inputs))")
 
     def refusal(self, piece: ReproSubject) -> str:
         return "None" if self._declared(piece) is None else "lambda inputs: nvfuser_refusal(inputs, NVFUSER_INPUTS)"
@@ -357,6 +374,23 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
             "def saved_outputs():\n    return load_inputs(INPUTS_FILE, __file__)[1]"
         )
         note = "the values the run passed on its first call of this piece, loaded from the file next to this script."
+    elif piece.takes_run_integers:
+        relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
+        listed = repro_inputs.make_inputs_code(metas, piece.names, piece.run_integers).removeprefix("return ")
+        inputs_code = (
+            "# The integer and bool inputs of the run's first call of this piece, as the run passed them (they index,\n"
+            "# select and mask: drawn at random they would not keep what they index), saved at the end of the run\n"
+            "# (torch.load with weights_only=True); the other inputs random.\n"
+            f"INPUTS_FILE = {relative!r}\n\n\n"
+            "def make_inputs():\n"
+            "    run = load_inputs(INPUTS_FILE, __file__)[0]\n"
+            "    # Random values laid out as the run's inputs were (shapes, strides, storage offsets and\n"
+            "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
+            + _indent(f"inputs = {listed}\nreturn {strategy.loaded_inputs(piece, 'inputs')}")
+        )
+        note = ("the integer and bool ones as the run passed them on its first call of this piece, loaded from the "
+                "file next to this script; the others random, made from the metadata of that call (layout, dtype, "
+                "device, value range).")
     else:
         inputs_code = ("def make_inputs():\n"
                        "    # Random values laid out as the run's inputs were (shapes, strides, storage offsets and\n"
