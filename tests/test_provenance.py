@@ -184,6 +184,19 @@ def test_every_repro_script_names_where_in_the_model_its_piece_is(llama, modelin
     assert norm_scripts and all("# where in the model" in p.read_text() for p in norm_scripts)
 
 
+def test_the_tlparse_artifacts_carry_the_lines_too(llama):
+    from thunderfx_debug.artifacts.torch_trace import structure_artifacts, trace_artifacts
+
+    _, _, report = llama
+    for graph in report.graphs:
+        [(_, structure)] = structure_artifacts(graph)
+        assert [s["sources"] for s in structure["splits"]] == [list(s.sources) for s in graph.splits]
+        fusions = [payload for name, payload in trace_artifacts(graph) if name.endswith("fusions")]
+        assert [f["sources"] for payload in fusions for f in payload] == [
+            list(f.sources) for s in graph.splits for f in s.fusions]
+    assert any(s.sources for g in report.graphs for s in g.splits)
+
+
 class SinModel(nn.Module):
     def __init__(self):
         super().__init__()
@@ -267,10 +280,13 @@ def test_sources_round_trip_and_damage_names_the_field():
 
 
 def test_dumps_written_before_sources_load_without_them():
-    for name in ("normal", "previous_format"):
-        report = load_report(dump_fixtures() / name)
-        pieces = [p for g in report.graphs for s in g.splits for p in (s, *s.fusions, *s.op_groups)]
-        assert pieces and all(p.sources == () for p in pieces)
-        assert all(g.source_excerpts == {} for g in report.graphs)
-        assert not any(line.strip().startswith("from ") for line in render_summary(report).splitlines())
-        assert "Where the regions come from" not in render_html({0: report})
+    report = load_report(dump_fixtures() / "previous_format")
+    pieces = [p for g in report.graphs for s in g.splits for p in (s, *s.fusions, *s.op_groups)]
+    assert pieces and all(p.sources == () for p in pieces)
+    assert all(g.source_excerpts == {} for g in report.graphs)
+    assert not any(line.strip().startswith("from ") for line in render_summary(report).splitlines())
+    assert "Where the regions come from" not in render_html({0: report})
+    # the fixtures the page's browser test renders have them (tests/test_html_browser.py)
+    normal = load_report(dump_fixtures() / "normal")
+    assert all(f.sources for g in normal.graphs for s in g.splits for f in s.fusions if f.phase.value == "forward")
+    assert "Where the regions come from" in render_html({0: normal})
