@@ -5,7 +5,7 @@ line of that file that calls `torch.rsqrt`.
 
     source .gpu/setup.sh && python benchmarks/provenance.py --model llama --size realistic --device cuda \\
         --dtype bfloat16 --steps 3 --json benchmarks/results/provenance_h200_llama.json   # nvFuser's regions, one H200
-    python benchmarks/provenance.py --model llama --size tiny --device cpu --steps 2       # CPU: the torch.compile executor
+    python benchmarks/provenance.py --model llama --size tiny --device cpu --steps 2   # CPU: the torch.compile executor
 
 Prints, and writes with --json: per phase, the regions that name their lines (and the op groups, with fusion-level
 timing every call); each forward rsqrt region with the lines it names; the groups of regions that repeat the same

@@ -4,7 +4,8 @@ Dynamo's: in the graph's compile-id folder of tlparse's output (`-_0_0_0/` for c
     thunderfx_debug_graph0_splits_N.json               the splits, their ops, sources and split reasons (at compile)
     thunderfx_debug_graph0_thunder_0_fwd_trace_N.txt   the final Thunder traces of each thunder split (after the
     thunderfx_debug_graph0_thunder_0_bwd_trace_N.txt   graph's first call, when Thunder has built them)
-    thunderfx_debug_graph0_thunder_0_fusions_N.json    its fusion regions: executor, phase, ops, inputs, outputs, sources
+    thunderfx_debug_graph0_thunder_0_fusions_N.json    its fusion regions: executor, phase, ops, inputs, outputs,
+                                                       sources
     thunderfx_debug_graph0_timing_N.json               timing statistics of the graph, its splits and regions (flush)
     thunderfx_debug_graph0_check_N.json                the correctness checks, where any piece was checked (flush)
 
@@ -45,8 +46,8 @@ def structure_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
         "compile_id": graph.compile_id,
         "break_reason": graph.break_reason,
         "node_count": graph.node_count,
-        "splits": [{"name": s.name, "kind": s.kind.value, "ops": list(s.ops), "reasons": [r.to_json() for r in s.reasons],
-                    "sources": list(s.sources)} for s in graph.splits],
+        "splits": [{"name": s.name, "kind": s.kind.value, "ops": list(s.ops),
+                    "reasons": [r.to_json() for r in s.reasons], "sources": list(s.sources)} for s in graph.splits],
         "unattributed_reasons": [r.to_json() for r in graph.unattributed_reasons],
         "error": graph.error,
         "fallback": graph.fallback,

@@ -3,11 +3,10 @@ form `graph.json` keeps in each piece's `sources`, most ops first) and the code 
 (`SourceExcerpt`), so that a report shows the model's code where that code is not.
 
 Example:
-    >>> line = SourceLine.parse("/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:66 forward")
-    >>> line.line, line.function, line.short
-    (66, 'forward', 'transformers/models/llama/modeling_llama.py:66 forward')
-    >>> str(line) == "/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:66 forward"
-    True
+    >>> text = "/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:66 forward"
+    >>> line = SourceLine.parse(text)
+    >>> line.line, line.function, line.short, str(line) == text
+    (66, 'forward', 'transformers/models/llama/modeling_llama.py:66 forward', True)
 """
 
 from __future__ import annotations

@@ -192,8 +192,8 @@ def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
     if top:
         wall = accounting.wall_step_ms(report)
         rows = [[str(i), esc(p.label) + _from(p.sources, sources), esc(p.executor), ms(p.headline.median_ms),
-                 ms(p.headline.p10_ms),
-                 ms(p.headline.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%",
+                 ms(p.headline.p10_ms), ms(p.headline.p90_ms), ms(p.ms_per_step),
+                 "-" if s is None else f"{100 * s:.1f}%",
                  *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
         whole = f"the compiled graphs' {ms(step)} ms per step" if step else "the compiled graphs' time per step"
@@ -261,8 +261,8 @@ def _graph(graph: GraphRecord, prefix: str | None, sources: provenance.SourceInd
         cost = s.compile_cost
         first = "-" if cost is None else esc(", ".join(
             f"{p.when.value} {p.what.value} {p.seconds:.2f} s" for p in cost.parts if p.seconds >= 0.005))
-        rows.append([esc(s.name) + _from(s.sources, sources), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)),
-                     ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
+        rows.append([esc(s.name) + _from(s.sources, sources), esc(s.kind.value), str(len(s.ops)),
+                     str(len(s.fusions)), ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
                      ms(_median(s.host_timing, left_out)), ms(_median(s.host_backward_timing, left_out)), first,
                      reasons, _links(s.files, prefix)])
     html += _table(*_without_empty(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms",
