@@ -54,6 +54,27 @@ def cpu_executors():
     return [torch_compile_ex, *thunder.get_default_executors()]
 
 
+def cpu_executors_apart_at_matmuls():
+    """Thunder's torch.compile executor leaving linear and matmul to Thunder's torch executor, as nvFuser's regions
+    leave them to cuBLAS on a GPU: regions end at every matmul, so that each layer of a model gets regions of its own
+    (with `cpu_executors`, one region holds a whole split) and the matmuls are op groups. Registered once, by name."""
+    import thunder
+    import thunder.torch as ltorch
+    from thunder.core import prims
+    from thunder.executors.torch_compile import TorchCompileExecutor
+    from thunder.executors.torchex import ex as torch_ex
+    from thunder.extend import ImplInfo, get_executor, register_executor
+
+    name = "thunderfx_debug_test_torchcompile_apart_at_matmuls"
+    executor = get_executor(name)
+    if executor is None:
+        executor = TorchCompileExecutor(name)
+        register_executor(executor)
+        matmuls = {ltorch.linear.id, prims.linear.id, ltorch.matmul.id, prims.matmul.id}
+        executor._implmap = {op: ImplInfo() for op in torch_ex.implmap if op not in matmuls}
+    return [executor, *thunder.get_default_executors()]
+
+
 def tiny_gpt(seed: int = 0, device: str = "cpu", **overrides):
     from thunderfx_debug.models import GPT, GPTConfig
 

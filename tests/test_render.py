@@ -250,6 +250,9 @@ def hostile_dump(tmp_path: Path) -> Path:
     thunder["files"]["repro_evil"] = "javascript:alert(3)"
     thunder["files"]["repro_up"] = "x/../../../etc/passwd"
     thunder["fusions"][0]["ops"].append("<svg onload=alert(4)>")
+    hostile_line = '/m/"><script>alert(7)</script>.py:3 f'
+    thunder["fusions"][0]["sources"] = [hostile_line]
+    data["source_excerpts"][hostile_line] = {"first_line": 1, "lines": ["a = 1", "</pre><script>alert(8)</script>"]}
     graph_json.write_text(json.dumps(data))
     trace = root / "rank0" / thunder["files"]["fwd_trace"]
     trace.write_text(trace.read_text() + "\n# </pre><script>alert(5)</script>\n")
@@ -263,7 +266,8 @@ def test_html_escapes_everything_from_the_dump(tmp_path):
     assert "<script" not in lowered and "<img" not in lowered and "onload=alert" not in lowered.replace("onload=alert(4)&gt;", "")
     assert "javascript:" not in lowered.replace("javascript:alert(3)", "") and 'href="javascript' not in lowered
     hrefs = re.findall(r'href="([^"]*)"', page)
-    assert hrefs and all(h.startswith("rank0/") and ".." not in h and ":" not in h for h in hrefs)
+    in_page = [h for h in hrefs if re.fullmatch(r"#rank0-src-\d+", h)]  # a piece's lines, linked to their code
+    assert in_page and all(h.startswith("rank0/") and ".." not in h and ":" not in h for h in hrefs if h not in in_page)
     assert "&lt;script&gt;alert(&#x27;op&#x27;)&lt;/script&gt;" in page  # shown, escaped
     # Only the <svg> elements the renderer draws are real tags.
     assert len(re.findall(r"<svg[\s>]", page)) == page.count('<svg xmlns="http://www.w3.org/2000/svg"')

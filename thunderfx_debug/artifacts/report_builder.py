@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from thunderfx_debug.artifacts.source_excerpts import excerpts
 from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord, Triage
 from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
@@ -33,8 +34,9 @@ def _timing(series: SampleSeries | None):
     return None if series is None else series.timing()
 
 
-def _op_groups(split: SplitState) -> tuple[OpGroup, ...]:
-    groups = [OpGroup(symbol, executor, phase, split.op_counts.get((phase, symbol, executor), 0), series.timing())
+def _op_groups(split: SplitState, sources: dict[tuple[str, str, str], tuple[str, ...]]) -> tuple[OpGroup, ...]:
+    groups = [OpGroup(symbol, executor, phase, split.op_counts.get((phase, symbol, executor), 0), series.timing(),
+                      sources.get((phase, symbol, executor), ()))
               for (phase, symbol, executor), series in split.op_series.items()]
     return tuple(sorted(groups, key=lambda g: (g.phase.value != "forward", -(g.timing.total_ms if g.timing else 0))))
 
@@ -60,6 +62,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             files=files.get(f"{key}/{r.key}", {}),
             check=_check(split.region_checks.get(r.key)),
             triage=triage.get(f"{key}/{r.key}"),
+            sources=snap.sources.regions.get(r.key, ()),
         )
         for r in snap.regions
     )
@@ -81,16 +84,24 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         host_timing=_timing(split.host_forward),
         host_backward_timing=_timing(split.host_backward),
         thunder_overhead_timing=_timing(split.overhead),
-        op_groups=_op_groups(split),
+        op_groups=_op_groups(split, snap.sources.op_groups),
         compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
         check=_check(split.check),
         triage=triage.get(key),
+        sources=split.split.sources,
     )
+
+
+def _sources_of(splits: tuple[SplitRecord, ...]) -> list[str]:
+    """Every source line the splits, their regions and op groups name."""
+    pieces = [*splits, *(f for s in splits for f in s.fusions), *(g for s in splits for g in s.op_groups)]
+    return [source for piece in pieces for source in piece.sources]
 
 
 def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:
     state, facts = snap.state, snap.state.facts
     origin_ns = state.origin_ns
+    splits = tuple(_split_record(state.name, split, files, origin_ns, triage) for split in snap.splits)
     return GraphRecord(
         name=state.name,
         index=state.index,
@@ -100,7 +111,7 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Tr
         recompile_reason=facts.recompile_reason,
         node_count=sum(1 for n in state.gm.graph.nodes if n.op not in ("placeholder", "output")),
         input_meta=snap.input_meta,
-        splits=tuple(_split_record(state.name, split, files, origin_ns, triage) for split in snap.splits),
+        splits=splits,
         unattributed_reasons=tuple(state.unattributed_reasons),
         calls=state.calls,
         timing=state.forward.timing(),
@@ -114,4 +125,5 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Tr
         host_backward_timing=_timing(state.host_backward),
         period_timing=state.period.timing(),
         disturbed=state.waits.disturbed(),
+        source_excerpts=excerpts(_sources_of(splits)),
     )

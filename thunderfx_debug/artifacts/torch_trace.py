@@ -1,10 +1,11 @@
 """The backend's records as TORCH_TRACE artifacts, so that tlparse shows Thunder's side of each compile beside
 Dynamo's: in the graph's compile-id folder of tlparse's output (`-_0_0_0/` for compile id 0/0), files named
 
-    thunderfx_debug_graph0_splits_N.json               the splits, their ops and every split reason (at compile)
+    thunderfx_debug_graph0_splits_N.json               the splits, their ops, sources and split reasons (at compile)
     thunderfx_debug_graph0_thunder_0_fwd_trace_N.txt   the final Thunder traces of each thunder split (after the
     thunderfx_debug_graph0_thunder_0_bwd_trace_N.txt   graph's first call, when Thunder has built them)
-    thunderfx_debug_graph0_thunder_0_fusions_N.json    its fusion regions: executor, phase, ops, inputs, outputs
+    thunderfx_debug_graph0_thunder_0_fusions_N.json    its fusion regions: executor, phase, ops, inputs, outputs,
+                                                       sources
     thunderfx_debug_graph0_timing_N.json               timing statistics of the graph, its splits and regions (flush)
     thunderfx_debug_graph0_check_N.json                the correctness checks, where any piece was checked (flush)
 
@@ -45,8 +46,8 @@ def structure_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
         "compile_id": graph.compile_id,
         "break_reason": graph.break_reason,
         "node_count": graph.node_count,
-        "splits": [{"name": s.name, "kind": s.kind.value, "ops": list(s.ops), "reasons": [r.to_json() for r in s.reasons]}
-                   for s in graph.splits],
+        "splits": [{"name": s.name, "kind": s.kind.value, "ops": list(s.ops),
+                    "reasons": [r.to_json() for r in s.reasons], "sources": list(s.sources)} for s in graph.splits],
         "unattributed_reasons": [r.to_json() for r in graph.unattributed_reasons],
         "error": graph.error,
         "fallback": graph.fallback,
@@ -66,7 +67,8 @@ def trace_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
         if split.fwd_trace is not None:
             fusions = [{"name": f.name, "executor": f.executor, "phase": f.phase.value, "ops": list(f.ops),
                         "inputs": list(f.inputs), "outputs": list(f.outputs),
-                        "input_meta": [m.describe() for m in f.input_meta]} for f in split.fusions]
+                        "input_meta": [m.describe() for m in f.input_meta], "sources": list(f.sources)}
+                       for f in split.fusions]
             artifacts.append((torch_trace.artifact_name(graph.name, split.name, "fusions"), fusions))
     return artifacts
 

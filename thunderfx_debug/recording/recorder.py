@@ -24,6 +24,7 @@ from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
+from thunderfx_debug.thunder import provenance as thunder_provenance
 from thunderfx_debug.thunder.compile_events import SPANS
 from thunderfx_debug.thunder import splits as thunder_splits
 from thunderfx_debug.thunder import traces as thunder_traces
@@ -46,8 +47,8 @@ class SplitState:
     captured: Captured | None = None  # its first call (see `capture`)
     # Filled by the split's region observer (`capture.RegionCapture`), keyed by region ("nvFusion0_forward").
     region_captures: dict[str, Captured] = dataclasses.field(default_factory=dict)
-    # What the last snapshot read of the split's traces: (forward trace, backward trace, regions, texts). Reused
-    # while Thunder's final traces stay the same objects, so a flush of a long run neither walks nor prints them.
+    # What the last snapshot read of the split's traces: (forward trace, backward trace, regions, texts, sources).
+    # Reused while Thunder's final traces stay the same objects, so a flush of a long run neither walks nor prints them.
     traces_read: tuple | None = dataclasses.field(default=None, repr=False)
     # ... and its time outside the regions by op group, keyed (phase, symbol, executor); how many ops each group has.
     op_series: dict[tuple[str, str, str], SampleSeries] = dataclasses.field(default_factory=dict)
@@ -122,7 +123,7 @@ class SplitSnapshot:
     `input_meta` is what the split received on its first call where that was captured (with value statistics),
     else what Thunder's splitter recorded. `region_input_meta` and `region_captures` hold, by region key, the same
     for the fusion regions whose captured call agrees with the final trace (the others have only their trace's
-    proxies: `FusionRegion.input_meta`)."""
+    proxies: `FusionRegion.input_meta`). `sources` are where the ops of its regions and op groups came from."""
 
     state: SplitState
     fwd_trace: Any = None
@@ -131,6 +132,7 @@ class SplitSnapshot:
     input_meta: tuple[InputMeta, ...] = ()
     region_input_meta: dict[str, tuple[InputMeta, ...]] = dataclasses.field(default_factory=dict)
     region_captures: dict[str, Captured] = dataclasses.field(default_factory=dict)
+    sources: thunder_provenance.TraceSources = dataclasses.field(default_factory=thunder_provenance.TraceSources)
 
     def region_metas(self, region: FusionRegion) -> tuple[InputMeta, ...]:
         return self.region_input_meta.get(region.key, region.input_meta)
@@ -265,13 +267,17 @@ class Recorder:
             snap.fwd_trace, snap.bwd_trace = thunder_traces.final_traces(split.split.compiled)
         read = split.traces_read
         if read is not None and read[0] is snap.fwd_trace and read[1] is snap.bwd_trace:
-            snap.regions = list(read[2])
+            snap.regions, snap.sources = list(read[2]), read[5]
             snap.__dict__["fwd_text"], snap.__dict__["bwd_text"] = read[3], read[4]
             return self._with_region_captures(snap, where, wait)
         split.traces_read = None  # read again below; kept only if everything could be read
         with self.failures.guard(f"reading the fusion regions of {where}"):
             snap.regions = thunder_traces.fusion_regions(snap.fwd_trace, Phase.FORWARD)
             snap.regions += thunder_traces.fusion_regions(snap.bwd_trace, Phase.BACKWARD)
+        with self.failures.guard(f"reading where the ops of {where} came from"):
+            snap.sources = thunder_provenance.trace_sources(
+                split.split.compiled, snap.regions,
+                ((Phase.FORWARD.value, snap.fwd_trace), (Phase.BACKWARD.value, snap.bwd_trace)))
         for text in ("fwd_text", "bwd_text"):
             # Printed here, guarded, so that a trace that cannot be printed loses its text only, not the record of
             # its graph (which reads the text later).
@@ -279,5 +285,6 @@ class Recorder:
                 getattr(snap, text)
             snap.__dict__.setdefault(text, None)  # cached_property's slot: None after a failure
         if self.failures.total == failures_before and snap.fwd_trace is not None:
-            split.traces_read = (snap.fwd_trace, snap.bwd_trace, tuple(snap.regions), snap.fwd_text, snap.bwd_text)
+            split.traces_read = (snap.fwd_trace, snap.bwd_trace, tuple(snap.regions), snap.fwd_text, snap.bwd_text,
+                                 snap.sources)
         return self._with_region_captures(snap, where, wait)

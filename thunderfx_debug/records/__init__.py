@@ -6,7 +6,8 @@ that was wrong; both come from one codec driven by the records' fields and type 
 
 - `records.pieces`: graphs, their splits and fusion regions, inputs, split reasons, the rank's collectives;
 - `records.timing`: timing samples, disturbed calls, compile costs;
-- `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts.
+- `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
+- `records.sources`: the lines of the model's code a piece's ops came from, and the code around them.
 """
 
 from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError
@@ -14,6 +15,7 @@ from thunderfx_debug.records.pieces import (
     BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
     RankRecord, SplitKind, SplitReason, SplitRecord, storage_span,
 )
+from thunderfx_debug.records.sources import SourceExcerpt, SourceLine, short_path, short_sources
 from thunderfx_debug.records.timing import (
     ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, SampleTotals, Timing,
     TimingWindow, percentile,
@@ -24,6 +26,6 @@ __all__ = [
     "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "Check",
     "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen", "DisturbedCall",
     "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Minimized", "OpGroup",
-    "Phase", "RankRecord", "SampleTotals", "SplitKind", "SplitReason", "SplitRecord", "Timing", "TimingWindow",
-    "Triage", "percentile", "storage_span",
+    "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord",
+    "Timing", "TimingWindow", "Triage", "percentile", "short_path", "short_sources", "storage_span",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from thunderfx_debug.records.codec import SCHEMA_VERSION, JsonRecord, json_field
+from thunderfx_debug.records.sources import SourceExcerpt
 from thunderfx_debug.records.timing import CompileCost, DisturbedCall, Timing
 from thunderfx_debug.records.verdicts import Check, Minimized, Triage
 
@@ -49,13 +50,15 @@ class OpGroup(JsonRecord):
     "torch", "sdpa" by "cudnn"): `count` bound symbols of the trace, and the summed time of all of them on each
     sampled call (`timing`). An op's time runs from its mark to the next mark, so the views, dels and unpacks that
     follow an op (they launch no kernel) count with it. `symbol` BETWEEN_OPS (executor "thunder") is the rest of the
-    time outside the regions; the groups of a phase and its regions add up to the trace's time."""
+    time outside the regions; the groups of a phase and its regions add up to the trace's time. `sources`: the lines
+    of the model's code its ops came from ("file:line function", most ops first; see `records.sources`)."""
 
     symbol: str
     executor: str = json_field(missing="")  # older dumps may lack it
     phase: Phase
     count: int = 0
     timing: Timing | None = None
+    sources: tuple[str, ...] = json_field((), omit_default=True)
 
     def __post_init__(self):
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -148,7 +151,8 @@ class FusionRecord(JsonRecord):
     """A fusion region of a Thunder trace: `nvFusionN` (nvFuser) or `TorchCompileN` (Thunder's torch.compile executor).
 
     `ops` are the symbols fused into the region in trace order; `inputs`/`outputs` are the trace names of its
-    arguments and results, `input_meta` their metadata where known.
+    arguments and results, `input_meta` their metadata where known. `sources`: the lines of the model's code its ops
+    came from ("file:line function", most ops first; see `records.sources`).
     """
 
     name: str
@@ -163,6 +167,7 @@ class FusionRecord(JsonRecord):
     check: Check | None = None
     triage: Triage | None = json_field(None, omit_default=True)
     minimized: Minimized | None = json_field(None, omit_default=True)
+    sources: tuple[str, ...] = json_field((), omit_default=True)
 
     @property
     def qualified_name(self) -> str:
@@ -183,6 +188,7 @@ class SplitRecord(JsonRecord):
     its computation (cache check, prologue, autograd connection, epilogue; from Thunder's compile stats).
     `op_groups` is the split's time outside its fusion regions by op (fusion-level timing, see `OpGroup`).
     `compile_cost` is what its first call cost (see `CompileCost`).
+    `sources` are the lines of the model's code its ops came from ("file:line function", most ops first).
     """
 
     name: str
@@ -206,6 +212,7 @@ class SplitRecord(JsonRecord):
     check: Check | None = None  # Thunder splits only
     triage: Triage | None = json_field(None, omit_default=True)
     minimized: Minimized | None = json_field(None, omit_default=True)
+    sources: tuple[str, ...] = json_field((), omit_default=True)
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -225,6 +232,8 @@ class GraphRecord(JsonRecord):
     `period_timing` is the host wall time from the start of a sampled call to the start of the graph's next call:
     for a graph called once per step, the wall time of a training step. `disturbed` lists the sampled calls that the
     headline statistics leave out (see `Disturbance`); their samples stay in every timing of the graph.
+    `source_excerpts` holds, by source line ("file:line function"), the code around each line its pieces name in
+    their `sources`, read at flush (a file that could not be read has none).
     """
 
     name: str
@@ -249,6 +258,7 @@ class GraphRecord(JsonRecord):
     host_backward_timing: Timing | None = None
     period_timing: Timing | None = None
     disturbed: tuple[DisturbedCall, ...] = ()
+    source_excerpts: Mapping[str, SourceExcerpt] = json_field(default_factory=dict, omit_default=True)
 
     @property
     def reasons(self) -> tuple[SplitReason, ...]:

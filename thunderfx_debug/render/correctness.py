@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from thunderfx_debug.records import Check, RankRecord, SplitKind
+from thunderfx_debug.records import Check, RankRecord, SplitKind, short_sources
 
 #: Pieces listed by name in the text summary's section; the rest are counted.
 MAX_LISTED = 20
@@ -33,12 +33,13 @@ _WHY = (
 class CheckedPiece:
     """A piece the check covers: `path` is "graph0/thunder_0" (a split) or "graph0/thunder_0/nvFusion0_forward" (a
     fusion region); `check` its record (None: no checked call ran it); `files` its record's files (the mismatch
-    script among them)."""
+    script among them); `sources` the lines of the model's code its ops came from."""
 
     path: str
     level: str  # "split" | "fusion"
     check: Check | None
     files: dict[str, str]
+    sources: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
@@ -84,11 +85,11 @@ def checked_pieces(report: RankRecord) -> list[CheckedPiece]:
         for split in graph.splits:
             path = f"{graph.name}/{split.name}"
             if split.kind is SplitKind.THUNDER or split.check is not None:
-                pieces.append(CheckedPiece(path, "split", split.check, dict(split.files)))
+                pieces.append(CheckedPiece(path, "split", split.check, dict(split.files), split.sources))
             for fusion in split.fusions:
                 if level == "fusion" or fusion.check is not None:
                     pieces.append(CheckedPiece(f"{path}/{fusion.qualified_name}", "fusion", fusion.check,
-                                               dict(fusion.files)))
+                                               dict(fusion.files), fusion.sources))
     return pieces
 
 
@@ -169,6 +170,8 @@ def render_correctness(report: RankRecord) -> list[str]:
     bad = [p for p in pieces if p.status == "mismatch"]
     for piece in bad[:MAX_LISTED]:
         lines.append(f"  MISMATCH {mismatch_line(piece)}")
+        if piece.sources:
+            lines.append(f"    from {short_sources(piece.sources)}")
         script = next((path for label, path in piece.files.items() if "mismatch" in label), None)
         if script:
             lines.append(f"    script: {script}")

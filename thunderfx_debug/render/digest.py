@@ -87,7 +87,8 @@ class PieceLevel(str, enum.Enum):
 class TimedPiece:
     """A timed piece of the run, flattened: a graph, a split, a fusion region or a split's time outside fusions,
     in one phase. `path` names it ("graph0/thunder_0/nvFusion0"), `executor` is what ran it (thunder, inductor,
-    nvfuser, torchcompile, ...), `calls_per_step` how often it runs in a step."""
+    nvfuser, torchcompile, ...), `calls_per_step` how often it runs in a step, `sources` the lines of the model's
+    code its ops came from (splits, regions and op groups)."""
 
     level: PieceLevel
     graph: str
@@ -100,6 +101,7 @@ class TimedPiece:
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     headline: Headline | None = None  # computed from `timing` where not given (see `headline`)
     count: int = 0  # how many ops an op group has
+    sources: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.headline is None:
@@ -140,25 +142,27 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
         per_step = graph.calls / steps if graph.calls else 1.0
         left_out = left_out_calls(graph)
 
-        def add(level, split, name, phase, executor, timing, files=None, count=0):
+        def add(level, split, name, phase, executor, timing, files=None, count=0, sources=()):
             if timing is not None and timing.count:
                 pieces.append(TimedPiece(level, graph.name, split, name, phase, executor, timing, per_step,
-                                         files or {}, headline(timing, left_out), count))
+                                         files or {}, headline(timing, left_out), count, sources))
 
         add(PieceLevel.GRAPH, None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
         add(PieceLevel.GRAPH, None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
         for split in graph.splits:
             executor = split.kind.value
-            add(PieceLevel.SPLIT, split.name, split.name, "forward", executor, split.timing, split.files)
-            add(PieceLevel.SPLIT, split.name, split.name, "backward", executor, split.backward_timing, split.files)
+            add(PieceLevel.SPLIT, split.name, split.name, "forward", executor, split.timing, split.files,
+                sources=split.sources)
+            add(PieceLevel.SPLIT, split.name, split.name, "backward", executor, split.backward_timing, split.files,
+                sources=split.sources)
             for fusion in split.fusions:
                 add(PieceLevel.FUSION, split.name, fusion.name, fusion.phase.value, fusion.executor, fusion.timing,
-                    fusion.files)
+                    fusion.files, sources=fusion.sources)
             for key, timing in sorted(split.outside_fusions_timing.items()):
                 add(PieceLevel.OUTSIDE_FUSIONS, split.name, split.name, outside_phase(key), executor, timing)
             for group in split.op_groups:
                 add(PieceLevel.OP_GROUP, split.name, group.label, group.phase.value, group.executor, group.timing,
-                    count=group.count)
+                    count=group.count, sources=group.sources)
     return pieces
 
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from thunderfx_debug import layout
 from thunderfx_debug.records import Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, correctness, digest, minimized, triage_findings
+from thunderfx_debug.render import accounting, correctness, digest, minimized, provenance, triage_findings
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -32,6 +32,7 @@ vertical-align:top;font-size:13px}th{background:#f3f3f3}td.num{text-align:right;
 .flag{color:#fff;background:#c0392b;padding:0 5px;border-radius:3px;font-size:12px}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:500px;font-size:12px}
 details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:block;margin:.4em 0 1em}
+.src{background:#fff3b0;font-weight:bold}
 """
 
 
@@ -167,7 +168,7 @@ def _reasons(report: RankRecord) -> str:
     return "<h3>Split reasons</h3>" + chart + _table(["type", "op", "count", "where", "exception"], rows, {2})
 
 
-def _timing_charts(report: RankRecord) -> str:
+def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
     pieces = digest.timed_pieces(report)
     if not pieces:
         return "<h3>Timing</h3><p>No timing samples in this dump (THUNDERFX_DEBUG_TIMING=off, or too few calls).</p>"
@@ -190,8 +191,9 @@ def _timing_charts(report: RankRecord) -> str:
     top = digest.top_regions(report, 15)
     if top:
         wall = accounting.wall_step_ms(report)
-        rows = [[str(i), esc(p.label), esc(p.executor), ms(p.headline.median_ms), ms(p.headline.p10_ms),
-                 ms(p.headline.p90_ms), ms(p.ms_per_step), "-" if s is None else f"{100 * s:.1f}%",
+        rows = [[str(i), esc(p.label) + _from(p.sources, sources), esc(p.executor), ms(p.headline.median_ms),
+                 ms(p.headline.p10_ms), ms(p.headline.p90_ms), ms(p.ms_per_step),
+                 "-" if s is None else f"{100 * s:.1f}%",
                  *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
         whole = f"the compiled graphs' {ms(step)} ms per step" if step else "the compiled graphs' time per step"
@@ -241,7 +243,12 @@ def _time_over_the_run(pieces: list[digest.TimedPiece], clock: ClockKind | None)
     return html
 
 
-def _graph(graph: GraphRecord, prefix: str | None) -> str:
+def _from(pieces_sources: tuple[str, ...], sources: provenance.SourceIndex) -> str:
+    """A piece's source lines under its name in a table cell, linked to their code (nothing for a piece without)."""
+    return f'<br><span class="muted">from {sources.links(pieces_sources)}</span>' if pieces_sources else ""
+
+
+def _graph(graph: GraphRecord, prefix: str | None, sources: provenance.SourceIndex) -> str:
     html = f'<h3 id="{esc(graph.name)}">{esc(graph.name)} <span class="muted">compile id {esc(graph.compile_id or "?")}</span></h3>'
     if graph.error:
         html += f'<p><span class="flag">error</span></p><pre>{esc(graph.error)}</pre>'
@@ -254,8 +261,8 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
         cost = s.compile_cost
         first = "-" if cost is None else esc(", ".join(
             f"{p.when.value} {p.what.value} {p.seconds:.2f} s" for p in cost.parts if p.seconds >= 0.005))
-        rows.append([esc(s.name), esc(s.kind.value), str(len(s.ops)), str(len(s.fusions)),
-                     ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
+        rows.append([esc(s.name) + _from(s.sources, sources), esc(s.kind.value), str(len(s.ops)),
+                     str(len(s.fusions)), ms(_median(s.timing, left_out)), ms(_median(s.backward_timing, left_out)),
                      ms(_median(s.host_timing, left_out)), ms(_median(s.host_backward_timing, left_out)), first,
                      reasons, _links(s.files, prefix)])
     html += _table(*_without_empty(["split", "kind", "ops", "fusions", "fwd median ms", "bwd median ms",
@@ -265,7 +272,8 @@ def _graph(graph: GraphRecord, prefix: str | None) -> str:
         if s.kind is not SplitKind.THUNDER:
             continue
         html += f"<details><summary>{esc(s.name)}: {plural(len(s.fusions), 'fusion region')}, traces</summary>"
-        frows = [[esc(f.name), esc(f.phase.value), esc(f.executor), str(len(f.ops)), ms(_median(f.timing)),
+        frows = [[esc(f.name) + _from(f.sources, sources), esc(f.phase.value), esc(f.executor), str(len(f.ops)),
+                  ms(_median(f.timing)),
                   f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
                   _links(f.files, prefix)] for f in s.fusions]
         html += _table(["region", "phase", "executor", "ops", "median ms", "fused ops", "repro"], frows, {3, 4})
@@ -331,13 +339,14 @@ def _number(value: float | None) -> str:
 
 def rank_section(report: RankRecord, prefix: str | None) -> str:
     """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
+    sources = provenance.SourceIndex(report)
     parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report),
              _correctness(report, prefix),
              minimized.html_section(report, lambda path: _links({"minimal script": path}, prefix)),
-             _compiles(report), _reasons(report), _timing_charts(report),
+             _compiles(report), _reasons(report), _timing_charts(report, sources),
              triage_findings.html_section(report), "<h3>Graphs</h3>"]
-    parts += [_graph(g, prefix) for g in report.graphs]
-    parts.append("</section>")
+    parts += [_graph(g, prefix, sources) for g in report.graphs]
+    parts += [provenance.html_section(report, sources), "</section>"]
     return "".join(parts)
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from thunderfx_debug.records import ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, digest, minimized, triage_findings
+from thunderfx_debug.records import (
+    ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, short_sources,
+)
+from thunderfx_debug.render import accounting, digest, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
@@ -245,6 +247,7 @@ def render_overview(report: RankRecord) -> list[str]:
                 lines.append(f"    {group.count} x {group.op}  in " + ", ".join(sorted(set(group.places))))
                 lines += [f"      exception: {e}" for e in group.exceptions]
     lines += _top_region_lines(report)
+    lines += provenance.summary_lines(report)
     correctness = render_correctness(report)
     if correctness:
         lines += ["", *correctness]
@@ -278,7 +281,16 @@ def _top_region_lines(report: RankRecord) -> list[str]:
         if wall:
             row.append(f"{100 * piece.ms_per_step / wall:.1f}%")
         rows.append(row + [piece.headline.flag or ""])
-    return lines + ["  " + line for line in _table(rows, right={0, 3, 4, 5} if wall else {0, 3, 4})]
+    alike = provenance.group_of(report)
+    table = _table(rows, right={0, 3, 4, 5} if wall else {0, 3, 4})
+    lines.append("  " + table[0])
+    for line, (piece, _) in zip(table[1:], top):
+        lines.append("  " + line)
+        group = alike.get((piece.path, piece.phase)) if piece.level is digest.PieceLevel.FUSION else None
+        if piece.sources:
+            lines.append(f"       from {short_sources(piece.sources)}"
+                         + (f"; {group.describe()}" if group is not None else ""))
+    return lines
 
 
 def _by_type(groups: list[digest.ReasonGroup]) -> dict[str, list[digest.ReasonGroup]]:
@@ -317,6 +329,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
             line += (f", fusions: {len(split.fusions_in(Phase.FORWARD))} forward, "
                      f"{len(split.fusions_in(Phase.BACKWARD))} backward")
         lines.append(line)
+        if split.sources:
+            lines.append(f"    from {short_sources(split.sources)}")
         lines += _phase_timing_lines(split, left_out, "    ")
         cost = _cost_line(split.compile_cost)
         if cost:
@@ -330,19 +344,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
         if split.fusions:
             by_executor = Counter(f.executor for f in split.fusions)
             lines.append("    fusion executors: " + ", ".join(f"{n} {ex}" for ex, n in sorted(by_executor.items())))
-            for fusion in split.fusions:
-                line = f"      {fusion.name} ({fusion.phase.value}, {fusion.executor}): {plural(len(fusion.ops), 'op')}"
-                if fusion.timing is not None and fusion.timing.count:
-                    head = headline(fusion.timing, left_out)
-                    line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
-                if fusion.check is not None:
-                    c = fusion.check
-                    word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else
-                            "ok" if c.compared else "not compared")
-                    if c.writes_unowned_memory:
-                        word += ", writes memory it does not own"
-                    line += f", check: {word} ({c.calls} calls)"
-                lines.append(line)
+            lines += _fusion_lines(split, left_out)
         for key, timing in sorted(split.outside_fusions_timing.items()):
             line = _timing_line(f"outside fusions, {digest.outside_phase(key)}", timing, left_out)
             if line:
@@ -352,6 +354,55 @@ def render_graph(graph: GraphRecord) -> list[str]:
             lines.append(f"    ERROR: {_last_line(split.error)}")
     for reason in graph.unattributed_reasons:
         lines.append(f"  split reason (no split): {reason.type} {digest.reason_op(reason)[:120]}")
+    return lines
+
+
+def _fusion_line(fusion, left_out) -> str:
+    line = f"      {fusion.name} ({fusion.phase.value}, {fusion.executor}): {plural(len(fusion.ops), 'op')}"
+    if fusion.timing is not None and fusion.timing.count:
+        head = headline(fusion.timing, left_out)
+        line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
+    if fusion.check is not None:
+        c = fusion.check
+        word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else
+                "ok" if c.compared else "not compared")
+        if c.writes_unowned_memory:
+            word += ", writes memory it does not own"
+        line += f", check: {word} ({c.calls} calls)"
+    return line
+
+
+def _unremarkable(fusion) -> bool:
+    """A region whose line says nothing its alike regions' does not: unchecked or checked clean, not triaged."""
+    c = fusion.check
+    return fusion.triage is None and fusion.minimized is None and (
+        c is None or not (c.mismatched or c.failures or c.writes_unowned_memory or c.overwritten))
+
+
+def _fusion_lines(split, left_out) -> list[str]:
+    """A split's regions, each with its sources; the regions that repeat an earlier region's lines and ops (a
+    model's layers) in one line after it, unless their own check or triage says something of them."""
+    shown: list[tuple] = []  # (region, the alike regions told after it)
+    followers: dict[tuple, list] = {}
+    for fusion in split.fusions:
+        key = (fusion.executor, fusion.phase, fusion.ops, fusion.sources)
+        if fusion.sources and key in followers and _unremarkable(fusion):
+            followers[key].append(fusion)
+            continue
+        own: list = []
+        followers.setdefault(key, own)
+        shown.append((fusion, own))
+    lines = []
+    for fusion, alike in shown:
+        lines.append(_fusion_line(fusion, left_out))
+        if fusion.sources:
+            lines.append(f"        from {short_sources(fusion.sources)}")
+        if alike:
+            medians = [headline(f.timing, left_out).median_ms for f in alike if f.timing is not None and f.timing.count]
+            span = (f", median {_ms(medians[0])}" if len(medians) == 1 else
+                    f", medians {_ms(min(medians))} to {_ms(max(medians))}" if medians else "")
+            lines.append(f"        the same lines and ops in {plural(len(alike), 'more region')}{span}: "
+                         + ", ".join(f.name for f in alike))
     return lines
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html as _html
 
-from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage
+from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, short_sources
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.text import ms, plural
 
@@ -25,6 +25,7 @@ class TriagedPiece:
     split: str  # "graph0/thunder_0"
     triage: Triage
     scripts: tuple[str, ...]
+    sources: tuple[str, ...] = ()  # the lines of the model's code its ops came from
 
 
 def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
@@ -37,13 +38,14 @@ def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
             where = f"{graph.name}/{split.name}"
             if split.triage is not None:
                 pieces.append(TriagedPiece(where, "split", "thunder", where, split.triage,
-                                           tuple(v for k, v in sorted(split.files.items()) if k.startswith("repro"))))
+                                           tuple(v for k, v in sorted(split.files.items()) if k.startswith("repro")),
+                                           split.sources))
             for fusion in split.fusions:
                 if fusion.triage is not None:
                     pieces.append(TriagedPiece(f"{where}/{fusion.name} {fusion.phase.value}", "fusion",
                                                fusion.executor, where, fusion.triage,
                                                tuple(v for k, v in sorted(fusion.files.items())
-                                                     if k.startswith("repro"))))
+                                                     if k.startswith("repro")), fusion.sources))
     return sorted(pieces, key=lambda p: (p.triage.error is not None, -p.triage.ms_per_step, p.path))
 
 
@@ -194,6 +196,8 @@ def summary_lines(report: RankRecord) -> list[str]:
         unlike = (f" (its time there {ms(t.thunder_ms)} ms, the run's {ms(t.run_ms)} ms: may not hold for the run)"
                   if t.unlike_the_run else "")
         lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}{unlike}")
+        if t.deviates and p.sources:
+            lines.append(f"     from {short_sources(p.sources)}")
     lines += [f"  not judged: {p.path}: {p.triage.error.partition(chr(10))[0]}" for p in failed[:SUMMARY_TOP]]
     if len(failed) > SUMMARY_TOP:
         lines.append(f"  ... and {len(failed) - SUMMARY_TOP} more not judged (triage.md)")

@@ -10,6 +10,7 @@ A Thunder upgrade should touch this subpackage only. Its modules turn Thunder ob
 - `splits`: the splits of a compiled graph, their ops, inputs and split reasons;
 - `dynamo`: what Dynamo attached to a graph (compile id, graph break, recompile reason);
 - `traces`: final traces and their fusion regions;
+- `provenance`: the lines of the model's code that the ops of splits, regions and op groups came from;
 - `scripts`: what repro scripts need from Thunder (module and region code, nvFuser's definition, the torch
   executor's helpers as standalone code, a region's random ops and index inputs);
 - `instrument`: the trace transform that brackets fusion regions with timing calls;

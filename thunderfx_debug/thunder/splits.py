@@ -11,11 +11,13 @@ from typing import Any
 import torch
 
 from thunderfx_debug.records import InputKind, InputMeta, SplitKind, SplitReason
+from thunderfx_debug.thunder.provenance import module_sources
 
 
 @dataclasses.dataclass
 class CompiledSplit:
-    """A thunder_N / inductor_N submodule of a split Dynamo graph, with the Thunder objects behind it."""
+    """A thunder_N / inductor_N submodule of a split Dynamo graph, with the Thunder objects behind it; `sources` are
+    the lines of the model's code its ops came from (see `provenance`)."""
 
     name: str
     kind: SplitKind
@@ -24,6 +26,7 @@ class CompiledSplit:
     ops: tuple[str, ...]
     input_meta: tuple[InputMeta, ...]
     reasons: list[SplitReason] = dataclasses.field(default_factory=list)
+    sources: tuple[str, ...] = ()
 
     @property
     def input_names(self) -> list[str]:
@@ -146,6 +149,7 @@ def compiled_splits(info, split_gm: torch.fx.GraphModule) -> tuple[list[Compiled
             compiled=getattr(split_gm, node.name),
             ops=graph_ops(original_module),
             input_meta=metas,
+            sources=module_sources(original_module),
         )
         splits.append(split)
         if kind is SplitKind.INDUCTOR:

@@ -37,6 +37,7 @@ from thunderfx_debug.recording.check import Evidence
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
+from thunderfx_debug.thunder import provenance as thunder_provenance
 from thunderfx_debug.thunder import scripts as thunder_scripts
 from thunderfx_debug.thunder.traces import FusionRegion
 
@@ -198,6 +199,7 @@ class ScriptBuilder:
                 run_integers=repro_inputs.run_integers(state.captured, metas),
                 imports=self.fx_imports + fx_facts.custom_op_imports(state.gm),
                 random_ops=fx_facts.random_ops(state.gm),
+                sources=thunder_provenance.module_sources(state.gm),
             )
             for strategy in (
                 writers.Eager(),
@@ -245,6 +247,7 @@ class ScriptBuilder:
                 run_integers=repro_inputs.run_integers(state.captured, metas),
                 imports=self.fx_imports + fx_facts.custom_op_imports(module),
                 random_ops=fx_facts.random_ops(module),
+                sources=state.split.sources,
             )
             if evidence is not None:
                 piece.captured = evidence.captured
@@ -301,6 +304,7 @@ class ScriptBuilder:
                 inputs_note=note,
                 random_ops=thunder_scripts.region_random_ops(region.bsym),
                 needs_thunder=needs_thunder,
+                sources=split.sources.regions.get(region.key, ()),
             )
             strategies: list[writers.Strategy] = [writers.InductorRegion()]
             if region.executor == "nvfuser":

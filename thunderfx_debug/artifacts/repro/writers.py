@@ -58,6 +58,7 @@ class ReproSubject:
     passed (position -> host copy, `inputs.run_integers`), saved at inputs_path; the others are drawn.
     random_ops: the names of the random ops in the piece.
     needs_thunder: the definitions call `import_thunder()` or other Thunder support.
+    sources: the lines of the model's code its ops came from ("file:line function", most ops first).
     """
 
     key: str
@@ -76,6 +77,7 @@ class ReproSubject:
     inputs_note: str = ""
     random_ops: tuple[str, ...] = ()
     needs_thunder: bool = False
+    sources: tuple[str, ...] = ()
 
     @property
     def real(self) -> bool:
@@ -355,6 +357,21 @@ def _indent(code: str) -> str:
     return textwrap.indent(code, "    ")
 
 
+#: Source lines a script's docstring lists; the rest are counted.
+SOURCES_LISTED = 12
+
+
+def _where_in_the_model(sources: tuple[str, ...]) -> str:
+    """The header's comment lines that say where in the model the piece is (none for a piece without sources).
+    Comments, not the docstring: a path is written as it is, whatever characters it holds."""
+    if not sources:
+        return ""
+    listed = "".join(f"#     {source}\n" for source in sources[:SOURCES_LISTED])
+    rest = len(sources) - SOURCES_LISTED
+    more = f"#     ... and {rest} more lines\n" if rest > 0 else ""
+    return f"# where in the model (the lines of its code this piece's ops came from, most ops first):\n{listed}{more}"
+
+
 def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str,
            mismatch: dict[str, Any] | None = None) -> str:
     """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`.
@@ -450,6 +467,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"Inputs: {textwrap.fill(note, 110, subsequent_indent='    ')}{random_note}\n"
         '"""\n'
         f"# versions: {versions}\n"
+        + _where_in_the_model(piece.sources)
     )
     main_call = (
         'if __name__ == "__main__":\n'
