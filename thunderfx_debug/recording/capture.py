@@ -162,7 +162,7 @@ class Captured:
     # Per output (the leaves of what the call returned): the layout of the gradient it received in the call's backward,
     # None where it received none; None before that backward ran (noted by `InputCapture.gradients`).
     grad_outputs: list[InputMeta | None] | None = None
-    # input index -> host copy (`_host_copy`) of an integer or bool tensor input, where the values were read
+    # input index -> host copy (`host_copy`) of an integer or bool tensor input, where the values were read
     integers: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     _resolved: tuple[InputMeta, ...] | None = None
 
@@ -217,7 +217,7 @@ def _integer_copies(values: Sequence[Any]) -> dict[int, dict[str, Any]]:
         total += storage_span(value.shape, value.stride()) * value.element_size()
         if total > RUN_INTEGERS_MAX_BYTES:
             break
-        copies[i] = _host_copy(value)
+        copies[i] = host_copy(value)
     return copies
 
 
