@@ -2,15 +2,19 @@
 sizes; Thunder's executors per device; one training loop with its clock; the interleaved rounds and their paired
 ratios; and the JSON record every benchmark writes.
 
-Sizes:
+Sizes (a `Size`, or its name in SIZES):
   tiny       1 layer, hidden 32, sequence 16, batch 2: CPU tests, float32.
   realistic  4 layers, hidden 768, 12 heads, sequence 512, batch 4, vocabulary 32000: the H200 in bf16, where
              nvFuser picks other kernels and strides differ from a tiny config's.
 
+Besides the zoo (MODELS), "mixtral" builds a Mixtral-style mixture of experts (`Size.experts` experts, each token
+routed to `Size.experts_per_token` of them): a model that ThunderFX cuts into many splits.
+
 Every model trains in train mode with dropout off (so that each piece can be compared with eager), but for the
-`-dropout` variants, which keep the configuration's dropout (0.1). The second sequence of a batch ends in two padding
-positions (attention_mask 0, labels -100), so that the models' mask paths are traced; BERT predicts three masked
-positions per sequence. No KV cache (its torch.cat would be one more inductor split per decoder).
+`-dropout` variants, which keep the configuration's dropout (0.1). The second sequence of a batch (the only one in
+a batch of one) ends in two padding positions (attention_mask 0, labels -100), so that the models' mask paths are
+traced; BERT predicts three masked positions per sequence. No KV cache (its torch.cat would be one more inductor
+split per decoder).
 
     import harness
     model, batch = harness.build("llama", "realistic", device="cuda", dtype="bfloat16")
@@ -34,6 +38,7 @@ from pathlib import Path
 
 MODELS = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "gptneox", "opt", "bert", "gpt2-dropout",
           "bert-dropout")
+MOE_MODELS = ("mixtral",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +51,8 @@ class Size:
     vocab: int
     seq: int
     batch: int
+    experts: int = 8  # a mixture of experts' experts, and how many of them each token goes to
+    experts_per_token: int = 2
 
 
 SIZES = {
@@ -68,6 +75,9 @@ def config_for(name: str, size: Size):
     gqa = dict(common, num_key_value_heads=size.kv_heads)
     if base == "llama":
         return tf.LlamaForCausalLM, tf.LlamaConfig(**gqa)
+    if base == "mixtral":
+        return tf.MixtralForCausalLM, tf.MixtralConfig(**gqa, num_local_experts=size.experts,
+                                                       num_experts_per_tok=size.experts_per_token)
     if base == "mistral":
         return tf.MistralForCausalLM, tf.MistralConfig(**gqa, sliding_window=None)
     if base == "qwen2":
@@ -96,14 +106,14 @@ def config_for(name: str, size: Size):
                                                  intermediate_size=4 * size.hidden if size.hidden >= 768
                                                  else size.intermediate,
                                                  max_position_embeddings=max(64, 2 * size.seq), type_vocab_size=2)
-    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS + MOE_MODELS)}")
 
 
-def build(name: str, size: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
+def build(name: str, size: str | Size = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
     """(model, batch): the model in train mode and the keyword arguments of one batch (see the module docstring)."""
     import torch
 
-    shape = SIZES[size]
+    shape = SIZES[size] if isinstance(size, str) else size
     torch.manual_seed(seed)
     cls, config = config_for(name, shape)
     config.use_cache = False
@@ -123,8 +133,9 @@ def batch_for(name: str, size: Size, device: str, seed: int = 0) -> dict:
     input_ids = torch.randint(4, size.vocab, (size.batch, size.seq), generator=generator)
     attention_mask = torch.ones(size.batch, size.seq, dtype=torch.long)
     labels = input_ids.clone()
-    attention_mask[1, -2:] = 0
-    labels[1, -2:] = -100
+    padded = min(1, size.batch - 1)  # the second sequence, or the only one
+    attention_mask[padded, -2:] = 0
+    labels[padded, -2:] = -100
     if name.startswith("bert"):
         labels = torch.full_like(input_ids, -100)
         labels[:, [1, 5, 9]] = input_ids[:, [1, 5, 9]]
@@ -265,6 +276,74 @@ def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str,
         for name in names[shift:] + names[:shift]:
             results[name].append(runs[name]())
     return results
+
+
+def shuffled(runs: dict[str, Callable[[], object]], rounds: int, seed: int = 0,
+             until: Callable[[], bool] | None = None) -> dict[str, list]:
+    """As `interleaved`, but each round in an order drawn at random (seeded): neither a fixed order nor a rotation
+    can then line a configuration up with a periodic disturbance of the machine. Stops early, after a whole round,
+    once `until()` is true (a deadline); every configuration then has the same number of results.
+
+    Example:
+        >>> calls = []
+        >>> done = shuffled({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3, seed=1)
+        >>> sorted(calls) == ["a"] * 3 + ["b"] * 3, [len(v) for v in done.values()]
+        (True, [3, 3])
+    """
+    import random
+
+    rng = random.Random(seed)
+    names = list(runs)
+    results: dict[str, list] = {name: [] for name in names}
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            results[name].append(runs[name]())
+        if until is not None and until():
+            break
+    return results
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95, resamples: int = 4000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of `values` and its bootstrap percentile interval (`resamples` resamplings
+    of the values with replacement, seeded).
+
+    Example:
+        >>> median_interval([1.0, 1.0, 1.0])
+        (1.0, 1.0, 1.0)
+    """
+    return _bootstrap(values, statistics.median, confidence, resamples, seed)
+
+
+def ratio_of_sums_interval(values: Sequence[float], baseline: Sequence[float], confidence: float = 0.95,
+                           resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """(sum(values) / sum(baseline), low, high), pairs resampled together: the amortised ratio of two series of
+    paired rounds (a round holding a sampled step counts with its weight), with its bootstrap interval.
+
+    Example:
+        >>> ratio_of_sums_interval([2.0, 4.0], [2.0, 2.0])[0]
+        1.5
+    """
+    pairs = list(zip(values, baseline))
+    return _bootstrap(pairs, lambda sample: sum(v for v, _ in sample) / sum(b for _, b in sample), confidence,
+                      resamples, seed)
+
+
+def _bootstrap(values: Sequence, statistic: Callable, confidence: float, resamples: int,
+               seed: int) -> tuple[float, float, float]:
+    import random
+
+    values = list(values)
+    if not values:
+        raise ValueError("no values to bootstrap")
+    rng = random.Random(seed)
+    estimates = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = estimates[min(int(tail * resamples), resamples - 1)]
+    high = estimates[min(int((1 - tail) * resamples), resamples - 1)]
+    return statistic(values), low, high
 
 
 def paired_ratios(blocks: dict[str, list[float]], baseline: str) -> dict[str, dict]:
