@@ -355,6 +355,9 @@ class RegionTimer:
         {'F0_forward': ([1.0], [6]), 'outside_forward': ([2.0], [6])}
     """
 
+    #: The marks need no region values (`thunder.instrument` then passes none).
+    observes_values = False
+
     def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None,
                  op_series: dict[tuple[str, str, str], SampleSeries] | None = None,
                  op_counts: dict[tuple[str, str, str], int] | None = None):
