@@ -225,3 +225,22 @@ def test_sentinel_zoo_calls_a_model_whose_check_off_runs_differ_nondeterministic
     changed = zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": b})
     assert changed == {"verdict": "CHECK=fusion changed the training", "step": 4, "fusion_equals": []}
     assert zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": {"error": "out of time"}})["verdict"] == "error"
+
+
+def test_host_overhead_predicts_a_models_step_ratio_from_its_fit_and_the_models_graphs_and_splits():
+    """host_overhead.py --predict: the fit per graph call and per split times an overhead.py record's graphs and
+    splits, over plain ThunderCompiler's step there, beside the ratio measured there."""
+    host_overhead = _load("host_overhead")
+    figures = {"fit_above_plain": {"thunderfx": {"per_graph_call_us": 0.0, "per_split_us": 0.0},
+                                   "defaults": {"per_graph_call_us": 4.0, "per_split_us": 2.0}}}
+    record = {"results": {"models": {"llama": {
+        "splits": {"graphs": 2, "splits_per_graph": [5, 3]},
+        "measurement": {"configurations": {"plain": {"mean_step_ms": 10.0},
+                                           "defaults": {"amortised_ratio": {"ratio": 1.01, "low": 1.0,
+                                                                            "high": 1.02}}}}}}}}
+    predicted = host_overhead.predict(figures, record)["llama"]
+    assert (predicted["graphs"], predicted["splits"], predicted["plain_step_ms"]) == (2, 8, 10.0)
+    row = predicted["configurations"]["defaults"]
+    assert row["host_us_per_step"] == 2 * 4.0 + 8 * 2.0
+    assert row["predicted_ratio"] == pytest.approx(1 + 24.0 / 10_000)
+    assert (row["measured_ratio"], row["measured_interval"]) == (1.01, [1.0, 1.02])
