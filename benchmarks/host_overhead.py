@@ -135,6 +135,10 @@ class Workload:
         return contextlib.nullcontext() if self.cuda else torch.no_grad()
 
 
+#: The backends that write a dump, closed before their directory is removed (else their flush at exit writes it again).
+_DUMPING: list = []
+
+
 def backend(name: str, workload: Workload, dump_dir: str):
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
@@ -151,7 +155,8 @@ def backend(name: str, workload: Workload, dump_dir: str):
     if name == "check=fusion":
         return ReportingBackend(check="fusion", check_every=EVERY, **options)
     if name == "dump":
-        return ReportingBackend(dump_dir=dump_dir, **options)
+        _DUMPING.append(ReportingBackend(dump_dir=dump_dir, **options))
+        return _DUMPING[-1]
     if name == "rank not recording":
         return ReportingBackend(ranks=[1], **options)
     if name == "defaults":
@@ -351,6 +356,8 @@ def host_cost(configurations: tuple[str, ...], rounds: int, calls: int, instance
         samples = time_rounds(functions, rounds, calls, workload)
         alone = runner_cost(rounds, calls, workload, dump_dir)
     finally:
+        while _DUMPING:
+            _DUMPING.pop().close()
         shutil.rmtree(dump_dir, ignore_errors=True)
     median = {key: statistics.median(values) for key, values in samples.items()}
     made = {splits: functions[("thunderfx", splits, 0)][1] for splits in SPLIT_COUNTS}
