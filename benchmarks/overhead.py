@@ -21,15 +21,17 @@ AdamW):
                  do not come within a run of this length)
 `--every` changes the 50 of the two fusion configurations.
 
-Method. Each copy is compiled and warmed up (`--warmup` steps) one after the other. Then rounds, each running a block
-of `--block` steps of every configuration in a shuffled order (`harness.shuffled`), until `--rounds` or the
-deadline (`--deadline` seconds from the start, less what the profile will need). Step boundaries are CUDA events
-(the host clock on CPU); the device is synchronised at the end of each block only. A round's paired ratio is a
-configuration's block time over plain's in that round. Figures per configuration: the median paired ratio with its
-bootstrap 95 % interval (the typical step: a block holding a sampled or checked step is one of few), and the
-amortised ratio, the sum of its blocks over plain's, with its bootstrap interval (sampled and checked steps count
-with their weight: choose rounds x block a multiple of --every for a run's proportion of them); how many sampled
-and checked steps the measurement held; Python's garbage collections per step.
+Method. The model's frames are compiled once first, for no configuration (`compile_frames_once`: the first compile
+of a frame is slower to switch to). Each copy is compiled and warmed up (`--warmup` steps) one after the other.
+Then rounds, each running a block of `--block` steps of every configuration in a shuffled order
+(`harness.shuffled`), until `--rounds` or the deadline (`--deadline` seconds from the start, less what the profile
+will need). Step boundaries are CUDA events (the host clock on CPU); the device is synchronised at the end of each
+block only. A round's paired ratio is a configuration's block time over plain's in that round. Figures per
+configuration: the median paired ratio with its bootstrap 95 % interval (the typical step: a block holding a
+sampled or checked step is one of few), and the amortised ratio, the sum of its blocks over plain's, with its
+bootstrap interval (sampled and checked steps count with their weight: choose rounds x block a multiple of --every
+for a run's proportion of them); how many sampled and checked steps the measurement held; Python's garbage
+collections per step.
 
 Profile (`--profile`, after the measurement, on the same compiled copies): `--profile-rounds` rounds of
 `--profile-block` steps of every configuration in a shuffled order, each step under cProfile (its own profile for
@@ -39,6 +41,8 @@ training path (`path_parts.PARTS`: graph wrapper, split runners, instrumented tr
 capture, the check's bookkeeping, the periodic flush's trigger) on unsampled steps and on sampled ones, the
 functions and torch.profiler events whose time per step differs most from plain's, and the whole profiled step.
 cProfile costs about a microsecond per call it sees: a part's time is an upper bound, its calls per step exact.
+On CPU its clock is the thread's CPU time (`--profile-clock`), so that waiting for a shared core is charged to no
+function.
 
 Checks: the first step's loss of every configuration against plain's, bit for bit (a difference is a FAILED line and
 exit status 1 unless plain's second copy differs too: then the device is not deterministic here, and it is said);
@@ -100,12 +104,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile-rounds", type=int, default=6, help="cProfile rounds (default 6)")
     parser.add_argument("--profile-block", type=int, default=10, help="steps per configuration and profile round, "
                         "and of the torch.profiler session (default 10)")
+    parser.add_argument("--profile-clock", choices=("wall", "cpu"), default=None, help="cProfile's clock: the wall "
+                        "clock, or the CPU time of the thread (a core shared with other work then charges no "
+                        "function for the time it waited; autograd's device thread on CUDA has a clock of its own). "
+                        "Default: wall on CUDA, cpu on CPU")
     parser.add_argument("--executors", default=None, help="comma list of Thunder executor names (default: "
                         "Thunder's defaults on CUDA, the torch.compile executor first on CPU)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch and the orders")
     parser.add_argument("--json", type=Path, default=None, help="write the record here (after each model)")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.profile_clock = args.profile_clock or ("wall" if args.device.startswith("cuda") else "cpu")
     args.models = [m.strip() for m in args.model.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or not args.models:
@@ -250,9 +259,21 @@ def check_graphs_ran(copy_: Copy, warmup: int) -> None:
                            "through its graphs once each, so the comparison would be meaningless")
 
 
+def compile_frames_once(base, batch: dict) -> None:
+    """Compiles the model's frames once before the measured copies, with a backend that runs Dynamo's graphs as they
+    are, on a copy trained one step and dropped. In a process that compiles several copies of one model, the first
+    compile of a frame pays a cost on every switch from another copy that later compiles of it do not (seen on CPU:
+    a pass-through backend's first copy 6 % slower than four later ones in shuffled blocks of 5 calls, none of
+    them slower after such a first compile); without this, the baseline, compiled first, would carry it."""
+    throwaway = copy.deepcopy(base)
+    harness.Trainer(throwaway, lambda gm, example_inputs: gm.forward, [batch]).step()
+    del throwaway
+
+
 def build_copies(model_name: str, args, size: harness.Size, dump_dir: str, failed: dict) -> dict[str, Copy]:
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     base, batch = harness.build(model_name, size, args.device, dtype, seed=args.seed)
+    compile_frames_once(base, batch)
     copies = {}
     for name in args.configurations:
         try:
@@ -325,8 +346,13 @@ def figures(copies: dict[str, Copy], rounds: int) -> dict:
 
 def profile(copies: dict[str, Copy], args) -> dict:
     """See the module docstring (Profile)."""
-    ordinary = {name: cProfile.Profile() for name in copies}
-    special = {name: cProfile.Profile() for name in copies}
+    def profiler():
+        if args.profile_clock == "cpu":
+            return cProfile.Profile(time.thread_time_ns, 1e-9)
+        return cProfile.Profile()
+
+    ordinary = {name: profiler() for name in copies}
+    special = {name: profiler() for name in copies}
     counted = {name: {"ordinary": 0, "special": 0} for name in copies}
 
     def profiled_block(name: str):
@@ -365,7 +391,8 @@ def profile(copies: dict[str, Copy], args) -> dict:
 
 
 def torch_profiler_pass(copies: dict[str, Copy], args) -> dict | None:
-    """Per configuration, torch.profiler's CPU-side events per step over `--profile-block` unsampled steps."""
+    """Per configuration, torch.profiler's CPU-side events per step over `--profile-block` unsampled steps (fewer
+    where a sampled or checked step comes sooner)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -374,14 +401,16 @@ def torch_profiler_pass(copies: dict[str, Copy], args) -> dict | None:
         activities.append(ProfilerActivity.CUDA)  # the CUDA runtime's calls (cudaEventRecord, ...) on the host
     found = {}
     for name, c in copies.items():
-        while any(c.next_kinds(args.profile_block)):  # a sampled or checked step ahead: run it unprofiled
+        while c.next_kinds(1)[0]:  # a sampled or checked step next: run it unprofiled
             c.trainer.step()
+        kinds = c.next_kinds(args.profile_block)
+        steps = kinds.index(next(k for k in kinds if k)) if any(kinds) else len(kinds)  # up to the next one
         c.trainer.clock.sync()
         with torch_profile(activities=activities) as profiler:
-            for _ in range(args.profile_block):
+            for _ in range(steps):
                 c.trainer.step()
             c.trainer.clock.sync()
-        found[name] = path_parts.torch_profiler_events(profiler, args.profile_block)
+        found[name] = path_parts.torch_profiler_events(profiler, steps)
     return found
 
 

@@ -1,12 +1,12 @@
 """Host time of the training path by part, from profiles of blocks of training steps.
 
 A cProfile profile of steps is read into the parts of ReportingBackend's training path (`PARTS`): each function of
-thunderfx_debug counts with the part its module (and class) belongs to, with its own time (`tottime`) and the time of
-what it calls outside the package directly (`torch.cuda.Event`, `Event.record`, `time.perf_counter_ns`,
-`tree_leaves`, a hook's registration...), except the piece of the model it runs (a split, the split graph: the
-computation that plain ThunderCompiler runs too). What the model's own work costs (Thunder, Dynamo, autograd,
-the optimizer) is "the rest"; `differences` sets each function's time per step against a baseline profile's
-(plain ThunderCompiler's), so that a cost the backend causes outside its own functions shows up as well.
+thunderfx_debug counts with the part its module (and class) belongs to, and so does what it calls outside the package
+(`torch.cuda.Event`, `Event.record`, `time.perf_counter_ns`, `tree_leaves`, a hook's registration...; `owners`),
+except the piece of the model it runs (a split, the split graph: the computation that plain ThunderCompiler runs
+too). What the model's own work costs (Thunder, Dynamo, autograd, the optimizer) is "the rest"; `differences` sets
+each function's time per step against a baseline profile's (plain ThunderCompiler's), so that a cost the backend
+causes outside its own functions shows up as well.
 
 cProfile adds about a microsecond to every call it sees, so the parts' times are upper bounds of their cost in a
 run without the profiler; their calls per step, times a call's cost measured alone (`benchmarks/host_overhead.py`),
@@ -129,37 +129,58 @@ def _is_computation(key: tuple[str, int, str]) -> bool:
     return any(marker in filename for marker in _COMPUTATION) or filename.startswith("<eval_with_key>")
 
 
+def owners(stats: dict, classifier: Classifier) -> dict[tuple, dict[str | None, float]]:
+    """Per profiled function, the shares of its own time that belong to each part (None: to no part). A function of
+    a part belongs to it; the model's work (Thunder, Dynamo, torch.nn's call machinery, the split graph) to none;
+    any other function to whoever called it, in proportion to the time spent in it under each caller, as far as
+    cProfile's one level of callers tells (`torch.cuda.Event` under a sampler is the sampler's; `contextlib`'s
+    `__enter__` of a `failures.guard`, and the guard, are their caller's)."""
+    fixed: dict[tuple, dict[str | None, float]] = {}
+    for key in stats:
+        part = classifier.part(key)
+        if part not in (None, "helper"):
+            fixed[key] = {part: 1.0}
+        elif part is None and _is_computation(key):
+            fixed[key] = {None: 1.0}
+    share = {key: fixed.get(key, {None: 1.0}) for key in stats}
+    for _ in range(64):  # deep enough for any chain of plain functions under a part; stops when nothing moves
+        moved = False
+        for key, (_, _, _, _, callers) in stats.items():
+            if key in fixed or not callers:
+                continue
+            weights: dict[str | None, float] = {}
+            by_time = sum(ct for (_, _, _, ct) in callers.values()) > 0
+            for caller, (_, calls, _, ct) in callers.items():
+                weight = ct if by_time else calls
+                for part, fraction in share.get(caller, {None: 1.0}).items():
+                    weights[part] = weights.get(part, 0.0) + weight * fraction
+            total = sum(weights.values())
+            new = {part: w / total for part, w in weights.items()} if total > 0 else {None: 1.0}
+            if any(abs(new.get(p, 0.0) - share[key].get(p, 0.0)) > 1e-9 for p in set(new) | set(share[key])):
+                share[key], moved = new, True
+        if not moved:
+            break
+    return share
+
+
 def parts_per_step(profile, steps: int, classifier: Classifier | None = None) -> dict[str, dict[str, float]]:
-    """Per part, microseconds and calls of its functions per step ("us", "calls"), and "total" (everything the
-    profile saw per step) and "rest" (what no part holds: the model's work and the framework's)."""
+    """Per part, microseconds per step of the time it owns (`owners`) and calls per step of its own functions
+    ("us", "calls"), and "total" (everything the profile saw per step) and "rest" (what no part owns: the model's
+    work and the framework's)."""
     classifier = classifier or Classifier()
     stats = _stats(profile).stats
-    result = {part: {"us": 0.0, "calls": 0.0} for part in PARTS}
-    result[OTHER] = {"us": 0.0, "calls": 0.0}
-    total = sum(tt for _, (_, _, tt, _, _) in stats.items())
-    ours = 0.0
-    for key, (_, calls, tottime, _, callers) in stats.items():
+    result = {part: {"us": 0.0, "calls": 0.0} for part in (*PARTS, OTHER)}
+    share = owners(stats, classifier)
+    total = 0.0
+    for key, (_, calls, tottime, _, _) in stats.items():
+        total += tottime
+        for part, fraction in share[key].items():
+            if part is not None:
+                result[part]["us"] += tottime * fraction * 1e6
         part = classifier.part(key)
-        if part == "helper":  # counted with a package caller's part; under an outside caller (contextlib's
-            # `__enter__` of a `failures.guard`), it is already in that caller's time
-            for caller, (_, _, caller_tt, _) in callers.items():
-                caller_part = classifier.part(caller)
-                if caller_part not in (None, "helper"):
-                    result[caller_part]["us"] += caller_tt * 1e6
-                    ours += caller_tt
-            continue
-        if part is not None:
-            result[part]["us"] += tottime * 1e6
+        if part in result:
             result[part]["calls"] += calls
-            ours += tottime
-            continue
-        if _is_computation(key):  # the model's work, which plain ThunderCompiler runs too
-            continue
-        for caller, (_, _, _, caller_ct) in callers.items():  # outside the package, called by it
-            caller_part = classifier.part(caller)
-            if caller_part not in (None, "helper"):
-                result[caller_part]["us"] += caller_ct * 1e6
-                ours += caller_ct
+    ours = sum(figures["us"] for figures in result.values()) / 1e6
     for figures in result.values():
         figures["us"] /= steps
         figures["calls"] /= steps
@@ -190,7 +211,7 @@ def part_functions(profile, steps: int, classifier: Classifier | None = None,
     found: dict[str, list[dict]] = {}
     for key, (_, calls, tottime, _, _) in _stats(profile).stats.items():
         part = classifier.part(key)
-        if part is not None:
+        if part not in (None, "helper"):
             found.setdefault(part, []).append({"function": function_name(key), "us": tottime * 1e6 / steps,
                                                "calls": calls / steps})
     return {part: sorted(rows, key=lambda row: -row["us"])[:top] for part, rows in found.items()}

@@ -244,3 +244,33 @@ def test_host_overhead_predicts_a_models_step_ratio_from_its_fit_and_the_models_
     assert row["host_us_per_step"] == 2 * 4.0 + 8 * 2.0
     assert row["predicted_ratio"] == pytest.approx(1 + 24.0 / 10_000)
     assert (row["measured_ratio"], row["measured_interval"]) == (1.01, [1.0, 1.02])
+
+
+def test_path_parts_gives_the_wrapper_its_own_time_and_the_model_the_rest():
+    """A profile of a graph runner around a torch module: the runner's time is the graph wrapper's, one call per
+    step, the module's (the model's work) is the rest, and the parts and the rest add up to the whole."""
+    import cProfile
+    from types import SimpleNamespace
+
+    import torch
+
+    from thunderfx_debug.recording.host import host_series
+    from thunderfx_debug.recording.runners import GraphRunner
+    from thunderfx_debug.recording.timing import Sampling
+
+    path_parts = _load("path_parts")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    state = SimpleNamespace(calls=0, name="graph0", failed_split=None, period=host_series())
+    runner = GraphRunner(state, model, Sampling(50, 5, enabled=False), None, None, on_error=None)
+    x = torch.ones(2, 4)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(100):
+        runner(x)
+    profile.disable()
+    parts = path_parts.parts_per_step(profile, steps=100)
+    assert parts["graph wrapper"]["calls"] == pytest.approx(1.0, abs=0.05)  # __call__, and the first call's four
+    assert parts["graph wrapper"]["us"] > 0 and parts["split runners"]["calls"] == 0
+    assert parts["rest"]["us"] > parts["graph wrapper"]["us"]  # the Linear and the ReLU
+    owned = sum(figures["us"] for name, figures in parts.items() if name not in ("rest", "total"))
+    assert owned + parts["rest"]["us"] == pytest.approx(parts["total"]["us"])
