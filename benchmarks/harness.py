@@ -186,17 +186,21 @@ def train(model, batch: dict, backend, steps: int, lr: float = 1e-3,
 
 
 class Clock:
-    """Marks at step boundaries: CUDA events on CUDA (read after one synchronisation), the host clock elsewhere."""
+    """Marks at step boundaries: CUDA events on CUDA (read after one synchronisation), the host clock elsewhere:
+    `host_clock` in seconds, the wall clock by default; `time.thread_time` times the calling thread's work only (on
+    CPU the whole step, autograd included, runs in it), so that a core shared with other work is no cost of the step."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, host_clock: Callable[[], float] = time.perf_counter):
         import torch
 
         self.torch, self.cuda = torch, str(device).startswith("cuda")
-        self.name = "CUDA events" if self.cuda else "host"
+        self._host_clock = host_clock
+        self.name = "CUDA events" if self.cuda else ("host" if host_clock is time.perf_counter
+                                                      else f"host, {getattr(host_clock, '__name__', host_clock)}")
 
     def mark(self):
         if not self.cuda:
-            return time.perf_counter()
+            return self._host_clock()
         event = self.torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -218,7 +222,8 @@ class Trainer:
     `batches` in turn. A batch is a dict of keyword arguments (a Hugging Face model: its output's `.loss`) or a tuple
     of positional ones (thunderfx_debug.models.GPT: it returns the loss)."""
 
-    def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None):
+    def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None,
+                 host_clock: Callable[[], float] = time.perf_counter):
         import torch
 
         self.model, self.backend, self.batches = model, backend, list(batches)
@@ -228,7 +233,7 @@ class Trainer:
             self.compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=backend)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         device = device or str(next(model.parameters()).device)
-        self.clock = Clock(device)
+        self.clock = Clock(device, host_clock)  # the host clock of `block` where the device is the CPU
         self.steps_done = 0
 
     def step(self):

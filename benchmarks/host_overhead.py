@@ -164,16 +164,20 @@ def backend(name: str, workload: Workload, dump_dir: str):
     raise ValueError(f"unknown configuration {name!r}")
 
 
-def compiled_functions(instances: int, configurations: tuple[str, ...], workload: Workload,
-                       dump_dir: str) -> dict[tuple[str, int, int], tuple[object, int]]:
+def compiled_functions(instances: int, configurations: tuple[str, ...], workload: Workload, dump_dir: str,
+                       seed: int = 0) -> dict[tuple[str, int, int], tuple[object, int]]:
     """(configuration, split count, instance) -> (compiled module, the splits ThunderFX made). Two compiles of the
     same graph by the same backend can differ by a few percent in host time (seen: 5 % at 21 splits), so each
     configuration gets several instances and its figure averages them."""
     functions = {}
     x = workload.input()
+    # Chain's frame compiled once for no configuration: the first compile of a frame is slower to switch to (see
+    # overhead.py's `compile_frames_once`); and each instance's configurations compiled in an order of their own.
+    workload.call(torch.compile(Chain(0), backend=lambda gm, example_inputs: gm.forward, dynamic=False), x)
+    rng = random.Random(seed)
     for splits in SPLIT_COUNTS:
         for instance in range(instances):
-            for name in configurations:
+            for name in rng.sample(configurations, len(configurations)):
                 compiler = backend(name, workload, dump_dir)
                 fn = torch.compile(Chain(splits // 2), backend=compiler, dynamic=False)
                 with workload.grad_mode():

@@ -25,13 +25,13 @@ Method. The model's frames are compiled once first, for no configuration (`compi
 of a frame is slower to switch to). Each copy is compiled and warmed up (`--warmup` steps) one after the other.
 Then rounds, each running a block of `--block` steps of every configuration in a shuffled order
 (`harness.shuffled`), until `--rounds` or the deadline (`--deadline` seconds from the start, less what the profile
-will need). Step boundaries are CUDA events (the host clock on CPU); the device is synchronised at the end of each
-block only. A round's paired ratio is a configuration's block time over plain's in that round. Figures per
-configuration: the median paired ratio with its bootstrap 95 % interval (the typical step: a block holding a
-sampled or checked step is one of few), and the amortised ratio, the sum of its blocks over plain's, with its
-bootstrap interval (sampled and checked steps count with their weight: choose rounds x block a multiple of --every
-for a run's proportion of them); how many sampled and checked steps the measurement held; Python's garbage
-collections per step.
+will need). Step boundaries are CUDA events, the device synchronised at the end of each block only; on CPU the
+training thread's CPU time (`--step-clock`). A round's paired ratio is a configuration's block time over plain's in
+that round. Figures per configuration: the median paired ratio with its bootstrap 95 % interval (the typical step:
+a block holding a sampled or checked step is one of few), and the amortised ratio, the sum of its blocks over
+plain's, with its bootstrap interval (sampled and checked steps count with their weight: choose rounds x block a
+multiple of --every for a run's proportion of them); how many sampled and checked steps the measurement held;
+Python's garbage collections per step.
 
 Profile (`--profile`, after the measurement, on the same compiled copies): `--profile-rounds` rounds of
 `--profile-block` steps of every configuration in a shuffled order, each step under cProfile (its own profile for
@@ -104,6 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile-rounds", type=int, default=6, help="cProfile rounds (default 6)")
     parser.add_argument("--profile-block", type=int, default=10, help="steps per configuration and profile round, "
                         "and of the torch.profiler session (default 10)")
+    parser.add_argument("--step-clock", choices=("wall", "cpu"), default="cpu", help="CPU runs: the step's host "
+                        "clock, the wall clock or the CPU time of the training thread (default: cpu, which a core "
+                        "shared with other work does not inflate; the whole step runs in that thread on CPU)")
     parser.add_argument("--profile-clock", choices=("wall", "cpu"), default=None, help="cProfile's clock: the wall "
                         "clock, or the CPU time of the thread (a core shared with other work then charges no "
                         "function for the time it waited; autograd's device thread on CUDA has a clock of its own). "
@@ -195,9 +198,9 @@ def special_steps(backend) -> callable:
 class Copy:
     """One configuration: its backend, its copy of the model, its trainer, what its warm-up and measurement saw."""
 
-    def __init__(self, name: str, backend, model, batch: dict):
+    def __init__(self, name: str, backend, model, batch: dict, step_clock):
         self.name, self.backend = name, backend
-        self.trainer = harness.Trainer(model, backend, [batch], lr=1e-4)
+        self.trainer = harness.Trainer(model, backend, [batch], lr=1e-4, host_clock=step_clock)
         self.kind = special_steps(backend)
         self.losses: list[float] = []
         self.compile_s = self.step_ms = None
@@ -259,6 +262,11 @@ def check_graphs_ran(copy_: Copy, warmup: int) -> None:
                            "through its graphs once each, so the comparison would be meaningless")
 
 
+def step_clock(args):
+    """The host clock of CPU steps (see --step-clock); CUDA steps are timed with CUDA events."""
+    return time.thread_time if args.step_clock == "cpu" else time.perf_counter
+
+
 def compile_frames_once(base, batch: dict) -> None:
     """Compiles the model's frames once before the measured copies, with a backend that runs Dynamo's graphs as they
     are, on a copy trained one step and dropped. In a process that compiles several copies of one model, the first
@@ -277,7 +285,7 @@ def build_copies(model_name: str, args, size: harness.Size, dump_dir: str, faile
     copies = {}
     for name in args.configurations:
         try:
-            copy_ = Copy(name, make_backend(name, args, dump_dir), copy.deepcopy(base), batch)
+            copy_ = Copy(name, make_backend(name, args, dump_dir), copy.deepcopy(base), batch, step_clock(args))
             copy_.warm_up(args.warmup)
             check_graphs_ran(copy_, args.warmup)
         except Exception:
@@ -435,7 +443,9 @@ def first_losses(copies: dict[str, Copy]) -> dict:
             "losses": {name: c.losses for name, c in copies.items()}}
 
 
-def run_model(model_name: str, args, started: float) -> dict:
+def run_model(model_name: str, args, started: float, save) -> dict:
+    """One model's copies, measurement and profile; `save(result)` after the measurement too, so that a run stopped
+    during its profile keeps its figures."""
     size = size_of(args)
     print(f"\n{model_name}: {size}, {args.device}, configurations {', '.join(args.configurations)}", flush=True)
     failed: dict[str, str] = {}
@@ -453,6 +463,7 @@ def run_model(model_name: str, args, started: float) -> dict:
                   "splits": splits_of(copies), "first_losses": first_losses(copies)}
         if rounds:
             result["measurement"] = figures(copies, rounds)
+        save(result)
         if args.profile:
             print("profiling...", flush=True)
             result["profile"] = profile(copies, args)
@@ -537,10 +548,13 @@ def main(argv=None) -> int:
                "load_average_at_start": os.getloadavg(), "models": {}}
     ok = True
     for model_name in args.models:
-        data = run_model(model_name, args, started)
-        results["models"][model_name] = data
-        results["load_average_at_end"] = os.getloadavg()
-        harness.write_record(args.json, "overhead", results, argv)
+        def save(data, model_name=model_name):
+            results["models"][model_name] = data
+            results["load_average_at_end"] = os.getloadavg()
+            harness.write_record(args.json, "overhead", results, argv)
+
+        data = run_model(model_name, args, started, save)
+        save(data)
         print_model(model_name, data)
         ok = ok and "error" not in data and not data["failed"] and not data["first_losses"]["changed_by_backend"]
     return 0 if ok else 1
