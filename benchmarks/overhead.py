@@ -488,13 +488,15 @@ def print_model(name: str, data: dict) -> None:
     if measurement:
         rows = measurement["configurations"]
         print(f"{measurement['rounds']} rounds; step (mean / median ms), paired ratio median [95 %], amortised "
-              "ratio [95 %], sampled + checked steps measured")
+              "ratio [95 %], sampled + checked steps measured, median ratio of the blocks without them")
         for config, r in rows.items():
             line = f"  {config:<14} {r['mean_step_ms']:9.3f} / {r['median_step_ms']:9.3f}"
             if "paired_ratio" in r:
                 p, a = r["paired_ratio"], r["amortised_ratio"]
                 line += (f"   {p['median']:.4f} [{p['low']:.4f}, {p['high']:.4f}]   {a['ratio']:.4f} "
                          f"[{a['low']:.4f}, {a['high']:.4f}]   {r['sampled_steps']} + {r['checked_steps']}")
+                ordinary = r["ordinary_blocks_median_ratio"]
+                line += f"   {ordinary:.4f}" if ordinary is not None else "   -"
                 if "target" in r:
                     line += f"   target <= {r['target']}: {'met' if r['meets_target'] else 'MISSED'}"
             print(line)
