@@ -86,7 +86,7 @@ def test_overhead_measures_and_profiles_every_configuration_against_plain_in_one
     assert measured["rounds"] == 3
     for name in ("defaults", "check=fusion", "timing=fusion"):
         row = measured["configurations"][name]
-        assert row["measured_steps"] == 6 and len(row["per_round_ratios"]) == 3
+        assert row["measured_steps"] == 6 and len(row["block_ms"]) == 3
         assert row["amortised_ratio"]["low"] <= row["amortised_ratio"]["ratio"] <= row["amortised_ratio"]["high"]
     assert measured["configurations"]["check=fusion"]["checked_steps"] == 2  # calls 13 and 16 of 11-16
     profiled = llama["profile"]
