@@ -353,8 +353,8 @@ def print_marks(figures: dict) -> None:
 def host_cost(configurations: tuple[str, ...], rounds: int, calls: int, instances: int, workload: Workload) -> dict:
     """Per configuration and graph, the median over rounds of the host time per call; the fit through both graphs
     above plain ThunderCompiler; the paired ratios to plain ThunderCompiler; and the split runners alone."""
-    # every instance is a compile of the same frame, and so is the one for no configuration
-    torch._dynamo.config.cache_size_limit = max(64, instances * len(configurations) * len(SPLIT_COUNTS) + 1)
+    # every instance is a compile of the same frame, and so are the one for no configuration and the runners' own
+    torch._dynamo.config.cache_size_limit = max(64, instances * len(configurations) * len(SPLIT_COUNTS) + 2)
     dump_dir = tempfile.mkdtemp(prefix="host-overhead-dump-")
     try:
         functions = compiled_functions(instances, configurations, workload, dump_dir)
