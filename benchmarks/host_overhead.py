@@ -50,6 +50,13 @@ configuration compiled twice: the two copies' difference is the noise floor); th
 cost of one unarmed mark alone.
 
     python benchmarks/host_overhead.py --marks [--rounds 21] [--steps 50] [--json results/mark_cost_cpu.json]
+
+`--runners` measures the runners alone, on an ordinary call, at a resolution no compiled graph gives on a shared
+machine: a `GraphRunner` around a split graph of `SplitRunner`s around functions that return their argument (21 and
+1 of them), never sampled, with and without the sentinel's schedule, against the same functions called without
+runners (timeit, best of `--rounds`); nanoseconds per graph call and per split.
+
+    python benchmarks/host_overhead.py --runners [--rounds 21] [--json results/runner_cost_cpu.json]
 """
 
 from __future__ import annotations
@@ -309,6 +316,91 @@ def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
             "noise_floor_us": floor, "unarmed_mark_ns": unarmed_mark_ns(), "rounds": rounds, "steps": steps}
 
 
+def runners_alone(rounds: int, calls: int = 20_000) -> dict:
+    """See the module docstring (`--runners`)."""
+    import timeit
+    from types import SimpleNamespace
+
+    from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
+    from thunderfx_debug.recording.host import host_series
+    from thunderfx_debug.recording.runners import GraphRunner, SplitRunner
+    from thunderfx_debug.recording.timing import Sampling
+
+    class Unsampled:
+        """Stands for the graph's sampler; the schedules below never pick a call."""
+
+        def run(self, fn, args, call):
+            return fn(*args)
+
+    class Unchecked:
+        """Stands for a split's check: it checks the first call (and nothing), the next never comes."""
+
+        def __init__(self, schedule):
+            self.schedule = schedule
+
+        def before(self, call, args):
+            return None
+
+        def after(self, checked, args, out):
+            pass
+
+    def identity(x):
+        return x
+
+    def graph(splits: int, checked: bool):
+        sampling = Sampling(every=50, warmup=10**9)  # timed, never within the measurement
+        schedule = CheckSchedule(every=10**9) if checked else None
+        if schedule is not None:
+            sampling = TimingBesideChecks(sampling, schedule)
+        state = SimpleNamespace(calls=0, name="graph0", failed_split=None, period=host_series())
+        runners = []
+        for index in range(splits):
+            split = SimpleNamespace(calls=0, name=f"thunder_{index}", error=None)
+            runner = SplitRunner(identity, split, state, sampling, Unsampled(), capture=None)
+            if schedule is not None:
+                runner.check = Unchecked(schedule)
+            runners.append(runner)
+
+        def split_graph(x):
+            for runner in runners:
+                x = runner(x)
+            return x
+
+        wrapped = GraphRunner(state, split_graph, sampling, Unsampled(), None, on_error=None)
+        wrapped(0)  # the first call
+        return wrapped
+
+    def bare(splits: int):
+        functions = [identity] * splits
+
+        def split_graph(x):
+            for function in functions:
+                x = function(x)
+            return x
+
+        return split_graph
+
+    low, high = SPLIT_COUNTS
+    figures = {}
+    for checked in (False, True):
+        ns = {}
+        for splits in SPLIT_COUNTS:
+            with_runners, without = graph(splits, checked), bare(splits)
+            ns[splits] = (min(timeit.repeat(lambda: with_runners(1), number=calls, repeat=rounds))
+                          - min(timeit.repeat(lambda: without(1), number=calls, repeat=rounds))) / calls * 1e9
+        per_split = (ns[high] - ns[low]) / (high - low)
+        figures["with the sentinel's schedule" if checked else "timed"] = {
+            "ns_above_bare": ns, "per_graph_call_ns": ns[low] - per_split * low, "per_split_ns": per_split}
+    return {"rounds": rounds, "calls": calls, "clock": "timeit (wall clock, best of the rounds)", "runners": figures}
+
+
+def print_runners(figures: dict) -> None:
+    for name, row in figures["runners"].items():
+        print(f"runners, {name}: {row['per_graph_call_ns']:.0f} ns per graph call + {row['per_split_ns']:.0f} ns per "
+              f"split on an ordinary call (1 split {row['ns_above_bare'][1]:.0f} ns, 21 splits "
+              f"{row['ns_above_bare'][21]:.0f} ns above the bare functions)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 31; --marks 21)")
@@ -317,6 +409,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="compiled instances of each configuration and graph (default 3)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--marks", action="store_true", help="the cost of fusion timing's unarmed marks instead")
+    parser.add_argument("--runners", action="store_true", help="the runners alone on an ordinary call instead")
     parser.add_argument("--steps", type=int, default=50, help="--marks: steps per configuration and round (default 50)")
     parser.add_argument("--configurations", metavar="LIST",
                         help="a comma list of the configurations to time beside plain ThunderCompiler and its second "
@@ -445,6 +538,9 @@ def main(argv=None) -> int:
     if args.marks:
         figures = marks_cost(args.rounds, args.steps)
         print_marks(figures)
+    elif args.runners:
+        figures = runners_alone(args.rounds)
+        print_runners(figures)
     else:
         figures = host_cost(args.configurations_chosen, args.rounds, args.calls, args.instances, Workload(args.device))
         if args.predict is not None:
