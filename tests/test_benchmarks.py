@@ -274,3 +274,15 @@ def test_path_parts_gives_the_wrapper_its_own_time_and_the_model_the_rest():
     assert parts["rest"]["us"] > parts["graph wrapper"]["us"]  # the Linear and the ReLU
     owned = sum(figures["us"] for name, figures in parts.items() if name not in ("rest", "total"))
     assert owned + parts["rest"]["us"] == pytest.approx(parts["total"]["us"])
+
+
+def test_host_overhead_times_the_runners_alone_with_and_without_the_sentinels_schedule():
+    """host_overhead.py --runners: both schedules, both graph sizes, and the fit through them (no figure judged)."""
+    host_overhead = _load("host_overhead")
+    figures = host_overhead.runners_alone(rounds=1, calls=50)
+    assert set(figures["runners"]) == {"timed", "with the sentinel's schedule"}
+    for row in figures["runners"].values():
+        assert set(row["ns_above_bare"]) == set(host_overhead.SPLIT_COUNTS)
+        low, high = host_overhead.SPLIT_COUNTS
+        assert row["per_split_ns"] == pytest.approx((row["ns_above_bare"][high] - row["ns_above_bare"][low])
+                                                    / (high - low))
