@@ -63,6 +63,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
@@ -170,7 +171,7 @@ def make_backend(name: str, args, dump_dir: str):
 
 # ---- which steps sample or check ---------------------------------------------------------------------------------
 
-def special_steps(backend) -> callable:
+def special_steps(backend) -> Callable[[int], str]:
     """A function of a step's number (1-based, the graphs' call number: each graph runs once per step) that says
     whether a ReportingBackend samples or checks on it ("sampled", "checked", or "" for an ordinary step)."""
     config = getattr(backend, "config", None)
@@ -301,23 +302,36 @@ def build_copies(model_name: str, args, size: harness.Size, dump_dir: str, faile
     return copies
 
 
-def measure(copies: dict[str, Copy], args, until: float, gc_watch: GcWatch) -> int:
-    def block_of(copy_: Copy):
+def measure(copies: dict[str, Copy], args, until: float, gc_watch: GcWatch, failed: dict[str, str]) -> int:
+    """The rounds; a configuration whose step raises is dropped from `copies` with its traceback in `failed` (the
+    baseline's ends the measurement). Returns the rounds every remaining configuration ran."""
+    broken: set[str] = set()
+
+    def block_of(name: str, copy_: Copy):
         def run():
+            if name in broken:
+                return None
             gc_watch.current = copy_
             try:
                 return copy_.block(args.block)
+            except Exception:
+                failed[name] = traceback.format_exc()
+                print(f"  {name}: FAILED during the measurement\n{failed[name]}", file=sys.stderr, flush=True)
+                broken.add(name)
+                return None
             finally:
                 gc_watch.current = None
         return run
 
     gc.callbacks.append(gc_watch)
     try:
-        done = harness.shuffled({name: block_of(c) for name, c in copies.items()}, args.rounds, seed=args.seed,
-                                until=lambda: time.monotonic() >= until)
+        harness.shuffled({name: block_of(name, c) for name, c in copies.items()}, args.rounds, seed=args.seed,
+                         until=lambda: time.monotonic() >= until or BASELINE in broken)
     finally:
         gc.callbacks.remove(gc_watch)
-    return len(done[BASELINE])
+    for name in broken:
+        del copies[name]
+    return len(copies[BASELINE].blocks) if BASELINE in copies else 0
 
 
 def figures(copies: dict[str, Copy], rounds: int) -> dict:
@@ -459,7 +473,9 @@ def run_model(model_name: str, args, started: float, save) -> dict:
         print(f"measuring up to {args.rounds} rounds of {args.block} steps per configuration, shuffled, until "
               f"{max(until - time.monotonic(), 0):.0f} s from now...", flush=True)
         gc_watch = GcWatch()
-        rounds = measure(copies, args, until, gc_watch) if args.rounds else 0
+        rounds = measure(copies, args, until, gc_watch, failed) if args.rounds else 0
+        if BASELINE not in copies:
+            return {"size": dataclasses.asdict(size), "failed": failed, "error": "plain ThunderCompiler failed"}
         result = {"size": dataclasses.asdict(size), "failed": failed,
                   "splits": splits_of(copies), "first_losses": first_losses(copies)}
         if rounds:
