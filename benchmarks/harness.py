@@ -2,7 +2,7 @@
 sizes; Thunder's executors per device; one training loop with its clock; the interleaved rounds and their paired
 ratios; and the JSON record every benchmark writes.
 
-Sizes:
+Sizes (a `Size`, or its name in SIZES):
   tiny       1 layer, hidden 32, sequence 16, batch 2: CPU tests, float32.
   realistic  4 layers, hidden 768, 12 heads, sequence 512, batch 4, vocabulary 32000: the H200 in bf16, where
              nvFuser picks other kernels and strides differ from a tiny config's.
@@ -49,6 +49,8 @@ class Size:
     vocab: int
     seq: int
     batch: int
+    experts: int = 4  # a mixture of experts' experts, and how many of them each token goes to
+    experts_per_token: int = 2
 
 
 SIZES = {
@@ -71,6 +73,9 @@ def config_for(name: str, size: Size):
     gqa = dict(common, num_key_value_heads=size.kv_heads)
     if base == "llama":
         return tf.LlamaForCausalLM, tf.LlamaConfig(**gqa)
+    if base == "mixtral":
+        return tf.MixtralForCausalLM, tf.MixtralConfig(**gqa, num_local_experts=size.experts,
+                                                       num_experts_per_tok=size.experts_per_token)
     if base == "mistral":
         return tf.MistralForCausalLM, tf.MistralConfig(**gqa, sliding_window=None)
     if base == "qwen2":
@@ -93,8 +98,6 @@ def config_for(name: str, size: Size):
                                                  n_head=size.heads, n_positions=max(64, 2 * size.seq),
                                                  n_inner=4 * size.hidden if size.hidden >= 768 else size.intermediate,
                                                  bos_token_id=1, eos_token_id=2)
-    if base == "mixtral":  # 4 experts, the top 2 of them per token
-        return tf.MixtralForCausalLM, tf.MixtralConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)
     if base == "t5":  # encoder and decoder of `layers` each; the relative-position buckets index a table of 8 or 32
         return tf.T5ForConditionalGeneration, tf.T5Config(
             vocab_size=size.vocab, d_model=size.hidden, d_kv=head_dim, d_ff=size.intermediate, num_layers=size.layers,
@@ -114,11 +117,11 @@ def config_for(name: str, size: Size):
 CPU_BATCH_OF_ONE = ("mixtral",)
 
 
-def build(name: str, size: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
+def build(name: str, size: str | Size = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
     """(model, batch): the model in train mode and the keyword arguments of one batch (see the module docstring)."""
     import torch
 
-    shape = SIZES[size]
+    shape = SIZES[size] if isinstance(size, str) else size
     if name in CPU_BATCH_OF_ONE and not str(device).startswith("cuda"):
         shape = dataclasses.replace(shape, batch=1)  # see CPU_BATCH_OF_ONE
     torch.manual_seed(seed)
@@ -192,17 +195,21 @@ def train(model, batch: dict, backend, steps: int, lr: float = 1e-3,
 
 
 class Clock:
-    """Marks at step boundaries: CUDA events on CUDA (read after one synchronisation), the host clock elsewhere."""
+    """Marks at step boundaries: CUDA events on CUDA (read after one synchronisation), the host clock elsewhere:
+    `host_clock` in seconds, the wall clock by default; `time.thread_time` times the calling thread's work only (on
+    CPU the whole step, autograd included, runs in it), so that a core shared with other work is no cost of the step."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, host_clock: Callable[[], float] = time.perf_counter):
         import torch
 
         self.torch, self.cuda = torch, str(device).startswith("cuda")
-        self.name = "CUDA events" if self.cuda else "host"
+        self._host_clock = host_clock
+        self.name = "CUDA events" if self.cuda else ("host" if host_clock is time.perf_counter
+                                                      else f"host, {getattr(host_clock, '__name__', host_clock)}")
 
     def mark(self):
         if not self.cuda:
-            return time.perf_counter()
+            return self._host_clock()
         event = self.torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -224,7 +231,8 @@ class Trainer:
     `batches` in turn. A batch is a dict of keyword arguments (a Hugging Face model: its output's `.loss`) or a tuple
     of positional ones (thunderfx_debug.models.GPT: it returns the loss)."""
 
-    def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None):
+    def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None,
+                 host_clock: Callable[[], float] = time.perf_counter):
         import torch
 
         self.model, self.backend, self.batches = model, backend, list(batches)
@@ -234,7 +242,7 @@ class Trainer:
             self.compiled = torch.compile(model) if backend == "inductor" else torch.compile(model, backend=backend)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         device = device or str(next(model.parameters()).device)
-        self.clock = Clock(device)
+        self.clock = Clock(device, host_clock)  # the host clock of `block` where the device is the CPU
         self.steps_done = 0
 
     def step(self):
@@ -282,6 +290,74 @@ def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str,
         for name in names[shift:] + names[:shift]:
             results[name].append(runs[name]())
     return results
+
+
+def shuffled(runs: dict[str, Callable[[], object]], rounds: int, seed: int = 0,
+             until: Callable[[], bool] | None = None) -> dict[str, list]:
+    """As `interleaved`, but each round in an order drawn at random (seeded): neither a fixed order nor a rotation
+    can then line a configuration up with a periodic disturbance of the machine. Stops early, after a whole round,
+    once `until()` is true (a deadline); every configuration then has the same number of results.
+
+    Example:
+        >>> calls = []
+        >>> done = shuffled({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3, seed=1)
+        >>> sorted(calls) == ["a"] * 3 + ["b"] * 3, [len(v) for v in done.values()]
+        (True, [3, 3])
+    """
+    import random
+
+    rng = random.Random(seed)
+    names = list(runs)
+    results: dict[str, list] = {name: [] for name in names}
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            results[name].append(runs[name]())
+        if until is not None and until():
+            break
+    return results
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95, resamples: int = 4000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of `values` and its bootstrap percentile interval (`resamples` resamplings
+    of the values with replacement, seeded).
+
+    Example:
+        >>> median_interval([1.0, 1.0, 1.0])
+        (1.0, 1.0, 1.0)
+    """
+    return _bootstrap(values, statistics.median, confidence, resamples, seed)
+
+
+def ratio_of_sums_interval(values: Sequence[float], baseline: Sequence[float], confidence: float = 0.95,
+                           resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """(sum(values) / sum(baseline), low, high), pairs resampled together: the amortised ratio of two series of
+    paired rounds (a round holding a sampled step counts with its weight), with its bootstrap interval.
+
+    Example:
+        >>> ratio_of_sums_interval([2.0, 4.0], [2.0, 2.0])[0]
+        1.5
+    """
+    pairs = list(zip(values, baseline))
+    return _bootstrap(pairs, lambda sample: sum(v for v, _ in sample) / sum(b for _, b in sample), confidence,
+                      resamples, seed)
+
+
+def _bootstrap(values: Sequence, statistic: Callable, confidence: float, resamples: int,
+               seed: int) -> tuple[float, float, float]:
+    import random
+
+    values = list(values)
+    if not values:
+        raise ValueError("no values to bootstrap")
+    rng = random.Random(seed)
+    estimates = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = estimates[min(int(tail * resamples), resamples - 1)]
+    high = estimates[min(int((1 - tail) * resamples), resamples - 1)]
+    return statistic(values), low, high
 
 
 def paired_ratios(blocks: dict[str, list[float]], baseline: str) -> dict[str, dict]:

@@ -1,111 +1,147 @@
-"""Step time of ReportingBackend against plain ThunderCompiler, as ratios, one worker process per configuration.
+"""Step time of ReportingBackend against plain ThunderCompiler, in one process, and where the host time goes.
 
-    source .gpu/setup.sh && python3 benchmarks/overhead.py --with-real-models --json overhead.json   # H200, 12 layers
-    python benchmarks/overhead.py --tiny                                 # CPU smoke test (host clock), 1-2 min
-    python benchmarks/overhead.py --tiny --with-real-models              # the same with all six configurations
-    ... --executors torchcompile,sdpa,torchcompile_xentropy              # Thunder fusing with torch.compile, not nvFuser
+    source .gpu/setup.sh && python benchmarks/overhead.py --model llama --profile --json overhead_llama.json   # H200
+    source .gpu/setup.sh && python benchmarks/overhead.py --model mixtral --profile --json overhead_mixtral.json
+    OMP_NUM_THREADS=1 python benchmarks/overhead.py --device cpu --json overhead_cpu.json   # tiny Llama, host clock
 
-Configurations, all training the same model (same seed, so the same initial weights; same batches; AdamW):
-  thunderfx        plain `thunder.dynamo.ThunderCompiler` (with the one workaround it needs on torch >= 2.12)
-  defaults         `ReportingBackend()` with its default settings (graph timing every 50 calls, no dump)
-  fusion           `ReportingBackend(timing="fusion", timing_every=50)`: every fusion region timed every 50 calls
-and with --with-real-models three more, for the table of issue 7:
-  eager            no compile
-  inductor         `torch.compile` with its default backend
-  reporting-all    `ReportingBackend(dump_dir=<temp dir>, repro="all", timing="fusion", timing_every=50)`; the time
-                   its `flush()` takes (traces, repro scripts, files) is measured after the measurement
-Targets (issue 4): defaults <= 1.01x and fusion <= 1.03x the mean step time of thunderfx.
+Models (`--model`, a comma list, measured one after the other, the JSON rewritten after each):
+  llama    Hugging Face LlamaForCausalLM. CUDA: 4 layers, hidden 1024, 16 heads (8 KV), intermediate 2816,
+           vocabulary 32000, sequence 512, batch 4, bf16, Thunder's default executors (nvFuser). CPU: the harness's
+           tiny size, float32, Thunder's torch.compile executor first (the one that fuses on CPU).
+  mixtral  a Mixtral-style mixture of experts of the same size, 8 experts, 2 per token: many more splits.
+Configurations (`--configurations`), each compiled on its own copy of the model (same initial weights, same batch,
+AdamW):
+  plain          thunderfx_debug.thunder.compile.plain_thunder_compiler(lazy_inductor_fallback=True): the baseline
+  plain again    a second plain one, compiled the same way: its ratio is the noise floor
+  defaults       ReportingBackend(): graph timing every 50 calls after 5
+  timing=fusion  ReportingBackend(timing="fusion", timing_every=50)
+  check=fusion   ReportingBackend(check="fusion", check_every=50)
+  dump           ReportingBackend(dump_dir=<a temporary directory>): the defaults as most runs use them, with the
+                 periodic flush's trigger on every graph call (not in the default list; its flushes, every 600 s,
+                 do not come within a run of this length)
+`--every` changes the 50 of the two fusion configurations.
 
-Method. Each configuration lives in its own worker process (spawned; nothing compiled is shared). The workers
-compile and warm up all at once (the compile is host work, and Thunder 0.2.6 needs more than 200 s of it for the
-12-layer GPT), so a configuration's first-step time (host clock, device synchronised before and after the first step)
-is measured while the others compile too: it includes their contention for the CPU and is an upper bound on a cold
-compile alone. Then the parent measures, on the same device, in rounds of interleaved blocks of `--block` steps, the
-order rotated every round, so that drift (clocks, temperature, other load) hits all configurations alike. Only one
-worker runs at a time: the parent sends a worker "run a block" through a pipe and waits for its reply before it sends
-the next; a worker waiting for its turn does not touch the device. Step boundaries are CUDA events (host time on CPU)
-recorded without synchronising; the device is synchronised only at the end of a block. The headline is the ratio of
-mean step times over all measured steps, because a sampled step costs more than others and a median would hide it:
-with 100 measured steps from call 11 on, calls 56 and 106 are sampled, the rate a long run sees. Medians, p10/p90 and
-a noise floor (thunderfx's even rounds against its odd rounds) are printed alongside.
+Method. The model's frames are compiled once first, for no configuration (`compile_frames_once`: the first compile
+of a frame is slower to switch to). Each copy is compiled and warmed up (`--warmup` steps) one after the other.
+Then rounds, each running a block of `--block` steps of every configuration in a shuffled order
+(`harness.shuffled`), until `--rounds` or the deadline (`--deadline` seconds from the start, less what the profile
+will need). Step boundaries are CUDA events, the device synchronised at the end of each block only; on CPU the
+training thread's CPU time (`--step-clock`). A round's paired ratio is a configuration's block time over plain's in
+that round. Figures per configuration: the median paired ratio with its bootstrap 95 % interval (the typical step:
+a block holding a sampled or checked step is one of few), and the amortised ratio, the sum of its blocks over
+plain's, with its bootstrap interval (sampled and checked steps count with their weight: choose rounds x block a
+multiple of --every for a run's proportion of them); how many sampled and checked steps the measurement held;
+Python's garbage collections per step.
 
-Checks. The losses of the warm-up steps are collected per configuration; the first-step loss of defaults, fusion and
-reporting-all must equal thunderfx's bit for bit (the backend must not change what is computed): if not, the results
-are still printed and written, with a FAILED line, and the exit status is 1. Each ReportingBackend must have run each
-of its graphs exactly once per warm-up step. A worker that raises, dies or does not answer within --worker-timeout
-seconds is dropped with its traceback printed; the others go on, and the exit status is 1.
-THUNDERFX_DEBUG_* variables are cleared before the workers start: they would override the settings compared here.
+Profile (`--profile`, after the measurement, on the same compiled copies): `--profile-rounds` rounds of
+`--profile-block` steps of every configuration in a shuffled order, each step under cProfile (its own profile for
+the steps that sample or check and for the others), then one torch.profiler session (CPU side) of
+`--profile-block` unsampled steps per configuration. Per configuration, the host time per step of each part of the
+training path (`path_parts.PARTS`: graph wrapper, split runners, instrumented trace marks, samplers, input
+capture, the check's bookkeeping, the periodic flush's trigger) on unsampled steps and on sampled ones, the
+functions and torch.profiler events whose time per step differs most from plain's, and the whole profiled step.
+cProfile costs about a microsecond per call it sees: a part's time is an upper bound, its calls per step exact.
+On CPU its clock is the thread's CPU time (`--profile-clock`), so that waiting for a shared core is charged to no
+function.
+
+Checks: the first step's loss of every configuration against plain's, bit for bit (a difference is a FAILED line and
+exit status 1 unless plain's second copy differs too: then the device is not deterministic here, and it is said);
+every ReportingBackend graph ran once per warm-up step; a compile during the measurement (recompiles) is named.
+THUNDERFX_DEBUG_* variables are cleared first: they would override the settings compared here.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import copy
 import dataclasses
-import math
-import multiprocessing
-import multiprocessing.connection
+import gc
 import os
-import signal
 import statistics
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
+import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
 import torch
-
-import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported; the workers import this too)
-from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, param_count, synthetic_batches
-from thunderfx_debug.records import Timing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+import path_parts  # noqa: E402
 
-TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
-TARGETS = {"defaults": 1.01, "fusion": 1.03}
-CONFIGURATIONS = ("thunderfx", "defaults", "fusion")
-REAL_MODEL_CONFIGURATIONS = ("eager", "inductor", "reporting-all")
-SAME_LOSS_AS_THUNDERFX = ("defaults", "fusion", "reporting-all")  # backends that must not change what is computed
+MODELS = ("llama", "mixtral")
+CONFIGURATIONS = ("plain", "plain again", "defaults", "timing=fusion", "check=fusion", "dump")
+DEFAULT_CONFIGURATIONS = CONFIGURATIONS[:5]
+BASELINE = "plain"
+TARGETS = {"defaults": 1.01, "timing=fusion": 1.02, "check=fusion": 1.02, "dump": 1.01}
+#: The H200 size of the issue; CPU runs use the harness's tiny size.
+CUDA_SIZE = harness.Size(layers=4, hidden=1024, heads=16, kv_heads=8, intermediate=2816, vocab=32000, seq=512,
+                         batch=4)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="a tiny GPT (CPU works): a smoke test of this script")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--model", default="llama", help=f"comma list of {', '.join(MODELS)} (default llama)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--with-real-models", action="store_true", help="also eager, inductor and reporting-all "
-                        "(dump, all repro scripts, fusion timing; its flush timed): the comparison of issue 7")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per configuration (default 100; tiny 20)")
-    parser.add_argument("--block", type=int, default=None, help="steps per interleaved block (default 10; tiny 5)")
-    parser.add_argument("--warmup", type=int, default=10, help="unmeasured steps per configuration (compile included)")
-    parser.add_argument("--every", type=int, default=None, help="timing_every of the reporting configurations "
-                        "(default 50; tiny 5, so that the smoke test samples)")
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; tiny 4)")
-    parser.add_argument("--layers", type=int, default=12, help="transformer blocks of the GPT (default 12; fewer to fit "
-                        "a short device lease: per-step overhead is per graph and split, so fewer layers is the harder case)")
-    parser.add_argument("--worker-timeout", type=float, default=900.0, help="seconds to wait for any one reply of a "
-                        "worker (the concurrent compile and warm-up, a block, the final report and flush) before giving "
-                        "up on the run (default 900)")
-    parser.add_argument("--executors", default=None, help="comma list of Thunder executor names for every Thunder "
-                        "configuration, e.g. torchcompile,sdpa,torchcompile_xentropy (default: Thunder's defaults; on "
-                        "CPU with torchcompile first, the executor that fuses there)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 4 on CUDA, 2 on CPU)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: 4 on CUDA, 1 on CPU)")
+    parser.add_argument("--configurations", default=",".join(DEFAULT_CONFIGURATIONS),
+                        help=f"comma list of {', '.join(CONFIGURATIONS)} (plain is always in)")
+    parser.add_argument("--rounds", type=int, default=400, help="rounds at most (default 400; the deadline may end "
+                        "them sooner; 0: profile only)")
+    parser.add_argument("--block", type=int, default=5, help="steps per configuration and round (default 5)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before the measurement, the compile "
+                        "included (default 10)")
+    parser.add_argument("--every", type=int, default=50, help="timing_every / check_every of the fusion "
+                        "configurations (default 50)")
+    parser.add_argument("--deadline", type=float, default=480.0, help="seconds from the start by which the run "
+                        "ends its measurement and profile (default 480; compiles are not cut short)")
+    parser.add_argument("--profile", action="store_true", help="also profile the host side (see below)")
+    parser.add_argument("--profile-rounds", type=int, default=6, help="cProfile rounds (default 6)")
+    parser.add_argument("--profile-block", type=int, default=10, help="steps per configuration and profile round, "
+                        "and of the torch.profiler session (default 10)")
+    parser.add_argument("--step-clock", choices=("wall", "cpu"), default="cpu", help="CPU runs: the step's host "
+                        "clock, the wall clock or the CPU time of the training thread (default: cpu, which a core "
+                        "shared with other work does not inflate; the whole step runs in that thread on CPU)")
+    parser.add_argument("--profile-clock", choices=("wall", "cpu"), default=None, help="cProfile's clock: the wall "
+                        "clock, or the CPU time of the thread (a core shared with other work then charges no "
+                        "function for the time it waited; autograd's device thread on CUDA has a clock of its own). "
+                        "Default: wall on CUDA, cpu on CPU")
+    parser.add_argument("--executors", default=None, help="comma list of Thunder executor names (default: "
+                        "Thunder's defaults on CUDA, the torch.compile executor first on CPU)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch and the orders")
+    parser.add_argument("--json", type=Path, default=None, help="write the record here (after each model)")
     args = parser.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.steps = args.steps or (20 if args.tiny else 100)
-    args.block = args.block or (5 if args.tiny else 10)
-    args.every = args.every or (5 if args.tiny else 50)
-    args.batch = args.batch or (4 if args.tiny else 8)
-    if args.steps % args.block:
-        parser.error(f"--steps ({args.steps}) must be a multiple of --block ({args.block})")
-    if args.warmup < 1:
-        parser.error("--warmup must be at least 1 (the first step is the compile)")
+    args.profile_clock = args.profile_clock or ("wall" if args.device.startswith("cuda") else "cpu")
+    args.models = [m.strip() for m in args.model.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or not args.models:
+        parser.error(f"--model {args.model!r}: a comma list of {', '.join(MODELS)}")
+    chosen = [c.strip() for c in args.configurations.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CONFIGURATIONS]
+    if unknown:
+        parser.error(f"--configurations: unknown {', '.join(unknown)}; choose from {', '.join(CONFIGURATIONS)}")
+    args.configurations = tuple(c for c in CONFIGURATIONS if c == BASELINE or c in chosen)
+    if args.block < 1 or args.warmup < 1 or args.rounds < 0:
+        parser.error("--block and --warmup must be at least 1, --rounds at least 0")
     if args.executors is not None:
         try:
             args.executors = tuple(e.name for e in harness.executors(args.device, args.executors))
         except SystemExit as error:
             parser.error(str(error))
     return args
+
+
+def size_of(args) -> harness.Size:
+    size = CUDA_SIZE if args.device.startswith("cuda") else harness.SIZES["tiny"]
+    changes = {key: value for key, value in (("batch", args.batch), ("layers", args.layers)) if value is not None}
+    return dataclasses.replace(size, **changes)
 
 
 def clear_debug_environment() -> list[str]:
@@ -115,413 +151,432 @@ def clear_debug_environment() -> list[str]:
     return cleared
 
 
-# ---- worker side: one configuration per process -------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSettings:
-    """What every worker needs to build the same model and its own configuration (picklable, sent at spawn)."""
-
-    config: GPTConfig
-    device: str
-    batch: int
-    warmup: int
-    every: int
-    dump_dir: str | None  # reporting-all's dump; None when that configuration is not run
-    executors: tuple[str, ...] | None = None  # Thunder executor names; None: thunder_options' defaults
-
-
-def make_backend(name: str, settings: WorkerSettings):
-    """The torch.compile backend of a configuration: None for eager, "inductor" for torch.compile's default."""
-    if name == "eager":
-        return None
-    if name == "inductor":
-        return "inductor"
+def make_backend(name: str, args, dump_dir: str):
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
-    options, every = harness.thunder_options(settings.device, settings.executors), settings.every
-    if name == "thunderfx":
-        return plain_thunder_compiler(**options)
+    options = harness.thunder_options(args.device, args.executors)
+    if name in ("plain", "plain again"):
+        return plain_thunder_compiler(lazy_inductor_fallback=True, **options)
     if name == "defaults":
-        return ReportingBackend(**options, timing_every=every) if every != 50 else ReportingBackend(**options)
-    if name == "fusion":
-        return ReportingBackend(**options, timing="fusion", timing_every=every)
-    if name == "reporting-all":
-        return ReportingBackend(**options, dump_dir=settings.dump_dir, repro="all", timing="fusion", timing_every=every)
+        return ReportingBackend(**options)
+    if name == "timing=fusion":
+        return ReportingBackend(timing="fusion", timing_every=args.every, **options)
+    if name == "check=fusion":
+        return ReportingBackend(check="fusion", check_every=args.every, **options)
+    if name == "dump":
+        return ReportingBackend(dump_dir=dump_dir, **options)
     raise ValueError(f"unknown configuration {name!r}")
 
 
-class Trainer(harness.Trainer):
-    """One configuration: its compiled model and optimizer, in its worker process."""
+# ---- which steps sample or check ---------------------------------------------------------------------------------
 
-    def __init__(self, name: str, settings: WorkerSettings):
-        self.name, self.device = name, settings.device
-        self.cuda = settings.device.startswith("cuda")
-        dtype = torch.bfloat16 if self.cuda else torch.float32
-        torch.manual_seed(0)
-        model = GPT(settings.config).to(device=settings.device, dtype=dtype)
-        batches = [b for _, b in zip(range(8), synthetic_batches(settings.config, settings.batch, settings.device))]
-        super().__init__(model, make_backend(name, settings), batches, lr=1e-4, device=settings.device)
+def special_steps(backend) -> Callable[[int], str]:
+    """A function of a step's number (1-based, the graphs' call number: each graph runs once per step) that says
+    whether a ReportingBackend samples or checks on it ("sampled", "checked", or "" for an ordinary step)."""
+    config = getattr(backend, "config", None)
+    if config is None:
+        return lambda step: ""
+    from thunderfx_debug.config import CheckLevel, TimingLevel
+    from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
+    from thunderfx_debug.recording.timing import Sampling
 
-    def warm_up(self, steps: int) -> dict:
-        """The first step (the compile) timed alone, then the rest; the device is idle when this returns."""
-        self.clock.sync()
+    sampling = Sampling(config.timing_every, config.timing_warmup, enabled=config.timing >= TimingLevel.GRAPH)
+    schedule = CheckSchedule(config.check_every) if config.check > CheckLevel.OFF else None
+    if schedule is not None:
+        sampling = TimingBesideChecks(sampling, schedule)
+
+    def kind(step: int) -> str:
+        if schedule is not None and schedule.is_checked(step):
+            return "checked"
+        return "sampled" if sampling.is_sampled(step) else ""
+
+    return kind
+
+
+# ---- one model ---------------------------------------------------------------------------------------------------
+
+class Copy:
+    """One configuration: its backend, its copy of the model, its trainer, what its warm-up and measurement saw."""
+
+    def __init__(self, name: str, backend, model, batch: dict, step_clock):
+        self.name, self.backend = name, backend
+        self.trainer = harness.Trainer(model, backend, [batch], lr=1e-4, host_clock=step_clock)
+        self.kind = special_steps(backend)
+        self.losses: list[float] = []
+        self.compile_s = self.step_ms = None
+        self.blocks: list[list[float]] = []
+        self.block_kinds: list[list[str]] = []
+        self.gc = {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
+
+    def graphs(self) -> int:
+        return len(getattr(self.backend, "subgraph_infos", []))
+
+    def warm_up(self, steps: int) -> None:
+        clock = self.trainer.clock
+        clock.sync()
         started = time.perf_counter()
-        losses = [self.step()]
-        self.clock.sync()
-        compile_s = time.perf_counter() - started
-        losses += [self.step() for _ in range(steps - 1)]
-        self.clock.sync()
-        return {"compile_s": compile_s, "warmup_s": time.perf_counter() - started,
-                "losses": torch.stack(losses).float().cpu().tolist(), "parameters": param_count(self.model)}
+        losses = [self.trainer.step()]
+        clock.sync()
+        self.compile_s = time.perf_counter() - started
+        losses += [self.trainer.step() for _ in range(steps - 1)]
+        self.step_ms = self.trainer.timed_step()[1]  # one more step, alone, to size the measurement
+        self.losses = torch.stack(losses).float().cpu().tolist()
 
-    def finish(self) -> dict:
-        """After the measurement: fusion coverage, reporting-all's flush time, peak memory, the environment."""
-        result = {"peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None}
-        if self.name == "reporting-all":
-            started = time.perf_counter()
-            rank_dir = self.backend.flush()
-            result["flush_s"] = time.perf_counter() - started
-            files = [p for p in Path(rank_dir).rglob("*") if p.is_file()] if rank_dir is not None else []
-            result["dump"] = {"files": len(files), "mb": sum(p.stat().st_size for p in files) / 2**20}
-        if self.name in ("fusion", "reporting-all"):
-            result["fusion_coverage"] = fusion_coverage(self.backend)
-        if self.name == "thunderfx":
-            result["environment"] = {**harness.versions(), **harness.machine()}
-        return result
+    def next_kinds(self, steps: int) -> list[str]:
+        done = self.trainer.steps_done
+        return [self.kind(done + i + 1) for i in range(steps)]
 
-def fusion_coverage(backend) -> dict:
-    """How many fusion regions a fusion-timing configuration timed, and with how many samples (the proof it was on)."""
-    report = backend.report()
-    fusions = [f for g in report.graphs for _, f in g.fusions()]
-    counts = [f.timing.count for f in fusions if f.timing is not None]
-    return {"regions": len(fusions), "timed_regions": len(counts), "samples_per_region": sorted(set(counts))}
+    def block(self, steps: int) -> list[float]:
+        self.block_kinds.append(self.next_kinds(steps))
+        times = self.trainer.block(steps)
+        self.blocks.append(times)
+        return times
 
 
-def _check_backend_ran_its_own_graphs(trainer: Trainer, warmup: int) -> None:
-    """Each graph of a Thunder configuration must have run once per warm-up step: the proof that the steps went
-    through the backend under test (and, with a ReportingBackend, that none of them was skipped or recompiled)."""
-    backend = trainer.backend
-    if hasattr(backend, "report"):
-        calls = [g.calls for g in backend.report().graphs]
-        ok = bool(calls) and all(c == warmup for c in calls)
-        seen = f"graph calls {calls}"
-    elif hasattr(backend, "subgraph_infos"):
-        ok = bool(backend.subgraph_infos)
-        seen = f"{len(backend.subgraph_infos)} subgraphs"
-    else:
-        return  # eager and inductor: nothing of ours to check
-    if not ok:
-        raise RuntimeError(f"{trainer.name}: its backend did not run its own graphs during the {warmup} warm-up steps "
-                           f"({seen}); the comparison would be meaningless")
+class GcWatch:
+    """Python's garbage collections during the measurement, counted and timed for the configuration running."""
+
+    def __init__(self):
+        self.current: Copy | None = None
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if self.current is None:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            generation = info.get("generation", 0)
+            self.current.gc["collections"][generation] += 1
+            self.current.gc["seconds"][generation] += time.perf_counter() - self._started
 
 
-def worker_main(name: str, settings: WorkerSettings, conn) -> None:
-    """A worker's life: build and warm up, then run blocks on request until told to finish. Every reply is a pair
-    (kind, payload); a failure is ("error", traceback) and ends the worker."""
-    try:
-        trainer = Trainer(name, settings)
-        ready = trainer.warm_up(settings.warmup)
-        _check_backend_ran_its_own_graphs(trainer, settings.warmup)
-        conn.send(("ready", ready))
-        while True:
-            command, argument = conn.recv()  # blocks without touching the device until it is this worker's turn
-            if command == "block":
-                conn.send(("block", trainer.block(argument)))
-            elif command == "finish":
-                conn.send(("finished", trainer.finish()))
-                return
-            else:
-                raise ValueError(f"unknown command {command!r}")
-    except EOFError:
-        return  # the parent has gone; nothing to report to
-    except BaseException:
+def check_graphs_ran(copy_: Copy, warmup: int) -> None:
+    """Each graph of a ReportingBackend ran once per warm-up step (no step went around it, none recompiled)."""
+    report = getattr(copy_.backend, "report", None)
+    if report is None:
+        return
+    calls = [g.calls for g in report().graphs]
+    if not calls or any(c != warmup + 1 for c in calls):  # the warm-up steps and the one that sized the run
+        raise RuntimeError(f"{copy_.name}: graph calls {calls} after {warmup + 1} steps: the steps did not all go "
+                           "through its graphs once each, so the comparison would be meaningless")
+
+
+def step_clock(args):
+    """The host clock of CPU steps (see --step-clock); CUDA steps are timed with CUDA events."""
+    return time.thread_time if args.step_clock == "cpu" else time.perf_counter
+
+
+def compile_frames_once(base, batch: dict) -> None:
+    """Compiles the model's frames once before the measured copies, with a backend that runs Dynamo's graphs as they
+    are, on a copy trained one step and dropped. In a process that compiles several copies of one model, the first
+    compile of a frame pays a cost on every switch from another copy that later compiles of it do not (seen on CPU:
+    a pass-through backend's first copy 6 % slower than four later ones in shuffled blocks of 5 calls, none of
+    them slower after such a first compile); without this, the baseline, compiled first, would carry it."""
+    throwaway = copy.deepcopy(base)
+    harness.Trainer(throwaway, lambda gm, example_inputs: gm.forward, [batch]).step()
+    del throwaway
+
+
+def build_copies(model_name: str, args, size: harness.Size, dump_dir: str, failed: dict) -> dict[str, Copy]:
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    base, batch = harness.build(model_name, size, args.device, dtype, seed=args.seed)
+    compile_frames_once(base, batch)
+    copies = {}
+    for name in args.configurations:
         try:
-            conn.send(("error", traceback.format_exc()))
+            copy_ = Copy(name, make_backend(name, args, dump_dir), copy.deepcopy(base), batch, step_clock(args))
+            copy_.warm_up(args.warmup)
+            check_graphs_ran(copy_, args.warmup)
         except Exception:
-            pass
-        sys.exit(1)
-
-
-# ---- parent side: start the workers, run the rounds, report ------------------------------------------------------
-
-class WorkerFailed(Exception):
-    def __init__(self, name: str, detail: str):
-        super().__init__(f"worker {name!r} failed:\n{detail}")
-        self.name, self.detail = name, detail
-
-
-class Worker:
-    """The parent's handle on one worker process and its end of the pipe."""
-
-    def __init__(self, context, name: str, settings: WorkerSettings):
-        self.name = name
-        self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(name, settings, child_conn), name=f"overhead-{name}")
-        self.process.start()
-        child_conn.close()  # so that a dead worker reads as EOF here
-
-    def send(self, command: str, argument=None) -> None:
-        self.conn.send((command, argument))
-
-    def receive(self, expected: str, deadline: float):
-        """The payload of the worker's next reply, which must be `expected`; raises WorkerFailed on an error reply,
-        on the worker's death, or when `deadline` (perf_counter) passes."""
-        while True:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                raise WorkerFailed(self.name, "no reply before the deadline (--worker-timeout); still running, or hung")
-            if self.conn.poll(min(remaining, 1.0)):
-                try:
-                    kind, payload = self.conn.recv()
-                except EOFError:
-                    break
-                if kind == "error":
-                    raise WorkerFailed(self.name, payload)
-                if kind != expected:
-                    raise WorkerFailed(self.name, f"replied {kind!r} where {expected!r} was expected")
-                return payload
-            if not self.process.is_alive() and not self.conn.poll():
+            failed[name] = traceback.format_exc()
+            print(f"  {name}: FAILED\n{failed[name]}", file=sys.stderr, flush=True)
+            if name == BASELINE:
                 break
-        self.process.join(5)
-        raise WorkerFailed(self.name, f"exited (exit code {self.process.exitcode}) without replying; "
-                           "its own output above may say why")
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+            continue
+        copies[name] = copy_
+        print(f"  {name}: first step {copy_.compile_s:.1f} s, then {copy_.step_ms:.2f} ms a step, "
+              f"{copy_.graphs()} graphs", flush=True)
+    del base
+    return copies
 
 
-def wait_until_ready(workers: list[Worker], timeout: float, started: float, failed: dict[str, str]) -> dict[str, dict]:
-    """Collects every worker's "ready" as it comes (they compile concurrently), printing each on arrival. A worker
-    that fails goes into `failed` (name: detail) and out of `workers`; the others go on."""
-    deadline = time.perf_counter() + timeout
-    pending = {w.conn: w for w in workers}
-    sentinels = {w.process.sentinel: w for w in workers}
-    ready = {}
-    while pending:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            for worker in pending.values():
-                _drop(workers, worker, f"not compiled and warmed up within --worker-timeout ({timeout:.0f} s)", failed)
-            break
-        waiting_on = [*pending, *(s for s, w in sentinels.items() if w.conn in pending)]
-        for handle in multiprocessing.connection.wait(waiting_on, timeout=remaining):
-            worker = pending.get(handle) or sentinels[handle]
-            if worker.conn not in pending:
-                continue
-            del pending[worker.conn]
-            try:
-                ready[worker.name] = worker.receive("ready", deadline)
-            except WorkerFailed as failure:
-                _drop(workers, worker, failure.detail, failed)
-                continue
-            r = ready[worker.name]
-            print(f"  {worker.name}: first step (compile) {r['compile_s']:.1f} s, {len(r['losses'])} warm-up steps "
-                  f"{r['warmup_s']:.1f} s, ready {time.perf_counter() - started:.1f} s after start", flush=True)
-    return ready
+def measure(copies: dict[str, Copy], args, until: float, gc_watch: GcWatch, failed: dict[str, str]) -> int:
+    """The rounds; a configuration whose step raises is dropped from `copies` with its traceback in `failed` (the
+    baseline's ends the measurement). Returns the rounds every remaining configuration ran."""
+    broken: set[str] = set()
 
-
-def _drop(workers: list[Worker], worker: Worker, detail: str, failed: dict[str, str]) -> None:
-    print(f"\nerror: worker {worker.name!r} failed, the others go on:\n{detail}", file=sys.stderr, flush=True)
-    failed[worker.name] = detail
-    workers.remove(worker)
-    worker.stop()
-
-
-def measure(workers: list[Worker], steps: int, block: int, timeout: float, failed: dict[str, str]) -> tuple[dict, dict]:
-    """Rounds of one block per worker, one worker at a time, the order rotated every round. Returns per-step ms
-    and per-block mean ms by configuration, blocks in round order. A worker that fails is dropped (see `_drop`)."""
-    def run(worker: Worker):
-        def block_of_worker():
-            if worker not in workers:
-                return None  # dropped in an earlier round
-            try:
-                worker.send("block", block)
-                return worker.receive("block", time.perf_counter() + timeout)
-            except (WorkerFailed, OSError) as failure:
-                _drop(workers, worker, getattr(failure, "detail", repr(failure)), failed)
+    def block_of(name: str, copy_: Copy):
+        def run():
+            if name in broken:
                 return None
-        return block_of_worker
+            gc_watch.current = copy_
+            try:
+                return copy_.block(args.block)
+            except Exception:
+                failed[name] = traceback.format_exc()
+                print(f"  {name}: FAILED during the measurement\n{failed[name]}", file=sys.stderr, flush=True)
+                broken.add(name)
+                return None
+            finally:
+                gc_watch.current = None
+        return run
 
-    blocks = harness.interleaved({w.name: run(w) for w in list(workers)}, steps // block)
-    step_ms = {name: [ms for times in done if times for ms in times] for name, done in blocks.items()}
-    block_mean_ms = {name: [statistics.fmean(times) for times in done if times] for name, done in blocks.items()}
-    return step_ms, block_mean_ms
-
-
-def summarize(times: list[float]) -> dict:
-    """Step-time statistics, computed as the report computes them for its samples (`records.Timing`)."""
-    stats = Timing(samples_ms=tuple(times), calls=tuple(range(1, len(times) + 1))).stats()
-    return {"steps": stats.pop("count"), **{k: v for k, v in stats.items() if k != "total_ms"}}
-
-
-def compare_first_losses(losses: dict[str, list[float]]) -> dict[str, bool]:
-    """Whether each backend-under-test's first-step loss equals thunderfx's bit for bit (floats compared exactly;
-    a bf16 or fp32 loss converts to a Python float without rounding)."""
-    base = losses["thunderfx"][0]
-    return {name: losses[name][0] == base for name in SAME_LOSS_AS_THUNDERFX if name in losses}
-
-
-def steps_off_eager(losses: dict[str, list[float]], relative: float = 0.05) -> dict[str, list[int]]:
-    """Per compiled configuration, the warm-up steps (0-based) whose loss is more than `relative` off eager's or not
-    finite: a compiler computing something else, whatever the backend does (on the H200, plain ThunderFX's 12-layer
-    GPT gives ~1e-38 at steps 5 and 8 when its nvFuser fault does not crash the run). Empty without eager."""
-    if "eager" not in losses:
-        return {}
-    eager = losses["eager"]
-    return {name: [step for step, (value, reference) in enumerate(zip(values, eager))
-                   if not math.isfinite(value) or abs(value - reference) > relative * abs(reference)]
-            for name, values in losses.items() if name != "eager"}
+    gc.callbacks.append(gc_watch)
+    try:
+        harness.shuffled({name: block_of(name, c) for name, c in copies.items()}, args.rounds, seed=args.seed,
+                         until=lambda: time.monotonic() >= until or BASELINE in broken)
+    finally:
+        gc.callbacks.remove(gc_watch)
+    for name in broken:
+        del copies[name]
+    return len(copies[BASELINE].blocks) if BASELINE in copies else 0
 
 
-def run_workers(args, names: tuple[str, ...], config: GPTConfig) -> dict:
-    """Starts one worker per configuration, waits for their compiles and warm-ups, measures the interleaved rounds
-    and collects each worker's final figures; a worker that fails is dropped and named in "failed"."""
+def figures(copies: dict[str, Copy], rounds: int) -> dict:
+    base = [sum(times) for times in copies[BASELINE].blocks]
+    results = {}
+    for name, c in copies.items():
+        totals = [sum(times) for times in c.blocks]
+        steps = [ms for times in c.blocks for ms in times]
+        kinds = [k for block in c.block_kinds for k in block]
+        entry = {"mean_step_ms": statistics.fmean(steps), "median_step_ms": statistics.median(steps),
+                 "measured_steps": len(steps), "sampled_steps": kinds.count("sampled"),
+                 "checked_steps": kinds.count("checked"), "compile_s": c.compile_s,
+                 "graphs_after_warmup": c.graphs(), "gc_per_step": {
+                     "collections": [n / len(steps) for n in c.gc["collections"]],
+                     "ms": [s * 1e3 / len(steps) for s in c.gc["seconds"]]}}
+        if name != BASELINE:
+            ratios = [t / b for t, b in zip(totals, base)]
+            median, low, high = harness.median_interval(ratios)
+            amortised, a_low, a_high = harness.ratio_of_sums_interval(totals, base)
+            ordinary = [r for r, block in zip(ratios, c.block_kinds) if not any(block)]
+            entry.update(paired_ratio={"median": median, "low": low, "high": high},
+                         amortised_ratio={"ratio": amortised, "low": a_low, "high": a_high},
+                         ordinary_blocks_median_ratio=statistics.median(ordinary) if ordinary else None)
+            if name in TARGETS:
+                entry["target"] = TARGETS[name]
+                entry["meets_target"] = amortised <= TARGETS[name]
+        entry["block_ms"] = totals  # per round, in round order: the paired ratios are these over plain's
+        results[name] = entry
+    return {"rounds": rounds, "configurations": results}
+
+
+# ---- profile ------------------------------------------------------------------------------------------------------
+
+def profile(copies: dict[str, Copy], args) -> dict:
+    """See the module docstring (Profile)."""
+    def profiler():
+        if args.profile_clock == "cpu":
+            return cProfile.Profile(time.thread_time_ns, 1e-9)
+        return cProfile.Profile()
+
+    ordinary = {name: profiler() for name in copies}
+    special = {name: profiler() for name in copies}
+    counted = {name: {"ordinary": 0, "special": 0} for name in copies}
+
+    def profiled_block(name: str):
+        def run():
+            c = copies[name]
+            for kind in c.next_kinds(args.profile_block):
+                profiler = special[name] if kind else ordinary[name]
+                counted[name]["special" if kind else "ordinary"] += 1
+                profiler.enable()
+                c.trainer.step()
+                profiler.disable()
+            c.trainer.clock.sync()
+        return run
+
+    harness.shuffled({name: profiled_block(name) for name in copies}, args.profile_rounds, seed=args.seed + 1)
+    classifier = path_parts.Classifier()
+    functions = {name: path_parts.functions_per_step(ordinary[name], max(counted[name]["ordinary"], 1))
+                 for name in copies}
+    events = torch_profiler_pass(copies, args)
+    result = {}
+    for name in copies:
+        steps = max(counted[name]["ordinary"], 1)
+        entry = {"steps": counted[name],
+                 "ordinary_step": path_parts.parts_per_step(ordinary[name], steps, classifier),
+                 "ordinary_step_functions": path_parts.part_functions(ordinary[name], steps, classifier)}
+        if counted[name]["special"]:
+            entry["special_step"] = path_parts.parts_per_step(special[name], counted[name]["special"], classifier)
+            entry["special_step_functions"] = path_parts.part_functions(special[name], counted[name]["special"],
+                                                                        classifier)
+        if name != BASELINE:
+            entry["functions_against_plain"] = path_parts.differences(functions[name], functions[BASELINE])
+            if events:
+                entry["torch_profiler_against_plain"] = path_parts.event_differences(events[name], events[BASELINE])
+        result[name] = entry
+    return result
+
+
+def torch_profiler_pass(copies: dict[str, Copy], args) -> dict | None:
+    """Per configuration, torch.profiler's CPU-side events per step over `--profile-block` unsampled steps (fewer
+    where a sampled or checked step comes sooner)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU]
+    if args.device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)  # the CUDA runtime's calls (cudaEventRecord, ...) on the host
+    found = {}
+    for name, c in copies.items():
+        while c.next_kinds(1)[0]:  # a sampled or checked step next: run it unprofiled
+            c.trainer.step()
+        kinds = c.next_kinds(args.profile_block)
+        steps = kinds.index(next(k for k in kinds if k)) if any(kinds) else len(kinds)  # up to the next one
+        c.trainer.clock.sync()
+        with torch_profile(activities=activities) as profiler:
+            for _ in range(steps):
+                c.trainer.step()
+            c.trainer.clock.sync()
+        found[name] = path_parts.torch_profiler_events(profiler, steps)
+    return found
+
+
+def profile_seconds(copies: dict[str, Copy], args) -> float:
+    """What the profile will take, roughly: its steps at four times their speed, a start of torch.profiler per
+    configuration (CUPTI's on CUDA takes seconds), and a margin."""
+    if not args.profile:
+        return 0.0
+    steps = args.profile_block * (args.profile_rounds + 2)
+    starts = len(copies) * (10 if args.device.startswith("cuda") else 1)
+    return sum(c.step_ms for c in copies.values()) / 1e3 * steps * 4 + starts + 15
+
+
+# ---- the run ------------------------------------------------------------------------------------------------------
+
+def first_losses(copies: dict[str, Copy]) -> dict:
+    """Whether each configuration's first loss equals plain's bit for bit, and whether plain is deterministic here."""
+    base = copies[BASELINE].losses[0]
+    same = {name: c.losses[0] == base for name, c in copies.items() if name != BASELINE}
+    deterministic = same.get("plain again")
+    changed = [name for name, equal in same.items() if not equal and name != "plain again"]
+    return {"equal_to_plain": same, "plain_deterministic": deterministic,
+            "changed_by_backend": changed if deterministic is not False else [],
+            "losses": {name: c.losses for name, c in copies.items()}}
+
+
+def run_model(model_name: str, args, started: float, save) -> dict:
+    """One model's copies, measurement and profile; `save(result)` after the measurement too, so that a run stopped
+    during its profile keeps its figures."""
+    size = size_of(args)
+    print(f"\n{model_name}: {size}, {args.device}, configurations {', '.join(args.configurations)}", flush=True)
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="overhead-dump-") as dump_dir:
-        settings = WorkerSettings(config=config, device=args.device, batch=args.batch, warmup=args.warmup,
-                                  every=args.every, dump_dir=dump_dir if args.with_real_models else None,
-                                  executors=args.executors)
-        context = multiprocessing.get_context("spawn")
-        everyone: list[Worker] = []
-        failed: dict[str, str] = {}
-        finished, ready, step_ms, block_mean_ms = {}, {}, {}, {}
-        started = time.perf_counter()
-        try:
-            for name in names:
-                everyone.append(Worker(context, name, settings))
-            workers = list(everyone)
-            ready = wait_until_ready(workers, args.worker_timeout, started, failed)
-            print(f"measuring: {args.steps // args.block} rounds of one {args.block}-step block per configuration, "
-                  "one configuration at a time...", flush=True)
-            step_ms, block_mean_ms = measure(workers, args.steps, args.block, args.worker_timeout, failed)
-            for worker in list(workers):
-                try:
-                    worker.send("finish")
-                    finished[worker.name] = worker.receive("finished", time.perf_counter() + args.worker_timeout)
-                except (WorkerFailed, OSError) as failure:
-                    _drop(workers, worker, getattr(failure, "detail", repr(failure)), failed)
-            for worker in workers:
-                worker.process.join(30)
-        finally:
-            for worker in everyone:
-                worker.stop()
-    return {"names": names, "ready": ready, "step_ms": step_ms, "block_mean_ms": block_mean_ms,
-            "finished": finished, "failed": failed}
+        copies = build_copies(model_name, args, size, dump_dir, failed)
+        if BASELINE not in copies:
+            return {"size": dataclasses.asdict(size), "failed": failed, "error": "plain ThunderCompiler failed"}
+        graphs_before = {name: c.graphs() for name, c in copies.items()}
+        until = started + args.deadline - profile_seconds(copies, args)
+        print(f"measuring up to {args.rounds} rounds of {args.block} steps per configuration, shuffled, until "
+              f"{max(until - time.monotonic(), 0):.0f} s from now...", flush=True)
+        gc_watch = GcWatch()
+        rounds = measure(copies, args, until, gc_watch, failed) if args.rounds else 0
+        if BASELINE not in copies:
+            return {"size": dataclasses.asdict(size), "failed": failed, "error": "plain ThunderCompiler failed"}
+        result = {"size": dataclasses.asdict(size), "failed": failed,
+                  "splits": splits_of(copies), "first_losses": first_losses(copies)}
+        if rounds:
+            result["measurement"] = figures(copies, rounds)
+        save(result)
+        if args.profile:
+            print("profiling...", flush=True)
+            result["profile"] = profile(copies, args)
+        result["recompiled_during_measurement"] = {
+            name: c.graphs() - graphs_before[name] for name, c in copies.items() if c.graphs() != graphs_before[name]}
+    return result
 
 
-def figures(args, config: GPTConfig, run: dict) -> dict:
-    """The results of a run whose baseline (thunderfx) finished: step statistics and ratios, the noise floor, the
-    targets met, the losses' checks, and what the workers reported at the end."""
-    ready, finished, block_mean_ms = run["ready"], run["finished"], run["block_mean_ms"]
-    names = [name for name in run["names"] if name in finished]
-    results = {name: summarize(run["step_ms"][name]) for name in names}
-    base = results["thunderfx"]
-    for name, result in results.items():
-        result.update(ratio_mean=result["mean_ms"] / base["mean_ms"], ratio_median=result["median_ms"] / base["median_ms"],
-                      compile_s=ready[name]["compile_s"], warmup_s=ready[name]["warmup_s"],
-                      peak_memory_gb=finished[name]["peak_memory_gb"])
-    plain_blocks = block_mean_ms["thunderfx"]
-    noise_floor = (statistics.fmean(plain_blocks[0::2]) / statistics.fmean(plain_blocks[1::2])
-                   if len(plain_blocks) > 1 else None)
-    losses = {name: ready[name]["losses"] for name in names}
-    flush = finished.get("reporting-all", {})
-    return {
-        "environment": finished["thunderfx"]["environment"],
-        "model": {"n_layer": config.n_layer, "n_embd": config.n_embd, "seq": config.block_size,
-                  "vocab_size": config.vocab_size, "batch": args.batch,
-                  "dtype": "bfloat16" if args.device.startswith("cuda") else "float32",
-                  "parameters": ready["thunderfx"]["parameters"]},
-        "settings": {"warmup_steps": args.warmup, "measured_steps": args.steps, "block": args.block,
-                     "timing_every": args.every, "configurations": names,
-                     "executors": list(args.executors) if args.executors else "thunder defaults",
-                     "method": "one worker process per configuration; compiled concurrently; measured one "
-                               "block at a time, order rotated each round"},
-        "results": results, "targets": TARGETS,
-        "meets_targets": {name: results[name]["ratio_mean"] <= t for name, t in TARGETS.items() if name in results},
-        "noise_floor": noise_floor,
-        "fusion_coverage": finished.get("fusion", {}).get("fusion_coverage",
-                                                          {"regions": 0, "timed_regions": 0, "samples_per_region": []}),
-        "compile_s": {name: results[name]["compile_s"] for name in names},
-        "flush_s": flush.get("flush_s"),
-        "reporting_all": {"dump": flush["dump"], "fusion_coverage": flush["fusion_coverage"]} if flush else None,
-        "warmup_losses": losses, "first_loss_equals_thunderfx": compare_first_losses(losses),
-        "warmup_steps_off_eager": steps_off_eager(losses), "failed": run["failed"],
-        "step_ms": run["step_ms"], "block_mean_ms": block_mean_ms,
-    }
+def splits_of(copies: dict[str, Copy]) -> dict:
+    """Graphs and splits of the plain copy (every configuration splits alike)."""
+    infos = copies[BASELINE].backend.subgraph_infos
+    counts = [sum(1 for n in info.split_graph_module.graph.nodes if n.op == "call_module") for info in infos]
+    return {"graphs": len(infos), "splits_per_graph": counts}
 
 
-def print_figures(data: dict) -> bool:
-    """The tables of a run; False when a backend under test changed the first step's loss."""
-    results, losses, coverage = data["results"], data["warmup_losses"], data["fusion_coverage"]
-    print(f"model: {data['model']['parameters'] / 1e6:.2f}M parameters")
-    print(f"\n{'configuration':<13} {'mean ms':>9} {'median':>9} {'p10':>9} {'p90':>9} {'x mean':>8} {'x median':>9}  target")
-    for name in (n for n in CONFIGURATIONS if n in results):
-        r = results[name]
-        target = (f"<= {TARGETS[name]:.2f}x {'ok' if data['meets_targets'][name] else 'MISSED'}"
-                  if name in TARGETS else "")
-        print(f"{name:<13} {r['mean_ms']:9.3f} {r['median_ms']:9.3f} {r['p10_ms']:9.3f} {r['p90_ms']:9.3f} "
-              f"{r['ratio_mean']:8.4f} {r['ratio_median']:9.4f}  {target}")
-    if data["noise_floor"] is not None:
-        print(f"noise floor: thunderfx's even rounds / odd rounds = {data['noise_floor']:.4f}")
-    print(f"fusion configuration timed {coverage['timed_regions']} of {coverage['regions']} fusion regions, "
-          f"samples per region: {coverage['samples_per_region']}")
-    print("\nfirst-step times were measured with all configurations compiling at once (CPU contention included)")
-    print(f"{'mode':<13} {'first step s':>12} {'mean ms':>9} {'median ms':>10} {'x mean':>8} {'flush s':>8}  first loss")
-    for name, r in results.items():
-        flush_text = f"{data['flush_s']:8.2f}" if name == "reporting-all" else f"{'-':>8}"
-        print(f"{name:<13} {r['compile_s']:12.1f} {r['mean_ms']:9.3f} {r['median_ms']:10.3f} {r['ratio_mean']:8.4f} "
-              f"{flush_text}  {losses[name][0]!r}")
-    if data["reporting_all"]:
-        dump, timed = data["reporting_all"]["dump"], data["reporting_all"]["fusion_coverage"]
-        print(f"reporting-all's dump: {dump['files']} files, {dump['mb']:.1f} MiB; it timed "
-              f"{timed['timed_regions']} of {timed['regions']} fusion regions")
-    same_loss = data["first_loss_equals_thunderfx"]
-    mismatched = [name for name, same in same_loss.items() if not same]
-    if mismatched:
-        print(f"\nFAILED: the first-step loss of {', '.join(mismatched)} differs from thunderfx's "
-              f"({losses['thunderfx'][0]!r}): " + ", ".join(f"{n} {losses[n][0]!r}" for n in mismatched)
-              + "; the backend changed what is computed", file=sys.stderr)
+def print_model(name: str, data: dict) -> None:
+    if "error" in data:
+        print(f"{name}: {data['error']}")
+        return
+    print(f"\n{name}: {data['splits']['graphs']} graphs, splits per graph {data['splits']['splits_per_graph']}")
+    measurement = data.get("measurement")
+    if measurement:
+        rows = measurement["configurations"]
+        print(f"{measurement['rounds']} rounds; step (mean / median ms), paired ratio median [95 %], amortised "
+              "ratio [95 %], sampled + checked steps measured, median ratio of the blocks without them")
+        for config, r in rows.items():
+            line = f"  {config:<14} {r['mean_step_ms']:9.3f} / {r['median_step_ms']:9.3f}"
+            if "paired_ratio" in r:
+                p, a = r["paired_ratio"], r["amortised_ratio"]
+                line += (f"   {p['median']:.4f} [{p['low']:.4f}, {p['high']:.4f}]   {a['ratio']:.4f} "
+                         f"[{a['low']:.4f}, {a['high']:.4f}]   {r['sampled_steps']} + {r['checked_steps']}")
+                ordinary = r["ordinary_blocks_median_ratio"]
+                line += f"   {ordinary:.4f}" if ordinary is not None else "   -"
+                if "target" in r:
+                    line += f"   target <= {r['target']}: {'met' if r['meets_target'] else 'MISSED'}"
+            print(line)
+    profiled = data.get("profile")
+    if profiled:
+        print("host time per step by part of the path, cProfile (us per ordinary step, calls; per sampled or "
+              "checked step)")
+        parts = [p for p in (*path_parts.PARTS, path_parts.OTHER, "rest", "total")]
+        for config, entry in profiled.items():
+            print(f"  {config} ({entry['steps']['ordinary']} ordinary steps, {entry['steps']['special']} sampled "
+                  "or checked)")
+            for part in parts:
+                o = entry["ordinary_step"][part]
+                s = entry.get("special_step", {}).get(part)
+                if part not in ("rest", "total") and not o["us"] and not (s and s["us"]):
+                    continue
+                text = f"    {part:<24} {o['us']:10.1f} us ({o['calls']:.0f} calls)"
+                if s is not None:
+                    text += f"   sampled/checked step {s['us']:10.1f} us ({s['calls']:.0f} calls)"
+                print(text)
+            for row in entry.get("functions_against_plain", [])[:8]:
+                print(f"      {row['difference_us']:+9.1f} us  {row['function']} ({row['calls']:.1f} calls, "
+                      f"plain {row['baseline_calls']:.1f})")
+    losses = data["first_losses"]
+    if losses["changed_by_backend"]:
+        print(f"FAILED: the first loss of {', '.join(losses['changed_by_backend'])} differs from plain's",
+              file=sys.stderr)
+    elif losses["plain_deterministic"] is False:
+        print("note: plain's two copies differ at the first loss: this device is not deterministic here, so losses "
+              "say nothing about the backend")
     else:
-        print(f"first-step losses of {', '.join(same_loss)} equal thunderfx's bit for bit")
-    for name, steps in data["warmup_steps_off_eager"].items():
-        if steps:
-            pairs = ", ".join(f"{losses[name][i]:.3g} vs {losses['eager'][i]:.3g}" for i in steps[:3])
-            print(f"WARNING: {name}'s warm-up losses are off eager's by more than 5% at steps {steps} ({pairs}): "
-                  "the loss tensors it returned hold other values than eager's (a wrong computation, or memory "
-                  "overwritten after the step), so its step time may be of another computation", file=sys.stderr)
-    return not mismatched
+        print("first losses equal plain's bit for bit")
+    if data["recompiled_during_measurement"]:
+        print(f"WARNING: compiled again during the measurement: {data['recompiled_during_measurement']}",
+              file=sys.stderr)
+    for config, detail in data["failed"].items():
+        print(f"FAILED: {config}: {detail.strip().splitlines()[-1]}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
-    cleared = clear_debug_environment()  # before the workers start: they inherit the environment
+    cleared = clear_debug_environment()
     if cleared:
         print(f"note: cleared {', '.join(cleared)} (they would override the settings compared here)")
-    config = TINY if args.tiny else dataclasses.replace(GPT_12_LAYER, n_layer=args.layers)
-    names = CONFIGURATIONS + (REAL_MODEL_CONFIGURATIONS if args.with_real_models else ())
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its workers (run_workers)
-    print(f"model: GPT {config.n_layer} layers, d={config.n_embd}, seq {config.block_size}, batch {args.batch}, "
-          f"on {args.device}; {len(names)} worker processes: {', '.join(names)}; Thunder executors: "
-          f"{', '.join(args.executors) if args.executors else 'defaults'}")
-    print(f"compiling and warming up ({args.warmup} steps) all at once...", flush=True)
-    run = run_workers(args, names, config)
-    if run["failed"]:
-        print(f"\nFAILED workers: {', '.join(run['failed'])} (tracebacks above); results below are of the others",
-              file=sys.stderr)
-    if "thunderfx" not in run["finished"]:
-        print("error: no results without thunderfx, the baseline of every ratio", file=sys.stderr)
-        harness.write_record(args.json, "overhead", {"failed": run["failed"], "compile_s": {
-            n: r["compile_s"] for n, r in run["ready"].items()}}, argv)
-        return 1
-    data = figures(args, config, run)
-    same_losses = print_figures(data)
-    harness.write_record(args.json, "overhead", data, argv)
-    return 0 if same_losses and not run["failed"] else 1
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(1)  # the host's work only, not MKL's choice of threads on a loaded machine
+    torch._dynamo.config.cache_size_limit = 64  # one compile of each frame per configuration
+    results = {"settings": {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(args).items()},
+               "load_average_at_start": os.getloadavg(), "models": {}}
+    ok = True
+    for model_name in args.models:
+        def save(data, model_name=model_name):
+            results["models"][model_name] = data
+            results["load_average_at_end"] = os.getloadavg()
+            harness.write_record(args.json, "overhead", results, argv)
+
+        data = run_model(model_name, args, started, save)
+        save(data)
+        print_model(model_name, data)
+        ok = ok and "error" not in data and not data["failed"] and not data["first_losses"]["changed_by_backend"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

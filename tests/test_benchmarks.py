@@ -49,45 +49,78 @@ def test_fidelity_step_mode_attributes_every_profiled_step_part_by_part(tmp_path
     assert data["summary"]["ratio"] is not None
 
 
-def test_overhead_refuses_an_unknown_executor_before_any_worker_starts(capsys):
+def test_overhead_refuses_an_unknown_executor_before_any_model_is_built(capsys):
     overhead = _load("overhead")
     with pytest.raises(SystemExit) as exit_info:
-        overhead.parse_args(["--tiny", "--executors", "torchcompile,nvfuserr"])
+        overhead.parse_args(["--device", "cpu", "--executors", "torchcompile,nvfuserr"])
     assert exit_info.value.code == 2
     message = capsys.readouterr().err
     assert "unknown executor nvfuserr" in message and "torchcompile" in message.split("Thunder has")[1]
 
 
-def test_overhead_names_the_steps_whose_loss_leaves_eager():
-    """The H200's 12-layer GPT under nvFuser with expandable segments: steps 5 and 8 read ~1e-38, eager 11.0, 10.56."""
+def test_overhead_knows_which_steps_sample_and_check_as_the_backend_does():
+    """The profile files each step under ordinary or sampled/checked by the backend's own schedules."""
     overhead = _load("overhead")
-    eager = [11.0, 10.9375, 10.9375, 10.9375, 10.9375, 11.0, 10.875, 10.9375, 10.5625, 10.5625]
-    wrong = eager[:5] + [5.877471754111438e-39] + eager[6:8] + [2.350988701644575e-38, eager[9]]
-    rounding = [value * 1.01 for value in eager[:-1]] + [float("nan")]
-    assert overhead.steps_off_eager({"eager": eager, "thunderfx": wrong, "inductor": rounding}) == {
-        "thunderfx": [5, 8], "inductor": [9]}
-    assert overhead.steps_off_eager({"thunderfx": wrong}) == {}  # no eager in the run: nothing to compare with
+    from thunderfx_debug import ReportingBackend
+
+    kinds = overhead.special_steps(ReportingBackend(check="fusion", check_every=5, timing_every=5, timing_warmup=0))
+    assert [kinds(step) for step in range(1, 8)] == ["checked", "sampled", "", "", "", "checked", "sampled"]
+    assert overhead.special_steps(object())(6) == ""  # plain ThunderCompiler samples nothing
 
 
 @pytest.mark.slow
-def test_overhead_runs_named_executors_and_keeps_what_thunderfx_computes(tmp_path):
-    """A whole tiny run on CPU with --executors and the real-model configurations: the backend's first-step losses
-    equal plain ThunderCompiler's, every compiled configuration stays with eager, and the JSON says what ran."""
+def test_overhead_measures_and_profiles_every_configuration_against_plain_in_one_process(tmp_path):
+    """A whole tiny run on CPU: the backends' first losses equal plain ThunderCompiler's, the rounds are paired, and
+    the profile finds each part of the path where the configuration has it, and none of it in plain's steps."""
     out = tmp_path / "overhead.json"
-    # As a script, as it is run: its workers are spawned processes that import it as __main__.
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--tiny", "--with-real-models",
-                           "--executors", "torchcompile,sdpa,torchcompile_xentropy", "--warmup", "3", "--steps", "5",
-                           "--block", "5", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--device", "cpu", "--warmup", "2",
+                           "--rounds", "3", "--block", "2", "--every", "3", "--configurations",
+                           "defaults,check=fusion,timing=fusion", "--profile", "--profile-rounds", "1",
+                           "--profile-block", "3", "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "WARNING" not in done.stderr
     record = json.loads(out.read_text())
-    assert record["command"].startswith("python benchmarks/overhead.py --tiny") and record["versions"]["torch"]
-    data = record["results"]
-    assert data["settings"]["executors"] == ["torchcompile", "sdpa", "torchcompile_xentropy"]
-    assert data["first_loss_equals_thunderfx"] == {"defaults": True, "fusion": True, "reporting-all": True}
-    assert data["warmup_steps_off_eager"] == {name: [] for name in
-                                              ("thunderfx", "defaults", "fusion", "inductor", "reporting-all")}
-    assert data["fusion_coverage"]["timed_regions"] == data["fusion_coverage"]["regions"] > 0
+    assert record["command"].startswith("python benchmarks/overhead.py --device cpu") and record["versions"]["torch"]
+    llama = record["results"]["models"]["llama"]
+    assert llama["first_losses"]["equal_to_plain"] == {"defaults": True, "check=fusion": True, "timing=fusion": True}
+    measured = llama["measurement"]
+    assert measured["rounds"] == 3
+    for name in ("defaults", "check=fusion", "timing=fusion"):
+        row = measured["configurations"][name]
+        assert row["measured_steps"] == 6 and len(row["block_ms"]) == 3
+        assert row["amortised_ratio"]["low"] <= row["amortised_ratio"]["ratio"] <= row["amortised_ratio"]["high"]
+    assert measured["configurations"]["check=fusion"]["checked_steps"] == 2  # calls 13 and 16 of 11-16
+    profiled = llama["profile"]
+    splits = sum(llama["splits"]["splits_per_graph"])
+    assert not any(profiled["plain"]["ordinary_step"][part]["calls"] for part in ("graph wrapper", "split runners"))
+    for name in ("defaults", "check=fusion", "timing=fusion"):
+        ordinary = profiled[name]["ordinary_step"]
+        assert ordinary["graph wrapper"]["calls"] >= 1 and ordinary["split runners"]["calls"] >= splits
+    assert profiled["timing=fusion"]["ordinary_step"]["trace marks"]["calls"] > 0
+    assert profiled["check=fusion"]["ordinary_step"]["check"]["calls"] > 0
+    assert profiled["check=fusion"]["special_step"]["check"]["us"] > profiled["check=fusion"]["ordinary_step"][
+        "check"]["us"]
+
+
+def test_path_parts_files_the_runners_functions_under_their_parts():
+    """What the profile's parts hold: the graph runner's and the split runner's methods, the periodic trigger, the
+    trace marks; Thunder's and torch's functions in none of them."""
+    path_parts = _load("path_parts")
+    import torch
+
+    from thunderfx_debug.recording import periodic, runners, timing
+
+    classifier = path_parts.Classifier()
+
+    def key(function):
+        code = function.__code__
+        return (code.co_filename, code.co_firstlineno, code.co_name)
+
+    assert classifier.part(key(runners.GraphRunner.__call__)) == "graph wrapper"
+    assert classifier.part(key(runners.SplitRunner.forward)) == "split runners"
+    assert classifier.part(key(timing.RegionTimer.mark_op)) == "trace marks"
+    assert classifier.part(key(timing.Sampling.is_sampled)) == "samplers"
+    assert classifier.part(key(periodic.PeriodicFlush.fire)) == "periodic flush trigger"
+    assert classifier.part(key(torch.nn.Module._call_impl)) is None
 
 
 def test_real_models_reports_the_exception_line_of_a_failed_mode_not_its_last_line():
@@ -192,3 +225,64 @@ def test_sentinel_zoo_calls_a_model_whose_check_off_runs_differ_nondeterministic
     changed = zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": b})
     assert changed == {"verdict": "CHECK=fusion changed the training", "step": 4, "fusion_equals": []}
     assert zoo.identity_verdict({"off": a, "off_again": dict(a), "fusion": {"error": "out of time"}})["verdict"] == "error"
+
+
+def test_host_overhead_predicts_a_models_step_ratio_from_its_fit_and_the_models_graphs_and_splits():
+    """host_overhead.py --predict: the fit per graph call and per split times an overhead.py record's graphs and
+    splits, over plain ThunderCompiler's step there, beside the ratio measured there."""
+    host_overhead = _load("host_overhead")
+    figures = {"fit_above_plain": {"thunderfx": {"per_graph_call_us": 0.0, "per_split_us": 0.0},
+                                   "defaults": {"per_graph_call_us": 4.0, "per_split_us": 2.0}}}
+    record = {"results": {"models": {"llama": {
+        "splits": {"graphs": 2, "splits_per_graph": [5, 3]},
+        "measurement": {"configurations": {"plain": {"mean_step_ms": 10.0},
+                                           "defaults": {"amortised_ratio": {"ratio": 1.01, "low": 1.0,
+                                                                            "high": 1.02}}}}}}}}
+    predicted = host_overhead.predict(figures, record)["llama"]
+    assert (predicted["graphs"], predicted["splits"], predicted["plain_step_ms"]) == (2, 8, 10.0)
+    row = predicted["configurations"]["defaults"]
+    assert row["host_us_per_step"] == 2 * 4.0 + 8 * 2.0
+    assert row["predicted_ratio"] == pytest.approx(1 + 24.0 / 10_000)
+    assert (row["measured_ratio"], row["measured_interval"]) == (1.01, [1.0, 1.02])
+
+
+def test_path_parts_gives_the_wrapper_its_own_time_and_the_model_the_rest():
+    """A profile of a graph runner around a torch module: the runner's time is the graph wrapper's, one call per
+    step, the module's (the model's work) is the rest, and the parts and the rest add up to the whole."""
+    import cProfile
+    from types import SimpleNamespace
+
+    import torch
+
+    from thunderfx_debug.recording.host import host_series
+    from thunderfx_debug.recording.runners import GraphRunner
+    from thunderfx_debug.recording.timing import Sampling
+
+    path_parts = _load("path_parts")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    state = SimpleNamespace(calls=0, name="graph0", failed_split=None, period=host_series())
+    runner = GraphRunner(state, model, Sampling(50, 5, enabled=False), None, None, on_error=None)
+    x = torch.ones(2, 4)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(100):
+        runner(x)
+    profile.disable()
+    parts = path_parts.parts_per_step(profile, steps=100)
+    assert parts["graph wrapper"]["calls"] == pytest.approx(1.0, abs=0.05)  # __call__, and the first call's four
+    assert parts["graph wrapper"]["us"] > 0 and parts["split runners"]["calls"] == 0
+    assert parts["rest"]["us"] > parts["graph wrapper"]["us"]  # the Linear and the ReLU
+    owned = sum(figures["us"] for name, figures in parts.items() if name not in ("rest", "total"))
+    assert owned + parts["rest"]["us"] == pytest.approx(parts["total"]["us"])
+
+
+def test_host_overhead_times_the_runners_alone_with_and_without_the_sentinels_schedule():
+    """host_overhead.py --runners: both schedules, both graph sizes, and the fit through them (no figure judged)."""
+    host_overhead = _load("host_overhead")
+    figures = host_overhead.runners_alone(rounds=1, calls=50)
+    assert set(figures["runners"]) == {"timed", "with the sentinel's schedule"}
+    for row in figures["runners"].values():
+        assert set(row["ns_above_bare"]) == set(host_overhead.SPLIT_COUNTS)
+        low, high = host_overhead.SPLIT_COUNTS
+        assert row["per_split_ns"] == pytest.approx((row["ns_above_bare"][high] - row["ns_above_bare"][low])
+                                                    / (high - low))

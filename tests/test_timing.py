@@ -440,3 +440,39 @@ def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its
     out.sum().backward()
     assert events[0] == "hold" and events.count("hold") == 1
     assert sorted(events[1:]) == ["graph", "graph", "split", "split"]
+
+
+class _ValueObserver:
+    """An observer of a split's regions that reads the values they get and return."""
+
+    def __init__(self):
+        self.values_seen: list[tuple[str, str, int]] = []
+
+    def begin_trace(self, phase): ...
+
+    def begin_region(self, key, *inputs):
+        self.values_seen.append(("inputs", key, len(inputs)))
+
+    def end_region(self, key, *outputs):
+        self.values_seen.append(("outputs", key, len(outputs)))
+
+    def end_trace(self, phase): ...
+
+
+class _KeyObserver(_ValueObserver):
+    observes_values = False
+
+
+@pytest.mark.parametrize("observer_type, with_values", [(_ValueObserver, True), (_KeyObserver, False)])
+def test_the_marks_pass_region_values_only_to_an_observer_that_reads_them(observer_type, with_values):
+    import thunder
+
+    from thunderfx_debug.thunder import instrument
+
+    observer = observer_type()
+    jitted = thunder.jit(lambda x: (x * 2 + 1).sin() * 3, executors=cpu_executors())
+    instrument.attach(jitted, observer)
+    x = torch.randn(4)
+    assert torch.allclose(jitted(x), (x * 2 + 1).sin() * 3)  # the fused region rounds as it likes
+    assert observer.values_seen, "the trace has no fusion region to observe"
+    assert all((count > 0) is with_values for _, _, count in observer.values_seen), observer.values_seen

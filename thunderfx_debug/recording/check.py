@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import MAX_CHECK_REASONS, Check
 from thunderfx_debug.recording.capture import Captured, InputCapture
 from thunderfx_debug.recording.compare import Judged
+from thunderfx_debug.recording.timing import NEVER
 from thunderfx_debug.safety import ReportingFailures
 
 
@@ -42,6 +43,10 @@ class CheckSchedule:
 
     def is_checked(self, call: int) -> bool:
         return call >= 1 and (call - 1) % self.every == 0
+
+    def next_checked(self, after: int) -> int:
+        """The first checked call after call `after`."""
+        return 1 if after < 1 else 1 + ((after - 1) // self.every + 1) * self.every
 
 
 class TimingBesideChecks:
@@ -67,6 +72,26 @@ class TimingBesideChecks:
             return False
         return self.sampling.is_sampled(call) or (
             call > 1 and self.schedule.is_checked(call - 1) and self.sampling.is_sampled(call - 1))
+
+    #: How many of the timing's own samples `next_sampled` looks through before it says never (each one checked
+    #: and so is the call after it: checks on every call).
+    SEARCH = 64
+
+    def next_sampled(self, after: int) -> int:
+        """The first sampled call after call `after` (`timing.NEVER` when there is none): the timing's own sample,
+        or the call after it where that one is checked."""
+        sampling, schedule = self.sampling, self.schedule
+        own = after if sampling.is_sampled(after) else sampling.next_sampled(after)
+        for _ in range(self.SEARCH):
+            if own >= NEVER:
+                break
+            if schedule.is_checked(own):
+                if not schedule.is_checked(own + 1):
+                    return own + 1
+            elif own > after:
+                return own
+            own = sampling.next_sampled(own)
+        return NEVER
 
 
 @dataclasses.dataclass

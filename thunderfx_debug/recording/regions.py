@@ -29,6 +29,8 @@ class RegionObservers:
     def __init__(self, observers: Sequence[object]):
         self.observers = list(observers)
         self._reversed = self.observers[::-1]
+        # The regions' values are passed to the marks only where an observer reads them (see `thunder.instrument`).
+        self.observes_values = any(getattr(o, "observes_values", True) for o in self.observers)
         marking = [o.mark_op for o in self.observers if hasattr(o, "mark_op")]
         # `mark_op` (before every op outside the regions, on every run) goes straight to the one observer that wants
         # it, without a loop in between.

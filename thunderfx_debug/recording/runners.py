@@ -1,13 +1,15 @@
 """What runs on the training path: the callable the backend hands Dynamo for each graph, and the stand-in of each
 split inside it.
 
-Unsampled calls pay a counter, a comparison and a Python call per split, with a dump directory one clock reading
-per graph call for the periodic flush (`periodic`), and on the call after a sampled one of a graph a clock reading
-(the end of its call period). Sampled calls add clock marks before and after, and gradient hooks that mark the
-start and end of the backward (see `sampler`). The first call of a graph and of each split is timed on the host
-clock, forward and backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its
-inputs and outputs when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call
-of a thunder split also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
+Each runner keeps the number of the next call on which it has more to do than run its piece (its first call, a
+sampled or checked call, the call that ends a sampled call's period: `_special_call_after`); the calls before it pay
+a counter and one comparison (a split also its one Python call), and with a dump directory one clock reading per
+graph call for the periodic flush (`periodic`). On the call after a sampled one, a graph reads the clock (the end of
+its call period). Sampled calls add clock marks before and after, and gradient hooks that mark the start and end of
+the backward (see `sampler`). The first call of a graph and of each split is timed on the host clock, forward and
+backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs
+when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call of a thunder split
+also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
 first call, which is always checked, includes it).
 """
 
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from thunderfx_debug.recording.sampler import PhaseSampler
-from thunderfx_debug.recording.timing import RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import compile_events
 
@@ -73,6 +75,10 @@ class SplitRunner(torch.nn.Module):
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._first, self._overhead = first, overhead
         self.check: SplitCheck | None = None  # the correctness sentinel's check of a thunder split (`split_check`)
+        # The graph call from which this split has more to do than run: 0 until its first call has run, then its
+        # next sampled or checked call (`_special_call_after`). Kept in the instance dict: read on every call, and
+        # written without nn.Module's __setattr__.
+        self.__dict__["next_special_call"] = 0
 
     def attach_regions(self, regions: RegionTimer) -> None:
         """Times the fusion regions of this (thunder) split on its sampled calls; needs split-level timing."""
@@ -84,14 +90,37 @@ class SplitRunner(torch.nn.Module):
     def forward(self, *args):
         split = self._split
         split.calls += 1
+        if self._graph.calls < self.next_special_call:  # neither first, sampled nor checked: only the split runs
+            try:
+                return self._inner(*args)
+            except Exception as e:
+                self._failed(e)
+                raise
+        try:
+            return self._run_special(args)
+        finally:
+            self.__dict__["next_special_call"] = self._special_call_after(self._graph.calls)
+
+    __call__ = forward
+
+    def _run_special(self, args):
         check = self.check
         if check is not None and check.schedule.is_checked(self._graph.calls):
             return self._checked_call(check, args)
-        if split.calls == 1:
+        if self._split.calls == 1:
             return self._first_call(args)
         return self._call(*args)
 
-    __call__ = forward
+    def _special_call_after(self, call: int) -> int:
+        """The first graph call after `call` that this split samples or checks."""
+        sampled = self._sampling.next_sampled(call) if self._sampler is not None else NEVER
+        check = self.check
+        return sampled if check is None else min(sampled, check.schedule.next_checked(call))
+
+    def _failed(self, error: BaseException) -> None:
+        """Notes which split failed, before the exception goes on (the report names it)."""
+        self._split.error = describe_exception(error)
+        self._graph.failed_split = self._split.name
 
     def _checked_call(self, check: SplitCheck, args):
         checked = check.before(self._graph.calls, args)
@@ -115,8 +144,7 @@ class SplitRunner(torch.nn.Module):
             else:
                 out = self._inner(*args)
         except Exception as e:
-            split.error = describe_exception(e)
-            graph.failed_split = split.name
+            self._failed(e)
             raise
         return out
 
@@ -151,25 +179,54 @@ class GraphRunner:
         self._first = first
         # (sampled call, perf_counter_ns at its start) until the next call closes its period (`GraphState.period`)
         self._period_start: tuple[int, int] | None = None
+        # The call from which this graph has more to do than run its split graph: its first call, then the next
+        # sampled call, the call after a sampled one, and every call once it falls back (`_special_call_after`).
+        self._next_special_call = 0
 
     def __call__(self, *args):
         state = self.state
         state.calls += 1
-        if self._period_start is not None:
-            call, started = self._period_start
-            state.period.add_measured(call, (time.perf_counter_ns() - started) / 1e6)
-            self._period_start = None
-        if self._fallback is not None:
-            out = self._fallback(*args)
-        elif state.calls == 1:
-            out = self._first_call(args)
+        if state.calls < self._next_special_call:  # neither first nor sampled: the split graph alone
+            try:
+                out = self.split_gm(*args)
+            except Exception as e:
+                out = self._failed(e, args)
         else:
-            out = self._call(*args)
+            out = self._run_special(args)
         periodic = self._periodic
         if periodic is not None and periodic.clock() >= periodic.due_at:
             self._period_start = None  # a period with a flush in it is not a step's
             periodic.fire()  # between two graph calls of the training thread (see `periodic`)
         return out
+
+    def _run_special(self, args):
+        state = self.state
+        try:
+            if self._period_start is not None:
+                call, started = self._period_start
+                state.period.add_measured(call, (time.perf_counter_ns() - started) / 1e6)
+                self._period_start = None
+            if self._fallback is not None:
+                return self._fallback(*args)
+            if state.calls == 1:
+                return self._first_call(args)
+            return self._call(*args)
+        finally:
+            self._next_special_call = self._special_call_after(state.calls)
+
+    def _special_call_after(self, call: int) -> int:
+        """The first call after `call` that has more to do than run the split graph (0: every call)."""
+        if self._fallback is not None:
+            return 0
+        if self._period_start is not None:
+            return call + 1
+        return self._sampling.next_sampled(call) if self._sampler is not None else NEVER
+
+    def _failed(self, error: Exception, args):
+        """Thunder failed on this graph: `on_error` records it and raises again, or falls back (see `fallback`)."""
+        self._fallback = self._on_error(self.state, error, args)
+        self._next_special_call = 0
+        return self._fallback(*args)
 
     def _call(self, *args):
         state = self.state
@@ -180,8 +237,7 @@ class GraphRunner:
             else:
                 out = self.split_gm(*args)
         except Exception as e:
-            self._fallback = self._on_error(state, e, args)
-            return self._fallback(*args)
+            return self._failed(e, args)
         return out
 
     def _first_call(self, args):

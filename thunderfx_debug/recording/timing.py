@@ -101,9 +101,21 @@ def bracket_cost_ms(clock: Clock, launch: Callable[[], None], hold: Callable[[],
     return max(statistics.median(costs), 0.0)
 
 
+#: A call number no run reaches: "never" for `Sampling.next_sampled` and its kind.
+NEVER = 2**62
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """Which calls are timed: call numbers (1-based) warmup+1, warmup+1+every, warmup+1+2*every, ..."""
+    """Which calls are timed: call numbers (1-based) warmup+1, warmup+1+every, warmup+1+2*every, ...
+
+    `next_sampled` lets the runners compare the call number with one integer on the calls in between.
+
+    Example:
+        >>> sampling = Sampling(every=50, warmup=5)
+        >>> [sampling.next_sampled(call) for call in (0, 5, 6, 55, 56)]
+        [6, 6, 56, 56, 106]
+    """
 
     every: int
     warmup: int
@@ -111,6 +123,15 @@ class Sampling:
 
     def is_sampled(self, call: int) -> bool:
         return self.enabled and call > self.warmup and (call - self.warmup - 1) % self.every == 0
+
+    def next_sampled(self, after: int) -> int:
+        """The first sampled call after call `after` (NEVER when timing is off)."""
+        if not self.enabled:
+            return NEVER
+        first = self.warmup + 1
+        if after < first:
+            return first
+        return first + ((after - first) // self.every + 1) * self.every
 
 
 class SampleSeries:
@@ -333,6 +354,9 @@ class RegionTimer:
         >>> {k: (s.samples_ms, s.calls) for k, s in timer.series.items()}
         {'F0_forward': ([1.0], [6]), 'outside_forward': ([2.0], [6])}
     """
+
+    #: The marks need no region values (`thunder.instrument` then passes none).
+    observes_values = False
 
     def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None,
                  op_series: dict[tuple[str, str, str], SampleSeries] | None = None,

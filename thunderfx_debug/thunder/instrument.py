@@ -5,7 +5,9 @@ whatever else watches the regions of a split (see `recording.regions`).
 The observer is any object with the four methods of `MARK_METHODS`. `begin_trace(phase)` and `end_trace(phase)`
 get the phase ("forward", "backward"); `begin_region(key, *inputs)` gets the region key ("nvFusion0_forward") and
 the values the region is called with, `end_region(key, *outputs)` the key and the values it returned (the run's own
-tensors: no copy is made, and an observer must not keep them beyond what it needs).
+tensors: no copy is made, and an observer must not keep them beyond what it needs). An observer whose
+`observes_values` is False (the timer) gets the key alone: every call of the trace makes these calls, and packing a
+region's values into them costs a tuple per call.
 
 With `mark_ops`, the observer also gets `mark_op(symbol, executor)` right before every other bound symbol that does
 work (`is_op`: not a fusion, not Thunder's bookkeeping (`thunder.dev_utils.utils.NON_COMPUTATION_PRIMS`, the list
@@ -143,6 +145,7 @@ def instrument_trace(trace: TraceCtx, observer, mark_ops: bool = False) -> Trace
         return BoundSymbol(op, args=(label, *values), kwargs={}, output=None,
                            _call_ctx={op.name: getattr(observer, method)})
 
+    with_values = getattr(observer, "observes_values", True)
     body = list(trace.bound_symbols)
     return_index = next(
         (i for i in range(len(body) - 1, -1, -1) if body[i].sym.id == PrimIDs.RETURN), len(body)
@@ -151,7 +154,8 @@ def instrument_trace(trace: TraceCtx, observer, mark_ops: bool = False) -> Trace
     for bsym in body[:return_index]:
         if bsym.sym.is_fusion:
             key = f"{bsym.sym.name}_{phase}"
-            instrumented += [mark("begin_region", key, bsym.flat_args), bsym, mark("end_region", key, bsym.flat_outs)]
+            inputs, outputs = (bsym.flat_args, bsym.flat_outs) if with_values else ((), ())
+            instrumented += [mark("begin_region", key, inputs), bsym, mark("end_region", key, outputs)]
         elif mark_ops and is_op(bsym):
             instrumented += [mark(OP_METHOD, bsym.sym.name, (op_executor(bsym),)), bsym]
         else:
