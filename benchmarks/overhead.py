@@ -8,7 +8,7 @@ Models (`--model`, a comma list, measured one after the other, the JSON rewritte
   llama    Hugging Face LlamaForCausalLM. CUDA: 4 layers, hidden 1024, 16 heads (8 KV), intermediate 2816,
            vocabulary 32000, sequence 512, batch 4, bf16, Thunder's default executors (nvFuser). CPU: the harness's
            tiny size, float32, Thunder's torch.compile executor first (the one that fuses on CPU).
-  mixtral  a Mixtral-style mixture of experts of the same size, 8 experts, 2 per token: many more splits.
+  mixtral  a Mixtral-style mixture of experts of the same size, 4 experts, 2 per token: many more splits.
 Configurations (`--configurations`), each compiled on its own copy of the model (same initial weights, same batch,
 AdamW):
   plain          thunderfx_debug.thunder.compile.plain_thunder_compiler(lazy_inductor_fallback=True): the baseline

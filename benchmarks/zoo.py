@@ -81,8 +81,9 @@ def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int,
             "check_mismatches": [f"{g.name}/{p}" for g in report.graphs for p, c in _checks(g) if c.mismatches],
             "check_failed": [f"{g.name}/{p}" for g in report.graphs for p, c in _checks(g) if c.failed],
             "reporting_failures": report.meta.get("reporting_failures", [])}
-    if every_feature:
-        facts["splits"] = {f"{g.name}/{s.name}": split_facts(s) for g in report.graphs for s in g.splits
+    if every_feature:  # from the dump: its records list the files written
+        dumped = thunderfx_debug.load_report(rank_dir)
+        facts["splits"] = {f"{g.name}/{s.name}": split_facts(s) for g in dumped.graphs for s in g.splits
                            if s.kind.value == "thunder"}
     return facts
 
