@@ -304,33 +304,15 @@ def _died_in_shared_step(job: jobs.SplitJob, folder: Path) -> bool:
 
 
 def _forked(folder: Path, attempt: int, log: Path, settings: TriageSettings) -> Attempt:
+    """A child forked from this process runs the job (`minimize.child.run_function`: its output into `log`, Dynamo
+    and inductor as a fresh process has them, one intra-op thread)."""
     from thunderfx_debug.minimize import child
 
     job, _, _ = jobs.read(folder)
     limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
-    status = child.forked(_run_forked, (str(folder), str(log), attempt), limit)
+    status = child.forked(child.run_function, ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]),
+                          limit)
     return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
-
-
-def _run_forked(folder: str, log: str, attempt: int) -> None:
-    """A forked child's body (never returns): output into `log`, Dynamo and inductor as a fresh process has them."""
-    from thunderfx_debug.minimize import child
-    from thunderfx_debug.thunder.torch_private import fresh_compile_state
-
-    code = 1
-    try:
-        child.into(log)
-        fresh_compile_state()
-        triage_child.run(Path(folder), attempt)
-        code = 0
-    except BaseException:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 def _fresh(launcher: Path, folder: Path, attempt: int, log: Path, env: Mapping[str, str],

@@ -64,7 +64,8 @@ def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tup
     limit = job.budget_s + SLACK_S
     log = folder / LOG
     if hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        status = child.forked(_run_forked, (str(folder),), limit)
+        status = child.forked(child.run_function, ("thunderfx_debug.minimize.flush_child:run", str(log), [folder]),
+                              limit)
     else:
         status = worker_pool.run_process([sys.executable, "-m", "thunderfx_debug.minimize.flush_child", str(folder)],
                                        log, dict(os.environ), limit)
@@ -78,26 +79,6 @@ def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tup
     note = f"the process that minimized it {how}" + (": " + " | ".join(tail) if tail else "")
     return Reduction(job.spec.key, len(job.code.ops), inputs_before=len(job.code.params),
                      outputs_before=len(job.code.outputs), note=note), None
-
-
-def _run_forked(folder: str) -> None:
-    from thunderfx_debug.minimize import child
-    from thunderfx_debug.thunder.torch_private import fresh_compile_state
-
-    code = 1
-    try:
-        child.into(str(Path(folder) / LOG))
-        fresh_compile_state()
-        run(Path(folder))
-        code = 0
-    except BaseException:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 def _namespace(prelude: str) -> dict[str, Any]:
