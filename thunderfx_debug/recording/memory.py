@@ -102,8 +102,9 @@ def peak_between(history: Sequence[int], now: Counts, start: Counts, end: Counts
     if first < 0 or not first <= last <= n:
         return None
     stretch = history[first:last]
-    if sum(1 for size in stretch if size > 0) != end.allocs - start.allocs:
-        return None  # events missing (another thread's between the counts and the history, a history that skips)
+    allocs = sum(1 for size in stretch if size > 0)
+    if allocs != end.allocs - start.allocs or len(stretch) - allocs != end.frees - start.frees:
+        return None  # events missing (a history that skips some)
     running = peak = 0
     for size in stretch:
         running += size
@@ -186,7 +187,7 @@ class MemoryProbe:
         self._hooks: list[Any] = []  # the hooks context of each push, innermost last
         self._open = 0  # windows open, and backward windows expected (`hold`): the step goes on while any is
         self._closed: list[Window] = []
-        self._ours = False  # whether this probe started the allocator's history now being recorded
+        self._ours: Counts | None = None  # the counts when this probe started the history now being recorded
         self._step_start: Counts | None = None
         self._step_end: Counts | None = None
         self._step_storages: dict[tuple[str, int], int] = {}
@@ -244,7 +245,7 @@ class MemoryProbe:
         if allocator is not None:
             if self._open == 0 and not self._closed and not allocator.recording():
                 allocator.record(True)
-                self._ours = True
+                self._ours = allocator.counts()
             window.start = allocator.counts()
             if self._step_start is None:
                 self._step_start = window.start
@@ -288,14 +289,21 @@ class MemoryProbe:
         any_window, self._step_any = self._step_any, False
         history: list[int] | None = None
         now = None
+        ours, self._ours = self._ours, None
         try:
             with self.failures.guard("reading the allocator's history of a sampled step"):
                 if self.allocator is not None and any(w.start is not None for w in windows):
                     now = self.allocator.counts()
                     history = self.allocator.history()
+                    if ours is not None and not _whole(history, ours, now):
+                        # Another thread allocated between a count and its event, or the history dropped some:
+                        # the bounds cannot be placed on it.
+                        history = None
+                        self.step.note = ("the allocator's history of a sampled step did not hold every allocation "
+                                          "and free counted meanwhile (another thread allocating, or more than "
+                                          f"{MAX_EVENTS} events): no peaks for it")
         finally:
-            if self._ours:
-                self._ours = False
+            if ours is not None:
                 with self.failures.guard("stopping the allocator's history"):
                     self.allocator.record(False)
         for window in windows:
@@ -304,11 +312,17 @@ class MemoryProbe:
                 peak = peak_between(history, now, window.start, window.end)
             with self.failures.guard("storing a peak of a sampled call"):
                 window.sink(peak)
-        if any_window and storages:
+        if any_window:
             self.step.add_saved(sum(storages.values()))
         if history is not None and step_start is not None and step_end is not None:
             peak = peak_between(history, now, step_start, step_end)
             self.step.add_peak(Phase.FORWARD, peak)  # the step as one phase
+
+
+def _whole(history: Sequence[int], since: Counts, now: Counts) -> bool:
+    """Whether `history`, recorded from counts `since` to `now`, holds every allocation and free between."""
+    allocs = sum(1 for size in history if size > 0)
+    return allocs == now.allocs - since.allocs and len(history) - allocs == now.frees - since.frees
 
 
 def saved_storages(saved: Sequence[Any], parameters: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
