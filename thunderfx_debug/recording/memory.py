@@ -192,6 +192,8 @@ class MemoryProbe:
         self._step_end: Counts | None = None
         self._step_storages: dict[tuple[str, int], int] = {}
         self._step_any = False
+        # The parameters' storages of the graph call being measured, for the splits inside it (read once per call)
+        self.parameters: set[tuple[str, int]] | None = None
 
     def for_device(self, device: torch.device) -> None:
         """Peaks for pieces on `device` (CUDA): the first CUDA device seen is the one measured."""
@@ -354,9 +356,11 @@ class MemoryMeter:
     """Measures one graph or split on its sampled calls: `run(fn, args, call)` in place of `fn(*args)`.
 
     `state` gets the piece's figures; `constants` are parameters the piece reaches without taking them as inputs
-    (a GraphModule's own); a graph's meter (`step=True`) also adds its saved storages to the step's. The piece's
-    function runs exactly once and its exceptions are the user's; a failure of the measuring itself loses that
-    call's figures (logged once, see `failures`)."""
+    (a GraphModule's own); a graph's meter (`step=True`) also adds its saved storages to the step's, and hands the
+    splits inside its call the parameters' storages it read. A split's backward window is opened only where peaks
+    are measured (CUDA): its walk of the autograd graph would give nothing else; a graph's always (the step lasts
+    until the graph's backward has ended). The piece's function runs exactly once and its exceptions are the user's;
+    a failure of the measuring itself loses that call's figures (logged once, see `failures`)."""
 
     def __init__(self, label: str, probe: MemoryProbe, state: PieceMemory, failures: ReportingFailures,
                  constants: Sequence[torch.Tensor] = (), step: bool = False):
@@ -369,6 +373,8 @@ class MemoryMeter:
         mark = window = None
         with self.failures.guard(f"starting the memory sample of {self.label}"):
             self.cancel()
+            if self.step:
+                probe.parameters = parameter_storages(args, self.constants)
             mark = probe.push()
             try:
                 window = probe.open(self._sink(Phase.FORWARD))
@@ -381,19 +387,25 @@ class MemoryMeter:
             out = fn(*args)
         except BaseException:
             with self.failures.guard(f"ending the memory sample of {self.label}"):
+                if self.step:
+                    probe.parameters = None
                 probe.pop(mark)
                 probe.cancel(window)
             raise
         with self.failures.guard(f"ending the memory sample of {self.label}"):
             saved = probe.pop(mark)
             try:
-                storages = saved_storages(saved, parameter_storages(args, self.constants))
+                parameters = probe.parameters
+                storages = saved_storages(saved, parameters if parameters is not None
+                                          else parameter_storages(args, self.constants))
                 self.state.add_saved(sum(storages.values()))
                 if self.step:
                     probe.add_step(storages)
-                outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-                # Before the forward's window closes: the step goes on until this backward window has come.
-                self._backward = BackwardWindow(self, args, outputs)
+                    probe.parameters = None
+                if self.step or probe.allocator is not None:
+                    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                    # Before the forward's window closes: the step goes on until this backward window has come.
+                    self._backward = BackwardWindow(self, args, outputs)
             finally:
                 probe.close(window)
         return out
