@@ -1,8 +1,8 @@
 """What each piece holds in memory (`recording.memory`), on real Thunder runs on CPU: a tiny Hugging Face Llama's
 splits save, summed, what a count with `saved_tensors_hooks` around a forward of the same model under plain
 ThunderCompiler finds; only sampled calls measure, a user's own saved-tensor hooks keep working, and training computes
-the same; the triage's child measures Thunder's side as the run did and inductor's beside it. The CUDA peaks' logic
-is held here with a fake allocator driven by real autograd on CPU (the H200's figures: tests/test_memory_cuda.py)."""
+the same. The CUDA peaks' logic is held here with a fake allocator driven by real autograd on CPU (the H200's figures:
+tests/test_memory_cuda.py); the triage's Thunder-against-inductor figures in tests/test_triage_decoders.py."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def saved_by_a_forward(model, forward) -> int:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """The tiny Llama: what plain ThunderCompiler's forward saves, and a ReportingBackend run of it (sampled every
-    second call, triaged at its flush) with its dump."""
+    second call) with its dump."""
     from thunderfx_debug.thunder.compile import plain_thunder_compiler
 
     threads = torch.get_num_threads()
@@ -64,7 +64,7 @@ def llama(tmp_path_factory):
         torch._dynamo.reset()
         model, batch = harness.build("llama", "tiny")
         dump_dir = tmp_path_factory.mktemp("llama_memory")
-        backend = thunderfx_debug.ReportingBackend(dump_dir, timing_every=EVERY, timing_warmup=WARMUP, triage="split",
+        backend = thunderfx_debug.ReportingBackend(dump_dir, timing_every=EVERY, timing_warmup=WARMUP,
                                                    flush_every=0, strict=True, **harness.thunder_options("cpu"))
         harness.train(model, batch, backend, steps=STEPS)
         report = load_report(backend.flush())
@@ -106,23 +106,6 @@ def test_graph_json_records_memory_and_the_summary_ranks_the_splits(llama):
     assert [p.memory.saved_bytes for p in top] == sorted((s.memory.saved_bytes for s in report.graphs[0].splits
                                                           if s.memory.saved_bytes), reverse=True)
     assert render_memory.summary_lines(report) and "<h3>Memory</h3>" in render_memory.html_section(report)
-
-
-def test_the_triage_child_measures_thunder_as_the_run_did_and_inductor_beside_it(llama):
-    _, report, rank_dir = llama
-    thunder = [s for s in report.graphs[0].splits if s.kind.value == "thunder"]
-    assert all(s.triage is not None and s.triage.error is None for s in thunder), [s.triage for s in thunder]
-    for split in thunder:
-        assert split.triage.thunder_memory.saved_bytes == split.memory.saved_bytes  # the same inputs, the same code
-        assert split.triage.inductor_memory.saved_bytes is not None
-    decoder = max(thunder, key=lambda s: len(s.ops))
-    assert decoder.triage.inductor_memory.saved_bytes > 0
-    gaps = {g.path: g for g in render_memory.triage_gaps(report)}
-    assert set(gaps) == {f"graph0/{s.name}" for s in thunder}
-    gap = gaps[f"graph0/{decoder.name}"]
-    assert gap.saved_gap == decoder.memory.saved_bytes - decoder.triage.inductor_memory.saved_bytes
-    assert gap.holds_more == (gap.saved_gap > 0)
-    assert "## Memory: ThunderFX against inductor" in (rank_dir / "triage.md").read_text()
 
 
 def test_diff_compares_memory_between_runs(llama):
