@@ -37,7 +37,7 @@ Profile (`--profile`, after the measurement, on the same compiled copies): `--pr
 `--profile-block` steps of every configuration in a shuffled order, each step under cProfile (its own profile for
 the steps that sample or check and for the others), then one torch.profiler session (CPU side) of
 `--profile-block` unsampled steps per configuration. Per configuration, the host time per step of each part of the
-training path (`path_parts.PARTS`: graph wrapper, split runners, instrumented trace marks, samplers, input
+training path (`path_parts.PARTS`: graph wrapper, split runners, instrumented trace marks, samplers, memory meter, input
 capture, the check's bookkeeping, the periodic flush's trigger) on unsampled steps and on sampled ones, the
 functions and torch.profiler events whose time per step differs most from plain's, and the whole profiled step.
 cProfile costs about a microsecond per call it sees: a part's time is an upper bound, its calls per step exact.

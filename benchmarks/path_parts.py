@@ -40,6 +40,7 @@ PARTS: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     "samplers": (("recording/sampler.py", None), ("recording/timing.py", None), ("recording/samples.py", None),
                  ("recording/host.py", None), ("recording/device_timer.py", None),
                  ("recording/compile_cost.py", None), ("thunder/compile_events.py", None)),
+    "memory meter": (("recording/memory.py", None),),
     "input capture": (("recording/capture.py", None),),
     "check": (("recording/check.py", None), ("recording/split_check.py", None), ("recording/region_check.py", None),
               ("recording/isolation.py", None), ("recording/compare.py", None), ("recording/piece_facts.py", None),

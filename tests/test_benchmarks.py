@@ -107,7 +107,7 @@ def test_path_parts_files_the_runners_functions_under_their_parts():
     path_parts = _load("path_parts")
     import torch
 
-    from thunderfx_debug.recording import periodic, runners, timing
+    from thunderfx_debug.recording import memory, periodic, runners, timing
 
     classifier = path_parts.Classifier()
 
@@ -120,6 +120,7 @@ def test_path_parts_files_the_runners_functions_under_their_parts():
     assert classifier.part(key(timing.RegionTimer.mark_op)) == "trace marks"
     assert classifier.part(key(timing.Sampling.is_sampled)) == "samplers"
     assert classifier.part(key(periodic.PeriodicFlush.fire)) == "periodic flush trigger"
+    assert classifier.part(key(memory.MemoryMeter.run)) == "memory meter"
     assert classifier.part(key(torch.nn.Module._call_impl)) is None
 
 

@@ -26,7 +26,8 @@ def _trained(dump_dir, name: str, dtype: str, attention_mask: bool, level: str):
     model, batch = harness.build(name, "tiny", dtype=dtype)
     if not attention_mask:
         batch.pop("attention_mask")
-    backend = thunderfx_debug.ReportingBackend(dump_dir, triage=level, flush_every=0, strict=True,
+    # The second call sampled, so that the run measures what each split holds (`recording.memory`) too.
+    backend = thunderfx_debug.ReportingBackend(dump_dir, triage=level, flush_every=0, strict=True, timing_warmup=1,
                                                **harness.thunder_options("cpu"))
     harness.train(model, batch, backend, steps=2)
     return backend, model  # the model alive, as in a training script that flushes: the triage reads its weights
@@ -77,7 +78,23 @@ def test_the_llama_decoder_split_and_its_regions_are_judged_on_inputs_placed_as_
     assert decoder_record.triage.inputs.startswith("meta, the run's tensors for")
     regions = [f for f in decoder_record.fusions if f.triage is not None]
     assert regions and len(regions) == len(decoder_record.fusions) and all(_judged(f.triage) for f in regions)
-    assert "not judged" not in (tmp_path / "rank0" / "triage.md").read_text()
+    triage_md = (tmp_path / "rank0" / "triage.md").read_text()
+    assert "not judged" not in triage_md
+
+    # What each split holds, measured in the triage's child for Thunder as the run measured it, and for inductor
+    for split in splits.values():
+        assert split.memory.calls == 1 and split.memory.saved_bytes is not None
+        assert split.triage.thunder_memory.saved_bytes == split.memory.saved_bytes  # same inputs, same code
+        assert split.triage.inductor_memory.saved_bytes is not None
+    assert decoder_record.triage.inductor_memory.saved_bytes > 0
+    from thunderfx_debug.render import memory as render_memory
+
+    gaps = {g.path: g for g in render_memory.triage_gaps(report)}
+    assert set(gaps) == set(splits)
+    gap = gaps[f"graph0/{decoder.state.name}"]
+    assert gap.saved_gap == decoder_record.memory.saved_bytes - decoder_record.triage.inductor_memory.saved_bytes
+    assert gap.holds_more == (gap.saved_gap > 0)
+    assert "## Memory: ThunderFX against inductor" in triage_md
 
 
 @pytest.mark.parametrize("name", ["gptneox"])

@@ -175,7 +175,7 @@ class ReportingBackend(ThunderCompiler):
         if self._torch_trace is not None:
             self._torch_trace.graph_compiled(state)
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          self._after_first_call, self._periodic, self._check_isolation)
+                          self._after_first_call, self._periodic, self._check_isolation, self.recorder.memory)
 
     def _after_first_call(self, state) -> None:
         """Once a graph's first call has returned (Thunder has compiled its splits)."""
@@ -294,6 +294,9 @@ class ReportingBackend(ThunderCompiler):
             facts["collectives"] = self._collectives.to_json()
         if last_flush is not None:
             facts["last_flush"] = last_flush.to_json()
+        step_memory = self.recorder.memory.step.record()
+        if step_memory is not None:
+            facts["memory_step"] = step_memory.to_json()
         return facts
 
 

@@ -89,6 +89,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         check=_check(split.check),
         triage=triage.get(key),
         sources=split.split.sources,
+        memory=split.memory.record(),
     )
 
 
@@ -126,4 +127,5 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Tr
         period_timing=state.period.timing(),
         disturbed=state.waits.disturbed(),
         source_excerpts=excerpts(_sources_of(splits)),
+        memory=state.memory.record(),
     )

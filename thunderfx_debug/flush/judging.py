@@ -36,8 +36,9 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug import stats
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.config import TriageLevel
-from thunderfx_debug.records import DEVIATION, ClockKind, Triage
+from thunderfx_debug.records import DEVIATION, ClockKind, Memory, Triage
 from thunderfx_debug.recording import device_timer
+from thunderfx_debug.recording.memory import parameter_storages, saved_storages
 from thunderfx_debug.recording.check import AutocastState
 from thunderfx_debug.safety import describe_exception
 from thunderfx_debug.thunder import counterparts
@@ -172,6 +173,10 @@ class TrainingCall:
         self._gradients: dict[int, torch.Tensor] = {}
 
     def __call__(self) -> None:
+        self.backward(*self.forward())
+
+    def forward(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The call's forward: the outputs that get a gradient, and their gradients."""
         outputs, gradients = [], []
         for i, output in enumerate(tree_leaves(self._fn(*self._args))):
             if not isinstance(output, torch.Tensor) or output.grad_fn is None:
@@ -180,8 +185,15 @@ class TrainingCall:
             if gradient is not None:
                 outputs.append(output)
                 gradients.append(gradient)
+        return outputs, gradients
+
+    def backward(self, outputs: list[torch.Tensor], gradients: list[torch.Tensor]) -> None:
         if outputs and self._wanted:
             torch.autograd.grad(outputs, self._wanted, gradients, allow_unused=True)
+
+    @property
+    def args(self) -> Sequence[Any]:
+        return self._args
 
     def _gradient(self, i: int, output: torch.Tensor) -> torch.Tensor | None:
         if i in self._gradients:
@@ -197,6 +209,47 @@ class TrainingCall:
             gradient = torch.ones_like(output)
         self._gradients[i] = gradient
         return gradient
+
+
+def memory_of(call: TrainingCall) -> Memory:
+    """What one call of a split holds (see `records.Memory`): the distinct storages autograd saves in its forward
+    (the same count as the run's, `recording.memory`, parameters left out) and, on CUDA, the peaks of its forward and
+    of its backward above what was allocated before each, from the allocator's peak counter, which this process may
+    reset (it is the triage's own; it waits for the device around each phase). Its gradients are made first, so
+    that they are not counted in a peak."""
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in call.args)
+    call.backward(*call.forward())  # the gradients made once, kept by `call`
+    peaks: dict[str, int] = {}
+
+    def start() -> int:
+        if not on_cuda:
+            return 0
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    def end(phase: str, before: int) -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+            peaks[phase] = torch.cuda.max_memory_allocated() - before
+
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    before = start()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        outputs, gradients = call.forward()
+    end("forward", before)
+    nbytes = sum(saved_storages(saved, parameter_storages(call.args, ())).values())
+    saved.clear()
+    before = start()
+    call.backward(outputs, gradients)
+    end("backward", before)
+    return Memory(saved_bytes=nbytes, peak_forward_bytes=peaks.get("forward"),
+                  peak_backward_bytes=peaks.get("backward"), calls=1, peak_calls=1 if peaks else 0)
 
 
 def no_grad_call(fn: Callable, args: Sequence[Any]) -> Callable[[], Any]:

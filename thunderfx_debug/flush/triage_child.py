@@ -7,8 +7,9 @@ The job is a folder the training process wrote (`jobs`). The child
 1. compiles the split's FX module (Dynamo's, as it was: `graph_codec`) with `thunder.jit`, the run's options and
    executors (`thunder.rerun`), and calls it once on the piece's inputs (`piece_inputs.made_inputs`): its final
    traces must be the run's, line for line, or nothing of the job is timed (it would time other code than the run's);
-2. times the split against `torch._inductor.compile` of the same FX module, then each region against
-   torch.compile of its ops as torch calls;
+2. measures what the split and `torch._inductor.compile` of the same FX module each hold in memory on one call
+   (`judging.memory_of`), times the one against the other, then each region against torch.compile of its ops as
+   torch calls;
 3. writes, before each step, which piece and step it starts, and after each piece its record
    (`jobs.Results`), so that the parent knows where a child that died was, and a new child goes on with the pieces
    no child has started.
@@ -21,6 +22,7 @@ log and ends the process, so that a hang is a verdict with where it hung.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -34,7 +36,7 @@ from thunderfx_debug.config import TriageLevel
 from thunderfx_debug.flush import graph_codec, jobs, judging
 from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
 from thunderfx_debug.flush.piece_inputs import made_inputs
-from thunderfx_debug.records import Phase, Triage
+from thunderfx_debug.records import Memory, Phase, Triage
 from thunderfx_debug.recording.check import kept_random_state
 from thunderfx_debug.thunder import counterparts, rerun, torch_private
 from thunderfx_debug.thunder.compile_events import SPANS
@@ -144,9 +146,20 @@ def _split_verdict(split: _Split, step) -> Triage:
     with on_the_device(job), kept_random_state(split.args), split.runs_as:
         judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()), "the split",
                             step)
+        step("measuring what each side holds in memory")
+        memory = {side: _memory(call) for side, call in (("thunder", split.call), ("inductor", inductor_call))}
         step("timing the split")
-        return judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
-                             split.inputs, time.perf_counter() - started)
+        triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
+                               split.inputs, time.perf_counter() - started)
+    return dataclasses.replace(triage, thunder_memory=memory["thunder"], inductor_memory=memory["inductor"])
+
+
+def _memory(call: TrainingCall) -> Memory:
+    """`judging.memory_of(call)`, or a record that says why it could not be measured (the timing goes on)."""
+    try:
+        return judging.memory_of(call)
+    except Exception as e:  # noqa: BLE001  (a figure missing, said; not the piece's verdict)
+        return Memory(note=f"not measured: {type(e).__name__}: {str(e).strip()[:300]}")
 
 
 def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> Triage:

@@ -21,6 +21,7 @@ from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ra
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
+from thunderfx_debug.recording.memory import MemoryProbe, PieceMemory
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
 from thunderfx_debug.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
@@ -60,6 +61,7 @@ class SplitState:
     # The correctness sentinel's findings (THUNDERFX_DEBUG_CHECK): the split's, and its regions' by region key.
     check: CheckTally | None = None
     region_checks: dict[str, CheckTally] = dataclasses.field(default_factory=dict)
+    memory: PieceMemory = dataclasses.field(default_factory=PieceMemory)  # its sampled calls (`recording.memory`)
 
     @property
     def name(self) -> str:
@@ -93,6 +95,7 @@ class GraphState:
     host_backward: SampleSeries | None = None
     period: SampleSeries = dataclasses.field(default_factory=host_series)
     waits: CallWaits = dataclasses.field(default_factory=CallWaits)
+    memory: PieceMemory = dataclasses.field(default_factory=PieceMemory)  # its sampled calls (`recording.memory`)
 
     @property
     def name(self) -> str:
@@ -165,6 +168,7 @@ class Recorder:
         self.frame_compiles: Counter[str] = Counter()
         self.warnings: list[str] = []
         self.origin_ns = time.perf_counter_ns()  # the run's host clock: compile costs are placed on it
+        self.memory = MemoryProbe(self.failures)  # the sampled calls' memory, every graph's (`recording.memory`)
         SPANS.install()
 
     # ---- training path (compile time) -------------------------------------------------------------------------

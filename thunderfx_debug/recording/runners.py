@@ -10,7 +10,10 @@ the backward (see `sampler`). The first call of a graph and of each split is tim
 backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs
 when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call of a thunder split
 also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
-first call, which is always checked, includes it).
+first call, which is always checked, includes it). Sampled calls also measure what each piece holds in memory
+(`memory`: saved-tensor hooks around the forward, windows on the allocator's history on CUDA), outside the timing
+marks, at every timing level from `graph` on; the graph's call after a sampled one closes the backward windows that
+never ended.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from thunderfx_debug.thunder import compile_events
 if TYPE_CHECKING:
     from thunderfx_debug.recording.capture import InputCapture
     from thunderfx_debug.recording.compile_cost import FirstCallTimer
+    from thunderfx_debug.recording.memory import GraphMemory, MemoryMeter
     from thunderfx_debug.recording.periodic import PeriodicFlush
     from thunderfx_debug.recording.recorder import GraphState, SplitState
     from thunderfx_debug.recording.split_check import SplitCheck
@@ -67,13 +71,14 @@ class SplitRunner(torch.nn.Module):
 
     def __init__(self, inner: Callable, split: SplitState, graph: GraphState, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, first: FirstCallTimer | None = None,
-                 overhead: ThunderOverhead | None = None):
+                 overhead: ThunderOverhead | None = None, memory: MemoryMeter | None = None):
         super().__init__()
         self.inner = inner
         self.__dict__["_inner"] = inner  # beside the registered child: a plain lookup on the call path
         self._split, self._graph = split, graph
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._first, self._overhead = first, overhead
+        self._memory = memory
         self.check: SplitCheck | None = None  # the correctness sentinel's check of a thunder split (`split_check`)
         # The graph call from which this split has more to do than run: 0 until its first call has run, then its
         # next sampled or checked call (`_special_call_after`). Kept in the instance dict: read on every call, and
@@ -113,7 +118,8 @@ class SplitRunner(torch.nn.Module):
 
     def _special_call_after(self, call: int) -> int:
         """The first graph call after `call` that this split samples or checks."""
-        sampled = self._sampling.next_sampled(call) if self._sampler is not None else NEVER
+        sampled = (self._sampling.next_sampled(call) if self._sampler is not None or self._memory is not None
+                   else NEVER)
         check = self.check
         return sampled if check is None else min(sampled, check.schedule.next_checked(call))
 
@@ -135,17 +141,26 @@ class SplitRunner(torch.nn.Module):
         return out
 
     def _call(self, *args):
-        split, graph = self._split, self._graph
+        graph = self._graph
         try:
-            if self._sampler is not None and self._sampling.is_sampled(graph.calls):
-                out = self._sampler.run(self._inner, args, graph.calls)
-                if self._overhead is not None and split.calls > 1:  # the first call's is its compile
-                    self._overhead.read(graph.calls)
+            if (self._sampler is not None or self._memory is not None) and self._sampling.is_sampled(graph.calls):
+                out = (self._sample(*args) if self._memory is None
+                       else self._memory.run(self._sample, args, graph.calls))
             else:
                 out = self._inner(*args)
         except Exception as e:
             self._failed(e)
             raise
+        return out
+
+    def _sample(self, *args):
+        """A sampled call inside the memory meter's bounds: timed where the split is."""
+        if self._sampler is None:
+            return self._inner(*args)
+        calls = self._graph.calls
+        out = self._sampler.run(self._inner, args, calls)
+        if self._overhead is not None and self._split.calls > 1:  # the first call's is its compile
+            self._overhead.read(calls)
         return out
 
     def _first_call(self, args):
@@ -169,8 +184,10 @@ class GraphRunner:
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
                  after_first_call: Callable[[GraphState], None] | None = None,
-                 periodic: PeriodicFlush | None = None, first: FirstCallTimer | None = None):
+                 periodic: PeriodicFlush | None = None, first: FirstCallTimer | None = None,
+                 memory: GraphMemory | None = None):
         self.state, self.split_gm = state, split_gm
+        self._memory = memory
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
         self._fallback: Callable | None = None
@@ -202,6 +219,8 @@ class GraphRunner:
     def _run_special(self, args):
         state = self.state
         try:
+            if self._memory is not None:  # the last sampled call's backward windows that never ended
+                self._memory.finish()
             if self._period_start is not None:
                 call, started = self._period_start
                 state.period.add_measured(call, (time.perf_counter_ns() - started) / 1e6)
@@ -220,7 +239,7 @@ class GraphRunner:
             return 0
         if self._period_start is not None:
             return call + 1
-        return self._sampling.next_sampled(call) if self._sampler is not None else NEVER
+        return self._sampling.next_sampled(call) if self._sampler is not None or self._memory is not None else NEVER
 
     def _failed(self, error: Exception, args):
         """Thunder failed on this graph: `on_error` records it and raises again, or falls back (see `fallback`)."""
@@ -231,14 +250,21 @@ class GraphRunner:
     def _call(self, *args):
         state = self.state
         try:
-            if self._sampler is not None and self._sampling.is_sampled(state.calls):
+            if (self._sampler is not None or self._memory is not None) and self._sampling.is_sampled(state.calls):
                 self._period_start = (state.calls, time.perf_counter_ns())
-                out = self._sampler.run(self.split_gm, args, state.calls)
+                out = (self._sample(*args) if self._memory is None
+                       else self._memory.graph.run(self._sample, args, state.calls))
             else:
                 out = self.split_gm(*args)
         except Exception as e:
             return self._failed(e, args)
         return out
+
+    def _sample(self, *args):
+        """A sampled call inside the memory meter's bounds: timed where the graph is."""
+        if self._sampler is None:
+            return self.split_gm(*args)
+        return self._sampler.run(self.split_gm, args, self.state.calls)
 
     def _first_call(self, args):
         state = self.state

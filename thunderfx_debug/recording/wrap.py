@@ -14,6 +14,7 @@ from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceK
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.recording.memory import GraphMemory, MemoryMeter, MemoryProbe
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.region_check import RegionCheck
@@ -44,11 +45,13 @@ def _host_series(state: GraphState) -> tuple[SampleSeries | None, SampleSeries |
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
                capture: InputCapture | None, on_error: GraphErrorHandler,
                after_first_call: Callable[[GraphState], None] | None = None,
-               periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None) -> GraphRunner:
+               periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None,
+               memory: MemoryProbe | None = None) -> GraphRunner:
     """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
     `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
     `periodic`, shared by the backend's graphs, is the trigger of the periodic flush; `isolation`, shared too, is
-    where the correctness checks run (their memory pool and stream on CUDA).
+    where the correctness checks run (their memory pool and stream on CUDA); `memory`, shared too, measures what the
+    graph and its splits hold in memory on sampled calls (with any timing level but `off`; None: not measured).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
@@ -67,6 +70,12 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         # rather than waits for the host's launches (see `timing.DeviceHold`).
         with failures.guard(f"preparing the fusion timing of {state.name}"):
             hold = DeviceHold.for_current_cuda_device()
+    split_meters: list[MemoryMeter] = []
+    if not timed:
+        memory = None
+    elif memory is not None and isinstance(state.clock, CudaClock):
+        with failures.guard(f"preparing the memory sampling of {state.name}"):
+            memory.for_device(torch.device(next(m.device for m in state.input_meta if m.device.startswith("cuda"))))
     with failures.guard(f"wrapping the splits of {state.name}"):
         for split in state.splits:
             label = f"{state.name}/{split.name}"
@@ -84,7 +93,12 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             if timed:
                 first = FirstCallTimer(label, failures, split.split.kind, split.split.compiled)
                 split.first = first.first
-            runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture, first, overhead)
+            meter = None
+            if memory is not None:
+                meter = MemoryMeter(label, memory, split.memory, failures)
+                split_meters.append(meter)
+            runner = SplitRunner(split.split.compiled, split, state, sampling, sampler, capture, first, overhead,
+                                 meter)
             setattr(split_gm, split.name, runner)
             if split.split.kind is not SplitKind.THUNDER:
                 continue
@@ -126,7 +140,13 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         state.first = first.first
     if after_first_call is not None:
         after_first_call = _guarded(after_first_call, failures, f"reporting the first call of {state.name}")
-    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first)
+    graph_memory = None
+    if memory is not None:
+        with failures.guard(f"preparing the memory sampling of {state.name}"):
+            graph_memory = GraphMemory(MemoryMeter(state.name, memory, state.memory, failures,
+                                                   constants=list(state.gm.parameters()), step=True), split_meters)
+    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first,
+                       graph_memory)
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:

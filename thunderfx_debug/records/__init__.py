@@ -6,11 +6,13 @@ that was wrong; both come from one codec driven by the records' fields and type 
 
 - `records.pieces`: graphs, their splits and fusion regions, inputs, split reasons, the rank's collectives;
 - `records.timing`: timing samples, disturbed calls, compile costs;
+- `records.memory`: what a piece held in memory (saved for its backward, peaks);
 - `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
 - `records.sources`: the lines of the model's code a piece's ops came from, and the code around them.
 """
 
 from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError
+from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.pieces import (
     BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
     RankRecord, SplitKind, SplitReason, SplitRecord, storage_span,
@@ -25,7 +27,7 @@ from thunderfx_debug.records.verdicts import DEVIATION, MAX_CHECK_REASONS, Check
 __all__ = [
     "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "Check",
     "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen", "DisturbedCall",
-    "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Minimized", "OpGroup",
-    "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord",
-    "Timing", "TimingWindow", "Triage", "percentile", "short_path", "short_sources", "storage_span",
+    "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized",
+    "OpGroup", "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason",
+    "SplitRecord", "Timing", "TimingWindow", "Triage", "percentile", "short_path", "short_sources", "storage_span",
 ]

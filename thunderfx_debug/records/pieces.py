@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from thunderfx_debug.records.codec import SCHEMA_VERSION, JsonRecord, json_field
+from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.sources import SourceExcerpt
 from thunderfx_debug.records.timing import CompileCost, DisturbedCall, Timing
 from thunderfx_debug.records.verdicts import Check, Minimized, Triage
@@ -189,6 +190,7 @@ class SplitRecord(JsonRecord):
     `op_groups` is the split's time outside its fusion regions by op (fusion-level timing, see `OpGroup`).
     `compile_cost` is what its first call cost (see `CompileCost`).
     `sources` are the lines of the model's code its ops came from ("file:line function", most ops first).
+    `memory` is what it held in memory on its sampled calls (see `Memory`), None where nothing was sampled.
     """
 
     name: str
@@ -213,6 +215,7 @@ class SplitRecord(JsonRecord):
     triage: Triage | None = json_field(None, omit_default=True)
     minimized: Minimized | None = json_field(None, omit_default=True)
     sources: tuple[str, ...] = json_field((), omit_default=True)
+    memory: Memory | None = json_field(None, omit_default=True)
 
     def fusions_in(self, phase: Phase | str) -> tuple[FusionRecord, ...]:
         return tuple(f for f in self.fusions if f.phase == Phase(phase))
@@ -233,7 +236,8 @@ class GraphRecord(JsonRecord):
     for a graph called once per step, the wall time of a training step. `disturbed` lists the sampled calls that the
     headline statistics leave out (see `Disturbance`); their samples stay in every timing of the graph.
     `source_excerpts` holds, by source line ("file:line function"), the code around each line its pieces name in
-    their `sources`, read at flush (a file that could not be read has none).
+    their `sources`, read at flush (a file that could not be read has none). `memory` is what the graph held in
+    memory on its sampled calls, all its splits together (see `Memory`).
     """
 
     name: str
@@ -259,6 +263,7 @@ class GraphRecord(JsonRecord):
     period_timing: Timing | None = None
     disturbed: tuple[DisturbedCall, ...] = ()
     source_excerpts: Mapping[str, SourceExcerpt] = json_field(default_factory=dict, omit_default=True)
+    memory: Memory | None = json_field(None, omit_default=True)
 
     @property
     def reasons(self) -> tuple[SplitReason, ...]:
@@ -301,6 +306,14 @@ class RankRecord:
         """The rank's flight-recorder log of collectives (`meta["collectives"]`), None where it was not on."""
         data = self.meta.get("collectives")
         return None if data is None else CollectiveLog.from_json(data, "manifest.json.collectives")
+
+    @functools.cached_property
+    def step_memory(self) -> Memory | None:
+        """What the sampled steps held in memory (`meta["memory_step"]`, see `recording.memory`): the saved bytes of
+        every piece of a sampled step together, and on CUDA its peak above what was allocated when it started; None
+        where nothing was measured (older dumps)."""
+        data = self.meta.get("memory_step")
+        return None if data is None else Memory.from_json(data, "manifest.json.memory_step")
 
     def graph(self, name: str) -> GraphRecord:
         for graph in self.graphs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from thunderfx_debug.records.codec import Count, JsonRecord, json_field
+from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.timing import ClockKind
 
 #: The Thunder/inductor time ratio beyond which a triaged piece deviates, either way: THUNDERFX_DEBUG_DEVIATION's
@@ -88,7 +89,9 @@ class Triage(JsonRecord):
     where the inputs came from ("real": the run's captured call; "meta": rebuilt from the recorded metadata; "the
     run's tensors" where they were all alive). `error` says why a piece could not be judged (then no figures),
     whole; `died` where the process that timed it died (or was ended past its time limit) in it. `compile_s` is what
-    compiling inductor's counterpart and both sides' first calls took, `timing_s` the rounds."""
+    compiling inductor's counterpart and both sides' first calls took, `timing_s` the rounds. A split's
+    `thunder_memory` and `inductor_memory` are what each side held on one call in that process, on the same inputs
+    (saved bytes; on CUDA the peaks of its forward and backward too; see `Memory`), None where not measured."""
 
     JSON_DERIVED = ("ms_per_step",)  # for readers of the JSON; computed again on load
 
@@ -110,6 +113,8 @@ class Triage(JsonRecord):
     run_ms: float | None = json_field(None, omit_default=True)
     run_samples: Count = json_field(0, omit_default=True)
     died: bool = json_field(False, omit_default=True)
+    thunder_memory: Memory | None = json_field(None, omit_default=True)
+    inductor_memory: Memory | None = json_field(None, omit_default=True)
 
     @property
     def ms_per_step(self) -> float:

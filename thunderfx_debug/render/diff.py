@@ -1,6 +1,7 @@
 """What changed between two runs (`thunderfx-debug diff A B`): graphs, splits and split reasons, fusion regions and
-their ops, and timing with the ratio B/A, flagging changes beyond noise (see `noise` for the test: every timed piece
-of the two runs is judged at once, on its headline samples, relative to the run-wide shift).
+their ops, timing with the ratio B/A, flagging changes beyond noise (see `noise` for the test: every timed piece
+of the two runs is judged at once, on its headline samples, relative to the run-wide shift), and what the pieces held
+in memory (see `render.memory`: a figure changes where the two runs' ranges of it do not overlap).
 
 Graphs are matched by name (graph0, graph1, ... in compile order), splits by name within a graph, fusion regions
 by name and phase within a split: names are what a person greps for in both dumps.
@@ -13,6 +14,7 @@ from collections import Counter
 
 from thunderfx_debug.records import RankRecord, SplitRecord, Timing
 from thunderfx_debug.render import correctness, digest
+from thunderfx_debug.render import memory as render_memory
 from thunderfx_debug.render.headline import COLD_SAMPLES, MIN_SAMPLES
 from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, NOISY_RESOLUTION, Change, Verdict, judge
 from thunderfx_debug.render.text import ms, plural
@@ -58,6 +60,7 @@ class RunDiff:
     shift: float | None = None  # the run-wide ratio B/A the pieces were judged against (see `noise`)
     # pieces (see `correctness.CheckedPiece.path`) that mismatch eager in B and did not in A, with B's verdict
     new_mismatches: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    memory: list[render_memory.MemoryChange] = dataclasses.field(default_factory=list)  # every figure either run measured
 
     @property
     def structure_changed(self) -> bool:
@@ -103,6 +106,7 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         step_ms=(digest.step_ms(a), digest.step_ms(b)),
         shift=shift,
         new_mismatches=_new_mismatches(a, b),
+        memory=render_memory.memory_changes(a, b),
     )
 
 
@@ -223,6 +227,7 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
         f"{MIN_SAMPLES} left is too few to judge, and a piece that could not show a {NOISY_RESOLUTION}x change beyond "
         "its noise is too noisy to judge.",
     ]
+    lines += render_memory.diff_lines(d.memory, show_all)
     return "\n".join(lines) + "\n"
 
 

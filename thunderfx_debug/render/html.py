@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from thunderfx_debug import layout
 from thunderfx_debug.records import Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, correctness, digest, minimized, provenance, triage_findings
+from thunderfx_debug.render import accounting, correctness, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -344,7 +344,7 @@ def rank_section(report: RankRecord, prefix: str | None) -> str:
              _correctness(report, prefix),
              minimized.html_section(report, lambda path: _links({"minimal script": path}, prefix)),
              _compiles(report), _reasons(report), _timing_charts(report, sources),
-             triage_findings.html_section(report), "<h3>Graphs</h3>"]
+             triage_findings.html_section(report), memory.html_section(report), "<h3>Graphs</h3>"]
     parts += [_graph(g, prefix, sources) for g in report.graphs]
     parts += [provenance.html_section(report, sources), "</section>"]
     return "".join(parts)

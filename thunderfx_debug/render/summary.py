@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from thunderfx_debug.records import (
     ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, short_sources,
 )
-from thunderfx_debug.render import accounting, digest, minimized, provenance, triage_findings
+from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import ms, plural
@@ -252,6 +252,7 @@ def render_overview(report: RankRecord) -> list[str]:
     if correctness:
         lines += ["", *correctness]
     lines += triage_findings.summary_lines(report)
+    lines += memory.summary_lines(report)
     lines += minimized.summary_lines(report)
     for warning in report.meta.get("warnings", []):
         lines.append(f"warning: {warning}")

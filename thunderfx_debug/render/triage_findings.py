@@ -10,7 +10,7 @@ import dataclasses
 import html as _html
 
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, short_sources
-from thunderfx_debug.render import digest
+from thunderfx_debug.render import digest, memory
 from thunderfx_debug.render.text import ms, plural
 
 #: Pieces listed in the summary.
@@ -159,6 +159,7 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
         lines += ["", "## How much of each split's gap lies outside its fusion regions", "",
                   "| split | split lost ms per step | its regions | outside its regions |", "|---|---|---|---|"]
         lines += [f"| {s} | {ms(split)} | {ms(regions)} | {ms(split - regions)} |" for s, split, regions in explained]
+    lines += memory.triage_md_lines(report)
     lines += ["", "## Totals", "", totals_line(report) + "."]
     spent = [p.triage for p in pieces if p.triage.compile_s is not None]
     if spent:

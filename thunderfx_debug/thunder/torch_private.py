@@ -13,7 +13,13 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `custom_op_module`: the Python module that defined a custom op (`torch.library.custom_op`), which a script must
   import for `torch.ops.<namespace>.<name>` to exist;
 - `operator_key`, `operator_from_key`: an operator of `torch.ops` (an overload, a packet, a higher-order operator)
-  by its names, for an FX graph sent to a child process (`flush.graph_codec`): overloads do not pickle.
+  by its names, for an FX graph sent to a child process (`flush.graph_codec`): overloads do not pickle;
+- `saved_tensors_hooks_in_use`: the pack and unpack hooks of saved tensors in force now (a user's `save_on_cpu`),
+  which the memory meter's own hooks pass every tensor on to (`recording.memory`);
+- `allocator_counts`, `allocator_history_recording`, `record_allocator_history`, `allocator_history`: the CUDA
+  caching allocator's cumulative counts of allocations and frees, and its history of them
+  (`torch.cuda.memory._record_memory_history`, `_snapshot`), from which the memory meter reads a piece's peak
+  without resetting the peak that `torch.cuda.max_memory_allocated` reports (`recording.memory`).
 """
 
 from __future__ import annotations
@@ -140,3 +146,55 @@ def custom_op_module(target: Any) -> tuple[str, str] | None:
     definition = getattr(custom_ops, "OPDEFS", {}).get(qualname)
     module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
     return (qualname, module) if isinstance(module, str) and module != "__main__" else None
+
+
+def saved_tensors_hooks_in_use() -> tuple[Callable[[Any], Any], Callable[[Any], Any]] | None:
+    """The (pack, unpack) hooks of saved tensors in force in this thread (the innermost
+    `torch.autograd.graph.saved_tensors_hooks`), None where there are none."""
+    import torch
+
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    return tuple(hooks) if hooks else None
+
+
+def allocator_counts(device: int) -> tuple[int, int, int]:
+    """(allocations so far, frees so far, bytes allocated now) of the CUDA caching allocator on `device`: host-side
+    counters, read without waiting for the device. The counts only grow (`reset_peak_memory_stats` leaves them);
+    the bytes are allocator blocks, as `torch.cuda.memory_allocated` counts them."""
+    import torch
+
+    stats = torch._C._cuda_memoryStats(device)
+    allocation = stats["allocation"]["all"]
+    return allocation["allocated"], allocation["freed"], stats["allocated_bytes"]["all"]["current"]
+
+
+def allocator_history_recording() -> bool:
+    """Whether the CUDA allocator records its history now (`torch.cuda.memory._record_memory_history` is on)."""
+    import torch
+
+    return bool(torch._C._cuda_isHistoryEnabled())
+
+
+def record_allocator_history(on: bool, max_entries: int) -> None:
+    """Starts (cleared, without stack traces, at most `max_entries` events kept) or stops the CUDA allocator's
+    history of allocations and frees."""
+    import torch
+
+    if on:
+        torch.cuda.memory._record_memory_history("all", context=None, stacks="python", max_entries=max_entries,
+                                                 clear_history=True)
+    else:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def allocator_history(device: int) -> list[int]:
+    """The CUDA allocator's recorded allocations and frees on `device`, oldest first, as signed byte counts (an
+    allocation's requested bytes, a free's as negative), from `torch.cuda.memory._snapshot`; frees are counted when
+    they are requested, as the allocator's own counters count them."""
+    import torch
+
+    traces = torch.cuda.memory._snapshot()["device_traces"]
+    if device >= len(traces):
+        return []
+    signed = {"alloc": 1, "free_requested": -1}
+    return [signed[e["action"]] * e["size"] for e in traces[device] if e["action"] in signed]
