@@ -30,6 +30,7 @@ table of passes per model and kind (for benchmarks/RESULTS.md) and the failures 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -120,10 +121,13 @@ def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict
                    "--dtype", args.dtype, "--steps", str(args.steps), "--dump", str(dump), "--check", args.check]
         if args.every_feature:
             command.append("--every-feature")
+        # The child prints every thread's stack shortly before the timeout, so that a run that does not end says where.
+        command += ["--stacks-after", str(max(1.0, args.train_timeout - 15))]
         try:
             done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.train_timeout)
-        except subprocess.TimeoutExpired:
-            return model, {"error": f"training did not end within {args.train_timeout:.0f} s"}
+        except subprocess.TimeoutExpired as late:
+            stderr = late.stderr.decode(errors="replace") if isinstance(late.stderr, bytes) else (late.stderr or "")
+            return model, {"error": f"training did not end within {args.train_timeout:.0f} s", "stderr": stderr[-6000:]}
         lines = [line for line in done.stdout.splitlines() if line.startswith("ZOO ")]
         if done.returncode != 0 or not lines:
             return model, {"error": (done.stdout[-1000:] + "\n" + done.stderr[-3000:]).strip()}
@@ -214,7 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--every-feature", action="store_true", help="train with every feature on (see above)")
     parser.add_argument("--no-verify", action="store_true", help="stop after training (its facts only)")
-    parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)  # a child: train one model, print JSON
+    parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--stacks-after", type=float, default=None, help=argparse.SUPPRESS)  # the child's, see above  # a child: train one model, print JSON
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in harness.MODELS]
@@ -252,7 +257,7 @@ def print_summary(figures: dict) -> None:
             print(f"\n{row['verdict']}: {row['path']}\n  {row['line'] or row['note'] or 'no RESULT line: ' + row['log']}")
     for model, facts in figures["models"].items():
         if "error" in facts:
-            print(f"\nTRAINING FAILED: {model}\n{facts['error']}")
+            print(f"\nTRAINING FAILED: {model}\n{facts['error']}\n{facts.get('stderr', '')}")
     print(f"\ntraining {figures['train_s']:.0f} s; verify: {len(rows)} scripts in {figures['verify_s']:.0f} s "
           f"({figures['jobs']} workers)")
     print("median seconds per script in a worker: " + ", ".join(f"{k} {s}" for k, s in figures["median_s"].items()))
@@ -265,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dump = Path(args.dump).absolute()
     if args.train:
+        if args.stacks_after:
+            faulthandler.dump_traceback_later(args.stacks_after, exit=False)
         print("ZOO " + json.dumps(train(args.train, dump / args.train, args.device, args.size, args.dtype,
                                         args.steps, args.check, args.every_feature)))
         return 0
