@@ -11,12 +11,13 @@ the window and are not in it.
 
 Step. The wall time is the host's: the headline median of `GraphRecord.period_timing` (from the start of a sampled
 call to the start of the next call) of the least-called graph, once per step in the usual case; it includes the
-sampling's own host cost on those calls. The busy time is the graphs' device time per step (`digest.step_ms`): CUDA
-events from the start to the end of each graph's forward and backward. It includes the device's waits for the
-host inside a graph (except behind the device hold of fusion-level timing) and the events' own cost, so it is an
-upper bound of the time the device works, and the idle share (1 - busy / wall) a lower bound. Not in "busy": eager
-code between graphs, the optimizer, data loading, anything else the step runs on the device outside the graphs. On
-CPU runs device time is host time: there the figure is the share of the step spent in compiled graphs.
+sampling's own host cost on those calls. The busy time is the time in the compiled graphs per step
+(`digest.compiled_ms_per_step`): CUDA events from the start to the end of each graph's forward and backward. It
+includes the device's waits for the host inside a graph (except behind the device hold of fusion-level timing) and
+the events' own cost, so it is an upper bound of the time the device works, and the idle share (1 - busy / wall) a
+lower bound. Not in "busy": eager code between graphs, the optimizer, data loading, anything else the step runs on
+the device outside the graphs. On CPU runs device time is host time: there the figure is the share of the step spent
+in compiled graphs.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def step_account(report: RankRecord) -> StepAccount | None:
     kind = digest.clock(report)
     if kind is None:
         return None
-    busy = digest.step_ms(report)
+    busy = digest.compiled_ms_per_step(report)
     timed = [g for g in report.graphs if g.period_timing is not None and g.period_timing.count]
     wall, wall_graph = None, None
     if timed:

@@ -144,9 +144,9 @@ def step_lines(report: RankRecord) -> list[str]:
     if account is None or account.busy_ms is None:
         return []
     steps = f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls"
-    if account.wall_ms is None:
-        return [f"step: {_ms(account.busy_ms)} of compiled {digest.time_word(account.clock)} time per step "
-                f"({account.clock.value} clock; {steps})"]
+    if account.wall_ms is None:  # no period timed: the compiled graphs' time alone, named as what it is
+        return [f"time in the compiled graphs per step: {_ms(account.busy_ms)} ({account.clock.value} clock; {steps}; "
+                "the step's wall time was not measured)"]
     wall = f"step: {_ms(account.wall_ms)} wall time (host clock, from {account.wall_graph}'s sampled calls)"
     if account.clock is not ClockKind.CUDA:
         return [f"{wall}; {_ms(account.busy_ms)} ({100 * account.busy_share:.0f} %) of it in the compiled graphs "
@@ -271,7 +271,8 @@ def _top_region_lines(report: RankRecord) -> list[str]:
         return []
     word = digest.time_word(digest.clock(report))
     wall = accounting.wall_step_ms(report)
-    whole = "of the compiled graphs' time per step" + (f" ({_ms(digest.step_ms(report))})" if digest.step_ms(report) else "")
+    compiled = digest.compiled_ms_per_step(report)
+    whole = "of the compiled graphs' time per step" + (f" ({_ms(compiled)})" if compiled else "")
     if wall:
         whole += f", and of the {_ms(wall)} wall-clock step"
     lines = ["", f"top regions by {word} time (headline median per call x calls per step; share {whole}):"]
@@ -425,10 +426,11 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
     rows_by_rank = digest.compare_ranks(reports)
     keys = ["graphs", "thunder splits", "inductor splits", "forward fusions", "backward fusions", "split reasons",
             "recompiles", "errors"]
-    table = [["rank", *keys, "step", "flags"]]
+    table = [["rank", *keys, "compiled ms per step", "flags"]]
     for row in rows_by_rank:
         flags = [flag for flag, on in (("STRAGGLER", row.straggler), ("SPLITS DIFFERENTLY", row.splits_differently)) if on]
-        table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.step_ms), " ".join(flags) or "-"])
+        table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.compiled_ms),
+                      " ".join(flags) or "-"])
     lines = [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
     lines += _table(table, right=set(range(len(keys) + 2)))
     lines += ["", "time per graph and rank (median forward + backward):"]

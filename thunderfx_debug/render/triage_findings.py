@@ -2,7 +2,8 @@
 lines and the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
 its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
 ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits
-are the same in both), beside the run's own step time."""
+are the same in both), beside the run's own step: its wall time (host clock) and the time in its compiled graphs per
+step (the clock of the run's samples), each named as what it is."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import dataclasses
 import html as _html
 
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, short_sources
-from thunderfx_debug.render import digest, memory
+from thunderfx_debug.render import accounting, digest, memory
 from thunderfx_debug.render.text import ms, plural
 
 #: Pieces listed in the summary.
@@ -51,14 +52,17 @@ def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
 
 @dataclasses.dataclass(frozen=True)
 class Totals:
-    """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's step."""
+    """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's own figures to
+    set them beside: `wall_ms` its step's wall time (host clock; None where no period was timed) and `compiled_ms`
+    the time in its compiled graphs per step (on `clock`; None where no graph was timed)."""
 
     splits: int
     not_judged: int  # thunder splits with a triage record but no verdict: their time is in none of the sums
     lost_ms: float
     gained_ms: float
-    step_ms: float | None  # the run's own step (graph timing), on `clock`
+    compiled_ms: float | None
     clock: str
+    wall_ms: float | None = None
 
     @property
     def net_ms(self) -> float:
@@ -69,8 +73,8 @@ def totals(report: RankRecord) -> Totals:
     splits = [p.triage for p in triaged_pieces(report) if p.level == "split"]
     judged = [t for t in splits if t.error is None]
     return Totals(len(judged), len(splits) - len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
-                  sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.step_ms(report),
-                  getattr(digest.clock(report), "value", "host"))
+                  sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.compiled_ms_per_step(report),
+                  getattr(digest.clock(report), "value", "host"), accounting.wall_step_ms(report))
 
 
 def outside_regions(report: RankRecord) -> list[tuple[str, float, float]]:
@@ -108,7 +112,12 @@ def _verdict(t: Triage) -> str:
 
 def totals_line(report: RankRecord) -> str:
     t = totals(report)
-    step = (f"; the run's step: {ms(t.step_ms)} ms ({t.clock} clock)" if t.step_ms is not None else "")
+    run = []
+    if t.wall_ms is not None:
+        run.append(f"the run's step: {ms(t.wall_ms)} ms wall time (host clock)")
+    if t.compiled_ms is not None:
+        run.append(f"the time in its compiled graphs per step: {ms(t.compiled_ms)} ms ({t.clock} clock)")
+    step = "; " + ", ".join(run) if run else ""
     unjudged = f" ({t.not_judged} more not judged, in none of these sums)" if t.not_judged else ""
     return (f"totals over {plural(t.splits, 'thunder split')}{unjudged}: Thunder loses {ms(t.lost_ms)} ms and gains "
             f"{ms(-t.gained_ms)} ms per step against inductor, net {ms(t.net_ms)} ms: what a ThunderFX step should "
