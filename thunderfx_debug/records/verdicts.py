@@ -69,9 +69,16 @@ class Check(JsonRecord):
         return self.mismatches > 0
 
     @property
+    def partly_compared(self) -> bool:
+        """Some values were compared and others were not (`skipped` says why): what was compared may be clean, but
+        the piece was not all checked."""
+        return self.compared > 0 and bool(self.skipped)
+
+    @property
     def clean(self) -> bool:
-        """Values were compared, none mismatched, and the check never failed."""
-        return self.compared > 0 and not self.mismatches and not self.failures
+        """Checked clean: values were compared, none mismatched, none was left uncompared, and the check never
+        failed."""
+        return self.compared > 0 and not self.skipped and not self.mismatches and not self.failures
 
 
 @dataclasses.dataclass(frozen=True)

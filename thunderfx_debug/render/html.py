@@ -313,15 +313,15 @@ def _correctness(report: RankRecord, prefix: str | None) -> str:
     if not pieces:
         return ""
     line = correctness.headline(pieces).split(": ", 1)[1]
-    flagged = any(p.status != "clean" for p in pieces)
+    alarm = any(p.status not in ("clean", "partly compared") for p in pieces)
     html = "<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
-    html += (f'<span class="flag">{esc(line)}</span></p>' if flagged else f"{esc(line)}.</p>")
-    order = {"mismatch": 0, "failed": 1, "not compared": 2, "clean": 3}
+    html += (f'<span class="flag">{esc(line)}</span></p>' if alarm else f"{esc(line)}.</p>")
+    order = {"mismatch": 0, "failed": 1, "not compared": 2, "partly compared": 3, "clean": 4}
     rows = []
     for p in sorted(pieces, key=lambda p: (order[p.status], p.path)):
         c = p.check or Check()
         verdict = {"mismatch": '<span class="flag">MISMATCH</span>', "failed": '<span class="flag">check failed</span>',
-                   "not compared": "not compared", "clean": "ok"}[p.status]
+                   "not compared": "not compared", "partly compared": "partly compared", "clean": "ok"}[p.status]
         if c.writes_unowned_memory:
             verdict += ' <span class="flag">writes memory it does not own</span>'
         rows.append([verdict, esc(p.path), f"{c.mismatches} / {c.calls}", esc(str(c.first_mismatch_call or "-")),

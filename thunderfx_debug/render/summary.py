@@ -366,8 +366,8 @@ def _fusion_line(fusion, left_out) -> str:
         line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
     if fusion.check is not None:
         c = fusion.check
-        word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else
-                "ok" if c.compared else "not compared")
+        word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else "partly compared"
+                if c.partly_compared else "ok" if c.compared else "not compared")
         if c.writes_unowned_memory:
             word += ", writes memory it does not own"
         line += f", check: {word} ({c.calls} calls)"
