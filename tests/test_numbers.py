@@ -19,6 +19,7 @@ from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug.records import BETWEEN_OPS, CostStage, CostWhen, Phase, SplitKind, Triage
 from thunderfx_debug.render import accounting, digest, triage_findings
 from thunderfx_debug.render.diff import diff_reports, render_diff
+from thunderfx_debug.render.headline import MIN_SAMPLES
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.noise import Verdict
 
@@ -223,6 +224,38 @@ def test_the_word_step_names_the_measured_step_and_nothing_else(ops):
         assert named and set(named) == {f"{wall:.3f}"}, (name, named)
     assert f"the time in its compiled graphs per step: {compiled:.3f} ms (host clock)" in renderings["triage.md"]
     assert re.search(rf"time in the compiled graphs per step\s+{compiled:.3f} ms", page)
+
+
+def test_a_figure_that_rests_on_too_few_samples_says_so_next_to_the_number(fused, ops):
+    """`fused` sampled 3 of its 8 steps: its step's wall time, the time in its compiled graphs per step and a time
+    lost per step computed from its splits' samples rest on fewer than MIN_SAMPLES samples each, and the summary's
+    headline, the page and the triage say so next to each number. `ops`, sampled on 22 of its 24 steps, says
+    nothing of the kind."""
+    def triaged(report):
+        split = next(s for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER)
+        # What the flush sets beside a triaged split: the run's own samples of it (see flush.triage._run_samples).
+        return _triaged(report, Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.8, ratio_high=2.2,
+                                       deviates=True, rounds=21, run_ms=1.0, run_samples=split.timing.count))
+
+    thin, plenty = triaged(fused), triaged(ops[0])
+    account = accounting.step_account(thin)
+    for flag in (account.wall_flag, account.busy_flag):
+        assert flag is not None and int(re.fullmatch(r"too few samples \((\d+)\)", flag)[1]) < MIN_SAMPLES
+    summary = str(thin)
+    assert f"step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in summary
+    assert f"{account.busy_ms:.3f} ms [{account.busy_flag}] (" in summary
+    page = render_html({0: thin})
+    assert f"Step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in page
+    triage = thin.graphs[0].splits[0].triage
+    lost = f"{triage.ms_per_step:.3f} ms [too few samples ({triage.run_samples})] lost per step"
+    assert triage.lost_from_the_run and lost in "\n".join(triage_findings.summary_lines(thin))
+    assert f"{triage.ms_per_step:.3f} [too few samples ({triage.run_samples})]" in page
+    assert f"net {triage_findings.totals(thin).net_ms:.3f} ms [too few samples" in summary
+    sure = accounting.step_account(plenty)
+    assert (sure.wall_flag, sure.busy_flag) == (None, None)
+    assert plenty.graphs[0].splits[0].triage.run_samples >= MIN_SAMPLES
+    step_line = next(line for line in str(plenty).splitlines() if line.startswith("step: "))
+    assert "[too few samples" not in step_line + triage_findings.render_triage_md(plenty)
 
 
 # ---- a diff without false alarms -----------------------------------------------------------------------------------

@@ -124,8 +124,14 @@ class Triage(JsonRecord):
     inductor_memory: Memory | None = json_field(None, omit_default=True)
 
     @property
+    def lost_from_the_run(self) -> bool:
+        """Whether `ms_per_step` comes from the run's own time of the piece (`run_ms`, the median of its
+        `run_samples` sampled calls) rather than from the triage's rounds alone: then it is as sure as those samples."""
+        return self.run_ms is not None and bool(self.ratio)
+
+    @property
     def ms_per_step(self) -> float:
-        if self.run_ms is not None and self.ratio:
+        if self.lost_from_the_run:
             return self.run_ms * (1 - 1 / self.ratio) * self.calls_per_step
         if self.thunder_ms is None or self.inductor_ms is None:
             return 0.0

@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
-from thunderfx_debug.render.headline import Headline, headline, left_out_calls
+from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +173,11 @@ def compiled_ms_per_step(report: RankRecord) -> float | None:
     headline medians times their calls per step (see the module docstring: not the step's wall time)."""
     graphs = [p for p in timed_pieces(report) if p.level is PieceLevel.GRAPH]
     return sum(p.ms_per_step for p in graphs) if graphs else None
+
+
+def compiled_samples_flag(report: RankRecord) -> str | None:
+    """"too few samples (n)" where `compiled_ms_per_step` rests on a graph median of too few samples, else None."""
+    return thinnest(p.headline for p in timed_pieces(report) if p.level is PieceLevel.GRAPH)
 
 
 def top_regions(report: RankRecord, limit: int = 10) -> list[tuple[TimedPiece, float | None]]:

@@ -19,7 +19,7 @@ from thunderfx_debug.render import accounting, correctness, digest, memory, mini
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
-from thunderfx_debug.render.text import ms, plural
+from thunderfx_debug.render.text import flagged, ms, plural
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
@@ -66,12 +66,14 @@ def _step(report: RankRecord) -> str:
     account = accounting.step_account(report)
     if account is None or account.wall_ms is None or account.busy_ms is None:
         return ""
+    wall = esc(flagged(ms(account.wall_ms, unit=True), account.wall_flag))
+    busy = esc(flagged(ms(account.busy_ms, unit=True), account.busy_flag))
     if account.clock is not ClockKind.CUDA:
-        return (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock), {account.busy_ms:.3f} ms "
-                f"({100 * account.busy_share:.0f} %) of it in the compiled graphs. On CPU, device time is host "
-                "time; the rest of the step is eager code between graphs, the optimizer and data loading.</p>")
-    html = (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock); the compiled graphs keep the GPU busy "
-            f"{account.busy_ms:.3f} ms of it (cuda clock; an upper bound: CUDA events around each graph also count "
+        return (f"<p>Step: {wall} wall time (host clock), {busy} ({100 * account.busy_share:.0f} %) of it in the "
+                "compiled graphs. On CPU, device time is host time; the rest of the step is eager code between "
+                "graphs, the optimizer and data loading.</p>")
+    html = (f"<p>Step: {wall} wall time (host clock); the compiled graphs keep the GPU busy "
+            f"{busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
             f"the device's waits for the host): <b>the GPU idles at least {100 * account.idle_share:.0f} % of the "
             "step</b>. Not in busy: eager code between graphs, the optimizer, data loading.</p>")
     if account.host_bound and account.host_pieces:
@@ -125,8 +127,9 @@ def _overview(report: RankRecord) -> str:
     rows = [[esc(k), str(v)] for k, v in c.items()]
     if compiled is not None:  # not the step: `_step` sets the step's wall time beside it where it was measured
         rows.append(["time in the compiled graphs per step",
-                     f"{compiled:.3f} ms ({esc(digest.clock(report).value)} clock, "
-                     f"{plural(digest.estimated_steps(report), 'step')} estimated)"])
+                     f"{esc(flagged(ms(compiled, unit=True), digest.compiled_samples_flag(report)))} "
+                     f"({esc(digest.clock(report).value)} clock, {plural(digest.estimated_steps(report), 'step')} "
+                     "estimated)"])
     html = _first_step(report) + _step(report) + _table(["", "rank " + str(report.rank)], rows)
     for warning in report.meta.get("environment_warnings", []):
         html += f'<p><span class="flag">environment</span> {esc(warning)}</p>'

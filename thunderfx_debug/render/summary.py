@@ -16,7 +16,7 @@ from thunderfx_debug.records import (
 from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
-from thunderfx_debug.render.text import ms, plural
+from thunderfx_debug.render.text import flagged, ms, plural
 
 TOP_REGIONS = 10
 PARTS_SHOWN = 8  # parts of a split's time listed in the summary (the HTML page lists all)
@@ -144,16 +144,17 @@ def step_lines(report: RankRecord) -> list[str]:
     if account is None or account.busy_ms is None:
         return []
     steps = f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls"
+    busy = flagged(_ms(account.busy_ms), account.busy_flag)
     if account.wall_ms is None:  # no period timed: the compiled graphs' time alone, named as what it is
-        return [f"time in the compiled graphs per step: {_ms(account.busy_ms)} ({account.clock.value} clock; {steps}; "
-                "the step's wall time was not measured)"]
-    wall = f"step: {_ms(account.wall_ms)} wall time (host clock, from {account.wall_graph}'s sampled calls)"
+        return [f"time in the compiled graphs per step: {busy} ({account.clock.value} clock; {steps}; the step's "
+                "wall time was not measured)"]
+    wall = (f"step: {flagged(_ms(account.wall_ms), account.wall_flag)} wall time (host clock, from "
+            f"{account.wall_graph}'s sampled calls)")
     if account.clock is not ClockKind.CUDA:
-        return [f"{wall}; {_ms(account.busy_ms)} ({100 * account.busy_share:.0f} %) of it in the compiled graphs "
-                f"(on CPU, device time is host time); the rest is eager code between graphs, the optimizer, data "
-                f"loading ({steps})"]
-    lines = [f"{wall}; the compiled graphs keep the GPU busy {_ms(account.busy_ms)} of it (cuda clock, an upper "
-             f"bound): the GPU idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
+        return [f"{wall}; {busy} ({100 * account.busy_share:.0f} %) of it in the compiled graphs (on CPU, device "
+                f"time is host time); the rest is eager code between graphs, the optimizer, data loading ({steps})"]
+    lines = [f"{wall}; the compiled graphs keep the GPU busy {busy} of it (cuda clock, an upper bound): the GPU "
+             f"idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
     if account.host_bound:
         lines.append("  host-bound: the host takes longer to launch these pieces than the GPU takes to run them "
                      "(host wall / device time per step):")
