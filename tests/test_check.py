@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,11 @@ from wrong_executors import slightly_wrong_sin_executor, wrong_cos_executor, wro
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
 from thunderfx_debug.report import Report
+from thunderfx_debug.render import correctness
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_summary
+from thunderfx_debug.render.text import plural
 
 
 class ThreeSplits(nn.Module):
@@ -344,11 +347,17 @@ class Dropped(nn.Module):
         return noisy, steady
 
 
-def test_dropout_raises_no_false_alarm():
+@pytest.fixture(scope="module")
+def dropped() -> Report:
+    """`Dropped` trained 3 steps on CPU with every call checked at `fusion`."""
     torch.manual_seed(0)
     backend = ReportingBackend(check="fusion", check_every=1, strict=True, executors=cpu_executors())
     _train(Dropped(), backend, steps=3, make_input=lambda: torch.randn(8, 16))
-    split = backend.report().graphs[0].splits[0]
+    return backend.report()
+
+
+def test_dropout_raises_no_false_alarm(dropped):
+    split = dropped.graphs[0].splits[0]
     assert split.check.mismatches == 0 and split.check.calls == 3
     assert split.check.compared >= 3 * 2  # the steady output and the gradient of w3, every call
     assert any("forward outputs [0] depend on random ops (dropout)" in r for r in split.check.skipped)
@@ -357,6 +366,31 @@ def test_dropout_raises_no_false_alarm():
     assert all(c is not None and c.mismatches == 0 for c in regions)
     assert any(any("draws random numbers" in r for r in c.skipped) for c in regions)
     assert all(c.compared > 0 for c in regions)  # even the random region: its outputs still held
+
+
+def _counted(paths) -> str:
+    splits = sum(path.count("/") == 1 for path in paths)
+    return f"{plural(splits, 'split')}, {plural(len(paths) - splits, 'fusion region')}"
+
+
+def test_pieces_with_values_left_uncompared_are_counted_apart_from_the_checked_clean(dropped):
+    """Dropout's values are not compared (Thunder and eager draw differently): the split and the region that draws
+    are partly compared, and the summary and the page count them apart from the pieces whose every value was
+    compared, never among the checked clean."""
+    pieces = {p.path: p for p in correctness.checked_pieces(dropped)}
+    assert all(p.check is not None and p.check.compared > 0 and not p.check.mismatched for p in pieces.values())
+    partly = {path for path, p in pieces.items() if p.check.skipped}
+    whole = set(pieces) - partly
+    assert partly and whole, "the run no longer has both kinds of piece this test is about"
+    assert {path for path, p in pieces.items() if p.status == "partly compared"} == partly
+    assert {path for path, p in pieces.items() if p.status == "clean"} == whole
+    assert all(pieces[path].check.partly_compared and not pieces[path].check.clean for path in partly)
+    summary = render_summary(dropped)
+    assert f"no mismatch in {len(pieces)} compared pieces, {len(partly)} of them only partly compared" in summary
+    assert f"checked clean: {_counted(whole)}; partly compared: {_counted(partly)}" in summary
+    page = render_html({0: dropped}, {0: "rank0/"})
+    verdicts = re.findall(r"<tr><td>(ok|partly compared)</td><td>([^<]+)</td>", page)
+    assert sorted(verdicts) == sorted([("ok", path) for path in whole] + [("partly compared", path) for path in partly])
 
 
 def test_training_is_bit_identical_with_the_check_on_and_off(one_thread):
@@ -418,7 +452,7 @@ def test_a_failing_check_is_logged_once_and_never_raised(caplog):
     summary = render_summary(backend.report())
     assert "1 of 2 pieces not compared (1 the check failed)" in summary
     assert "  check failed: graph0/thunder_2: checking the forward raised RuntimeError: the reference is broken" in summary
-    assert "checked clean: 1 splits, 0 fusion regions" in summary
+    assert "checked clean: 1 split, 0 fusion regions" in summary
     backend.config = dataclasses.replace(backend.config, strict=True)
     failures.strict = True
     with pytest.raises(RuntimeError, match="the reference is broken"):

@@ -1,5 +1,6 @@
 """The numbers of real (CPU) Thunder runs: compile cost as felt, every microsecond of a split attributed to its regions
-and op groups, the host's side of sampled calls, and a diff of two identical runs that flags nothing.
+and op groups, the host's side of sampled calls, one quantity for the word "step" wherever the run is rendered, and a
+diff of two identical runs that flags nothing.
 
 Nothing is timed against a threshold: the tests check that the parts of each figure are those of the run (the
 regions and op groups of a call add up to its trace, the compile parts lie inside the first call), and that the
@@ -8,15 +9,18 @@ statistics say what the samples allow."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 
 import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
-from thunderfx_debug.records import BETWEEN_OPS, CostStage, CostWhen, Phase, SplitKind
-from thunderfx_debug.render import accounting, digest
+from thunderfx_debug.records import BETWEEN_OPS, CostStage, CostWhen, Phase, SplitKind, Triage
+from thunderfx_debug.render import accounting, digest, triage_findings
 from thunderfx_debug.render.diff import diff_reports, render_diff
+from thunderfx_debug.render.headline import MIN_SAMPLES
+from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.noise import Verdict
 
 STEPS, EVERY, WARMUP = 8, 3, 1
@@ -187,6 +191,71 @@ def test_sampled_calls_read_the_step_and_thunders_own_host_time(ops):
     account = accounting.step_account(report)
     assert account.wall_graph == "graph0" and account.wall_ms > 0 and account.idle_share is None  # no GPU to idle
     assert "on CPU, device time is host time" in str(report)
+
+
+# ---- one word, one quantity ---------------------------------------------------------------------------------------
+def _triaged(report, triage: Triage):
+    """`report` with `triage` on each of its Thunder splits, as a flush-time triage leaves them."""
+    graphs = [dataclasses.replace(g, splits=tuple(dataclasses.replace(s, triage=triage)
+                                                  if s.kind is SplitKind.THUNDER else s for s in g.splits))
+              for g in report.graphs]
+    return dataclasses.replace(report, graphs=tuple(graphs))
+
+
+#: A figure in ms that a rendering names "step" ("step: 8.502 ms", "the run's step: ...", "Step: ..."); "per step"
+#: names a rate, not the step.
+_NAMED_STEP = re.compile(r"(?<!per )\bstep\b(?: \(estimated\))?:?\s+(\d+\.\d+) ms", re.IGNORECASE)
+
+
+def test_the_word_step_names_the_measured_step_and_nothing_else(ops):
+    """The summary's headline, the triage's totals and the HTML page name "step" the step's wall time (host clock)
+    alone; the time in the compiled graphs per step, a part of the step on CPU (eager code, the optimizer and the
+    loss lie outside every graph), is named as such wherever it is shown."""
+    report = _triaged(ops[0], Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.8, ratio_high=2.2,
+                                     deviates=True, rounds=21))
+    wall, compiled = accounting.wall_step_ms(report), digest.compiled_ms_per_step(report)
+    assert 0 < compiled < wall
+    totals = triage_findings.totals(report)
+    assert (totals.wall_ms, totals.compiled_ms) == (wall, compiled)
+    page = re.sub(r"<[^>]+>", " ", render_html({0: report}))
+    renderings = {"summary": str(report), "triage.md": triage_findings.render_triage_md(report), "html": page}
+    for name, text in renderings.items():
+        named = _NAMED_STEP.findall(text)
+        assert named and set(named) == {f"{wall:.3f}"}, (name, named)
+    assert f"the time in its compiled graphs per step: {compiled:.3f} ms (host clock)" in renderings["triage.md"]
+    assert re.search(rf"time in the compiled graphs per step\s+{compiled:.3f} ms", page)
+
+
+def test_a_figure_that_rests_on_too_few_samples_says_so_next_to_the_number(fused, ops):
+    """`fused` sampled 3 of its 8 steps: its step's wall time, the time in its compiled graphs per step and a time
+    lost per step computed from its splits' samples rest on fewer than MIN_SAMPLES samples each, and the summary's
+    headline, the page and the triage say so next to each number. `ops`, sampled on 22 of its 24 steps, says
+    nothing of the kind."""
+    def triaged(report):
+        split = next(s for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER)
+        # What the flush sets beside a triaged split: the run's own samples of it (see flush.triage._run_samples).
+        return _triaged(report, Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.8, ratio_high=2.2,
+                                       deviates=True, rounds=21, run_ms=1.0, run_samples=split.timing.count))
+
+    thin, plenty = triaged(fused), triaged(ops[0])
+    account = accounting.step_account(thin)
+    for flag in (account.wall_flag, account.busy_flag):
+        assert flag is not None and int(re.fullmatch(r"too few samples \((\d+)\)", flag)[1]) < MIN_SAMPLES
+    summary = str(thin)
+    assert f"step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in summary
+    assert f"{account.busy_ms:.3f} ms [{account.busy_flag}] (" in summary
+    page = render_html({0: thin})
+    assert f"Step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in page
+    triage = thin.graphs[0].splits[0].triage
+    lost = f"{triage.ms_per_step:.3f} ms [too few samples ({triage.run_samples})] lost per step"
+    assert triage.lost_from_the_run and lost in "\n".join(triage_findings.summary_lines(thin))
+    assert f"{triage.ms_per_step:.3f} [too few samples ({triage.run_samples})]" in page
+    assert f"net {triage_findings.totals(thin).net_ms:.3f} ms [too few samples" in summary
+    sure = accounting.step_account(plenty)
+    assert (sure.wall_flag, sure.busy_flag) == (None, None)
+    assert plenty.graphs[0].splits[0].triage.run_samples >= MIN_SAMPLES
+    step_line = next(line for line in str(plenty).splitlines() if line.startswith("step: "))
+    assert "[too few samples" not in step_line + triage_findings.render_triage_md(plenty)
 
 
 # ---- a diff without false alarms -----------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_recompiles_are_found_by_frame(normal):
     assert "tensor 'x' size mismatch" in render_summary(report)
 
 
-def test_step_time_and_shares(normal):
+def test_time_in_the_compiled_graphs_per_step_and_shares(normal):
     steps = digest.estimated_steps(normal)
     assert steps == 12
     # Headline medians: each piece's first sampled call (and its graph's disturbed calls) left out (see `headline`).
@@ -120,7 +120,7 @@ def test_step_time_and_shares(normal):
                    for g in normal.graphs for t in (g.timing, g.backward_timing) if t)
     assert expected != pytest.approx(sum((t.median_ms or 0) * g.calls / steps for g in normal.graphs
                                          for t in (g.timing, g.backward_timing) if t))  # the rule leaves samples out
-    assert digest.step_ms(normal) == pytest.approx(expected)
+    assert digest.compiled_ms_per_step(normal) == pytest.approx(expected)
     top = digest.top_regions(normal, limit=100)
     times = [piece.ms_per_step for piece, _ in top]
     assert times == sorted(times, reverse=True)
@@ -163,7 +163,7 @@ def test_two_rank_fixture_flags_the_rank_that_differs(ranks):
     assert not rows[0].splits_differently and rows[1].splits_differently
     assert rows[1].counts["inductor splits"] < rows[0].counts["inductor splits"]
     # The fixture's rank 1 trained with a thread competing for the GIL: it is the straggler.
-    assert rows[1].step_ms > rows[0].step_ms
+    assert rows[1].compiled_ms > rows[0].compiled_ms
     assert rows[1].straggler and not rows[0].straggler
     text = render_ranks(ranks)
     assert "rank 1 against rank 0" in text and "graph0/inductor_1" in text

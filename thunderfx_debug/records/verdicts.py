@@ -69,9 +69,16 @@ class Check(JsonRecord):
         return self.mismatches > 0
 
     @property
+    def partly_compared(self) -> bool:
+        """Some values were compared and others were not (`skipped` says why): what was compared may be clean, but
+        the piece was not all checked."""
+        return self.compared > 0 and bool(self.skipped)
+
+    @property
     def clean(self) -> bool:
-        """Values were compared, none mismatched, and the check never failed."""
-        return self.compared > 0 and not self.mismatches and not self.failures
+        """Checked clean: values were compared, none mismatched, none was left uncompared, and the check never
+        failed."""
+        return self.compared > 0 and not self.skipped and not self.mismatches and not self.failures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +124,14 @@ class Triage(JsonRecord):
     inductor_memory: Memory | None = json_field(None, omit_default=True)
 
     @property
+    def lost_from_the_run(self) -> bool:
+        """Whether `ms_per_step` comes from the run's own time of the piece (`run_ms`, the median of its
+        `run_samples` sampled calls) rather than from the triage's rounds alone: then it is as sure as those samples."""
+        return self.run_ms is not None and bool(self.ratio)
+
+    @property
     def ms_per_step(self) -> float:
-        if self.run_ms is not None and self.ratio:
+        if self.lost_from_the_run:
             return self.run_ms * (1 - 1 / self.ratio) * self.calls_per_step
         if self.thunder_ms is None or self.inductor_ms is None:
             return 0.0

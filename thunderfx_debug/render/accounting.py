@@ -11,12 +11,13 @@ the window and are not in it.
 
 Step. The wall time is the host's: the headline median of `GraphRecord.period_timing` (from the start of a sampled
 call to the start of the next call) of the least-called graph, once per step in the usual case; it includes the
-sampling's own host cost on those calls. The busy time is the graphs' device time per step (`digest.step_ms`): CUDA
-events from the start to the end of each graph's forward and backward. It includes the device's waits for the
-host inside a graph (except behind the device hold of fusion-level timing) and the events' own cost, so it is an
-upper bound of the time the device works, and the idle share (1 - busy / wall) a lower bound. Not in "busy": eager
-code between graphs, the optimizer, data loading, anything else the step runs on the device outside the graphs. On
-CPU runs device time is host time: there the figure is the share of the step spent in compiled graphs.
+sampling's own host cost on those calls. The busy time is the time in the compiled graphs per step
+(`digest.compiled_ms_per_step`): CUDA events from the start to the end of each graph's forward and backward. It
+includes the device's waits for the host inside a graph (except behind the device hold of fusion-level timing) and
+the events' own cost, so it is an upper bound of the time the device works, and the idle share (1 - busy / wall) a
+lower bound. Not in "busy": eager code between graphs, the optimizer, data loading, anything else the step runs on
+the device outside the graphs. On CPU runs device time is host time: there the figure is the share of the step spent
+in compiled graphs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import defaultdict
 
 from thunderfx_debug.records import ClockKind, CostStage, GraphRecord, Phase, RankRecord, SplitKind, SplitRecord, Timing
 from thunderfx_debug.render import digest
-from thunderfx_debug.render.headline import Headline, headline, left_out_calls
+from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
 
 #: A step whose device idles at least this share of its wall time is called host-bound.
 HOST_BOUND_IDLE = 0.30
@@ -100,13 +101,16 @@ class HostPiece:
 class StepAccount:
     """A training step: `wall_ms` (host) against `busy_ms` (the graphs' time per step on `clock`); see the module
     docstring for what each covers. `host_pieces` are the pieces whose host time exceeds their device time, most
-    host time per step first (CUDA runs)."""
+    host time per step first (CUDA runs). `wall_flag` and `busy_flag` are "too few samples (n)" where the figure
+    rests on too few headline samples (a short run, or one sampled rarely), to be said next to the number."""
 
     clock: ClockKind
     wall_ms: float | None
     busy_ms: float | None
     wall_graph: str | None
     host_pieces: tuple[HostPiece, ...] = ()
+    wall_flag: str | None = None
+    busy_flag: str | None = None
 
     @property
     def busy_share(self) -> float | None:
@@ -155,15 +159,17 @@ def step_account(report: RankRecord) -> StepAccount | None:
     kind = digest.clock(report)
     if kind is None:
         return None
-    busy = digest.step_ms(report)
+    busy = digest.compiled_ms_per_step(report)
     timed = [g for g in report.graphs if g.period_timing is not None and g.period_timing.count]
-    wall, wall_graph = None, None
+    wall, wall_graph, wall_flag = None, None, None
     if timed:
         graph = min(timed, key=lambda g: (g.calls, g.index))
-        wall, wall_graph = headline(graph.period_timing, left_out_calls(graph)).median_ms, graph.name
+        period = headline(graph.period_timing, left_out_calls(graph))
+        wall, wall_graph, wall_flag = period.median_ms, graph.name, thinnest([period])
         steps = digest.estimated_steps(report) or 1
         wall *= graph.calls / steps if graph.calls else 1.0
-    return StepAccount(kind, wall, busy, wall_graph, _host_pieces(report) if kind is ClockKind.CUDA else ())
+    return StepAccount(kind, wall, busy, wall_graph, _host_pieces(report) if kind is ClockKind.CUDA else (),
+                       wall_flag, digest.compiled_samples_flag(report))
 
 
 def wall_step_ms(report: RankRecord) -> float | None:

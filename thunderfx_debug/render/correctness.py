@@ -1,9 +1,10 @@
 """The correctness section of the summary and the HTML page (THUNDERFX_DEBUG_CHECK): every Thunder piece the check
 covers (each Thunder split, and at `fusion` each fusion region), which mismatched (the piece, the call, the worst
-error against its tolerance), which were compared clean, and which could not be compared and why (a check that
-failed, values drawn at random, a region other than the one of the trace, a backward that never ran, ...). A piece
-whose check failed is never counted clean; a region seen writing memory it does not own is named so. Records in,
-text out.
+error against its tolerance), which were checked clean (every value compared), which were compared only partly (no
+mismatch in what was compared, but some values were not: dropout's outputs, say) and which could not be compared at
+all, and why (a check that failed, values drawn at random, a region other than the one of the trace, a backward that
+never ran, ...). A piece whose check failed, or whose values were not all compared, is never counted clean; a region
+seen writing memory it does not own is named so. Records in, text out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 from collections import Counter
 
 from thunderfx_debug.records import Check, RankRecord, SplitKind, short_sources
+from thunderfx_debug.render.text import plural
 
 #: Pieces listed by name in the text summary's section; the rest are counted.
 MAX_LISTED = 20
@@ -43,7 +45,8 @@ class CheckedPiece:
 
     @property
     def status(self) -> str:
-        """"mismatch", "failed" (the check itself failed), "clean", or "not compared"."""
+        """"mismatch", "failed" (the check itself failed), "clean" (every value compared, none mismatched), "partly
+        compared" (none mismatched, some values not compared), or "not compared"."""
         c = self.check
         if c is None:
             return "not compared"
@@ -51,7 +54,9 @@ class CheckedPiece:
             return "mismatch"
         if c.failures:
             return "failed"
-        return "clean" if c.compared else "not compared"
+        if not c.compared:
+            return "not compared"
+        return "partly compared" if c.partly_compared else "clean"
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -147,10 +152,14 @@ def headline(pieces: list[CheckedPiece]) -> str:
     """The section's first line: mismatches, what was compared clean, and how many pieces could not be compared,
     by why."""
     by_status = Counter(p.status for p in pieces)
-    bad, clean = by_status["mismatch"], by_status["clean"]
+    bad, clean, partly = by_status["mismatch"], by_status["clean"], by_status["partly compared"]
     uncompared = [p for p in pieces if p.status in ("failed", "not compared")]
     text = "correctness (Thunder against eager on checked calls): "
-    text += f"{bad} of {len(pieces)} pieces MISMATCH" if bad else f"no mismatch in {clean} compared pieces"
+    if bad:
+        text += f"{bad} of {len(pieces)} pieces MISMATCH"
+    else:
+        text += f"no mismatch in {plural(clean + partly, 'compared piece')}"
+        text += f", {partly} of them only partly compared" if partly else ""
     if uncompared:
         kinds = Counter(why(p.reasons[0]) if p.status == "not compared" else "the check failed" for p in uncompared)
         text += (f"; {len(uncompared)} of {len(pieces)} pieces not compared ("
@@ -159,6 +168,12 @@ def headline(pieces: list[CheckedPiece]) -> str:
     if unowned:
         text += f"; {', '.join(unowned)} writes memory it does not own"
     return text
+
+
+def _by_level(pieces: list[CheckedPiece]) -> str:
+    """"2 splits, 3 fusion regions"."""
+    splits = sum(p.level == "split" for p in pieces)
+    return f"{plural(splits, 'split')}, {plural(len(pieces) - splits, 'fusion region')}"
 
 
 def render_correctness(report: RankRecord) -> list[str]:
@@ -182,16 +197,19 @@ def render_correctness(report: RankRecord) -> list[str]:
         lines.append(f"  overwritten: {piece.path}: values it returned (or received) changed behind the program's "
                      "back, written by work that writes memory it does not own")
     clean = [p for p in pieces if p.status == "clean"]
-    if clean:
-        splits = sum(p.level == "split" for p in clean)
-        lines.append(f"  checked clean: {splits} splits, {len(clean) - splits} fusion regions")
+    partly_clean = [p for p in pieces if p.status == "partly compared"]
+    if clean or partly_clean:
+        line = f"  checked clean: {_by_level(clean)}"
+        if partly_clean:
+            line += f"; partly compared: {_by_level(partly_clean)} (no mismatch, some values not compared: below)"
+        lines.append(line)
     uncompared = [p for p in pieces if p.status in ("failed", "not compared")]
     for piece in uncompared[:MAX_LISTED]:
         word = "check failed" if piece.status == "failed" else "not compared"
         lines.append(f"  {word}: {piece.path}: {'; '.join(piece.reasons)}")
     if len(uncompared) > MAX_LISTED:
         lines.append(f"  ... and {len(uncompared) - MAX_LISTED} more pieces not compared")
-    partly = [p for p in pieces if p.status in ("clean", "mismatch") and p.check.skipped]
+    partly = [p for p in pieces if p.status in ("partly compared", "mismatch") and p.check.skipped]
     for piece in partly[:MAX_LISTED]:
         lines.append(f"  partly compared: {piece.path}: {'; '.join(piece.check.skipped)}")
     return lines

@@ -56,7 +56,7 @@ class RunDiff:
     reasons: list[tuple[str, str, int, int]]  # (type, op, count in A, count in B) where the counts differ
     fusions: list[FusionChange]
     timings: list[TimingChange]  # every piece timed in A or B
-    step_ms: tuple[float | None, float | None]
+    compiled_ms: tuple[float | None, float | None]  # the time in the compiled graphs per step, A and B
     shift: float | None = None  # the run-wide ratio B/A the pieces were judged against (see `noise`)
     # pieces (see `correctness.CheckedPiece.path`) that mismatch eager in B and did not in A, with B's verdict
     new_mismatches: list[tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -103,7 +103,7 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         reasons=reasons,
         fusions=sorted(fusions, key=lambda f: (f.split, f.phase, f.name)),
         timings=timings,
-        step_ms=(digest.step_ms(a), digest.step_ms(b)),
+        compiled_ms=(digest.compiled_ms_per_step(a), digest.compiled_ms_per_step(b)),
         shift=shift,
         new_mismatches=_new_mismatches(a, b),
         memory=render_memory.memory_changes(a, b),
@@ -183,15 +183,16 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     if d.new_mismatches:
         lines += ["", f"correctness: {len(d.new_mismatches)} pieces mismatch eager in B and did not in A:"]
         lines += [f"  MISMATCH {line}" for _, line in d.new_mismatches]
-    step_a, step_b = d.step_ms
+    compiled_a, compiled_b = d.compiled_ms
     clocks = {t.clock for t in (*(c.a for c in d.timings), *(c.b for c in d.timings)) if t is not None}
     words = " and ".join(sorted(_clock_words(c) for c in clocks)) or "time"
     lines += ["", f"timing ({words}; headline medians in ms; ratio B/A above 1 means B is slower):"]
     verdicts = Counter(t.change.verdict for t in d.timings)
     judged = verdicts[Verdict.WITHIN_NOISE] + verdicts[Verdict.SLOWER] + verdicts[Verdict.FASTER]
-    if step_a and step_b:
-        line = f"  step: {ms(step_a)} -> {ms(step_b)} ms of compiled time per step, {_ratio_words(step_b / step_a)}"
-        if not judged and not _within(step_b / step_a, NOISY_RESOLUTION - 1):
+    if compiled_a and compiled_b:
+        line = (f"  time in the compiled graphs per step: {ms(compiled_a)} -> {ms(compiled_b)} ms, "
+                f"{_ratio_words(compiled_b / compiled_a)}")
+        if not judged and not _within(compiled_b / compiled_a, NOISY_RESOLUTION - 1):
             line += ("; no piece had the samples to tell whether this is the code or noise (each needs "
                      f"{MIN_SAMPLES} headline samples in both runs)")
         lines.append(line)

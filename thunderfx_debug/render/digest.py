@@ -1,13 +1,15 @@
-"""Facts derived from a RankRecord that every renderer shows: grouped split reasons, recompiles, the estimated step,
-the timed pieces with their share of the step, and how ranks compare. Pure functions of records, no I/O.
+"""Facts derived from a RankRecord that every renderer shows: grouped split reasons, recompiles, the estimated step
+count, the timed pieces with their share of the time in the compiled graphs, and how ranks compare. Pure functions of
+records, no I/O.
 
 Time per step. Dumps record how often each graph ran (`calls`) but not how many training steps there were, so the
 step count is estimated as the call count of the least-called graph (a graph runs at least once per step; the
 usual case, each graph once per step, is then exact). A piece's time per step is its headline median (see
 `headline`: the first sampled call and disturbed calls left out) times its graph's calls per step. Medians, not
-means: one outlier (a late compile, a preempted call) would otherwise decide the ranking. The step is the sum of the
-graphs' times per step, so the shares of pieces that nest (fusions in splits in graphs) come out close to, not
-exactly, their part of 100%.
+means: one outlier (a late compile, a preempted call) would otherwise decide the ranking. The time in the compiled
+graphs per step is the sum of the graphs' times per step, so the shares of pieces that nest (fusions in splits in
+graphs) come out close to, not exactly, their part of 100%. It is not the step: eager code between graphs, the
+optimizer and data loading lie outside every graph; the step's wall time is `accounting.step_account`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
-from thunderfx_debug.render.headline import Headline, headline, left_out_calls
+from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +168,21 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
     return pieces
 
 
-def step_ms(report: RankRecord) -> float | None:
-    """Estimated device time of one training step: the graphs' forward and backward, times calls per step."""
+def compiled_ms_per_step(report: RankRecord) -> float | None:
+    """The time in the compiled graphs per training step, on `clock(report)`: the graphs' forward and backward
+    headline medians times their calls per step (see the module docstring: not the step's wall time)."""
     graphs = [p for p in timed_pieces(report) if p.level is PieceLevel.GRAPH]
     return sum(p.ms_per_step for p in graphs) if graphs else None
 
 
+def compiled_samples_flag(report: RankRecord) -> str | None:
+    """"too few samples (n)" where `compiled_ms_per_step` rests on a graph median of too few samples, else None."""
+    return thinnest(p.headline for p in timed_pieces(report) if p.level is PieceLevel.GRAPH)
+
+
 def top_regions(report: RankRecord, limit: int = 10) -> list[tuple[TimedPiece, float | None]]:
-    """The costliest regions with their share of the step (None without graph timing): fusion regions and the time
+    """The costliest regions with their share of the time in the compiled graphs per step (None without graph timing):
+    fusion regions and the time
     outside them where fusions were timed (by op group where the ops were marked), plus inductor splits; thunder
     splits where fusions were not timed."""
     pieces = timed_pieces(report)
@@ -186,9 +195,9 @@ def top_regions(report: RankRecord, limit: int = 10) -> list[tuple[TimedPiece, f
             continue  # its op groups stand for it
         if p.level in in_regions or (p.level is PieceLevel.SPLIT and (p.graph, p.split) not in fused_splits):
             regions.append(p)
-    step = step_ms(report)
+    compiled = compiled_ms_per_step(report)
     regions.sort(key=lambda p: -p.ms_per_step)
-    return [(p, p.ms_per_step / step if step else None) for p in regions[:limit]]
+    return [(p, p.ms_per_step / compiled if compiled else None) for p in regions[:limit]]
 
 
 def clock(report: RankRecord) -> ClockKind | None:
@@ -229,8 +238,8 @@ def structure(report: RankRecord) -> tuple:
 class RankRow:
     rank: int
     counts: dict[str, int]
-    step_ms: float | None
-    straggler: bool  # step time beyond STRAGGLER_FACTOR x the ranks' median
+    compiled_ms: float | None  # the time in its compiled graphs per step (`compiled_ms_per_step`)
+    straggler: bool  # compiled time per step beyond STRAGGLER_FACTOR x the ranks' median
     splits_differently: bool  # graphs, splits or fusions differ from those of most ranks
 
 
@@ -240,11 +249,11 @@ STRAGGLER_FACTOR = 1.10
 def compare_ranks(reports: Mapping[int, RankRecord]) -> list[RankRow]:
     """One row per rank; flags the ranks that are slower than the others or split differently.
 
-    A rank is a straggler when its estimated step time is more than 10% above the median over ranks; it splits
-    differently when its structure (graphs, splits, fusion counts) is not the one most ranks share.
+    A rank is a straggler when its time in the compiled graphs per step is more than 10% above the median over ranks;
+    it splits differently when its structure (graphs, splits, fusion counts) is not the one most ranks share.
     """
-    steps = {rank: step_ms(report) for rank, report in reports.items()}
-    known = [s for s in steps.values() if s is not None]
+    compiled = {rank: compiled_ms_per_step(report) for rank, report in reports.items()}
+    known = [s for s in compiled.values() if s is not None]
     median = statistics.median(known) if len(known) > 1 else None
     shapes = {rank: structure(report) for rank, report in reports.items()}
     common, _ = Counter(shapes.values()).most_common(1)[0]
@@ -252,8 +261,8 @@ def compare_ranks(reports: Mapping[int, RankRecord]) -> list[RankRow]:
         RankRow(
             rank=rank,
             counts=counts(report),
-            step_ms=steps[rank],
-            straggler=bool(median and steps[rank] is not None and steps[rank] > STRAGGLER_FACTOR * median),
+            compiled_ms=compiled[rank],
+            straggler=bool(median and compiled[rank] is not None and compiled[rank] > STRAGGLER_FACTOR * median),
             splits_differently=len(reports) > 1 and shapes[rank] != common,
         )
         for rank, report in reports.items()

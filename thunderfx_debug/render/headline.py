@@ -10,7 +10,8 @@ The rule (every sample stays in the records; only the headline leaves some out):
   collection, a neighbour's burst of work or a stall of the machine slows every piece of a call at once.
 A piece with fewer than `MIN_SAMPLES` headline samples is marked "too few samples"; one whose 90th percentile is more
 than `NOISY_SPREAD` times its 10th is marked "noisy". Where nothing is left, the figures fall back to all the
-samples, marked "too few samples".
+samples, marked "too few samples". A figure made of such medians (the step, the time in the compiled graphs per
+step, the time a triaged piece loses per step) is marked as the thinnest of them is, next to the number.
 """
 
 from __future__ import annotations
@@ -133,10 +134,27 @@ class Headline:
     def flag(self) -> str | None:
         """"too few samples (2)", "noisy (p90 3.1x p10)", or None."""
         if self.few:
-            return f"too few samples ({self.basis if self.fallback else self.count})"
+            return too_few_samples(self.basis if self.fallback else self.count)
         if self.noisy:
             return f"noisy (p90 {self.spread:.1f}x p10)"
         return None
+
+
+def too_few_samples(count: int) -> str | None:
+    """"too few samples (n)" for a figure that rests on `count` samples, fewer than MIN_SAMPLES; None for more.
+
+    Example:
+        >>> too_few_samples(1), too_few_samples(MIN_SAMPLES)
+        ('too few samples (1)', None)
+    """
+    return f"too few samples ({count})" if count < MIN_SAMPLES else None
+
+
+def thinnest(headlines: Iterable[Headline]) -> str | None:
+    """The "too few samples (n)" flag of a figure made of several headline medians (a sum per step, say): it rests on
+    as few samples as the thinnest of them; None where each has enough."""
+    few = [h for h in headlines if h.few]
+    return min(few, key=lambda h: h.basis if h.fallback else h.count).flag if few else None
 
 
 def _decile(sorted_values: list[float], tenths: int) -> float:

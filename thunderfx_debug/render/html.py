@@ -19,7 +19,7 @@ from thunderfx_debug.render import accounting, correctness, digest, memory, mini
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
-from thunderfx_debug.render.text import ms, plural
+from thunderfx_debug.render.text import flagged, ms, plural
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
@@ -66,12 +66,14 @@ def _step(report: RankRecord) -> str:
     account = accounting.step_account(report)
     if account is None or account.wall_ms is None or account.busy_ms is None:
         return ""
+    wall = esc(flagged(ms(account.wall_ms, unit=True), account.wall_flag))
+    busy = esc(flagged(ms(account.busy_ms, unit=True), account.busy_flag))
     if account.clock is not ClockKind.CUDA:
-        return (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock), {account.busy_ms:.3f} ms "
-                f"({100 * account.busy_share:.0f} %) of it in the compiled graphs. On CPU, device time is host "
-                "time; the rest of the step is eager code between graphs, the optimizer and data loading.</p>")
-    html = (f"<p>Step: {account.wall_ms:.3f} ms wall time (host clock); the compiled graphs keep the GPU busy "
-            f"{account.busy_ms:.3f} ms of it (cuda clock; an upper bound: CUDA events around each graph also count "
+        return (f"<p>Step: {wall} wall time (host clock), {busy} ({100 * account.busy_share:.0f} %) of it in the "
+                "compiled graphs. On CPU, device time is host time; the rest of the step is eager code between "
+                "graphs, the optimizer and data loading.</p>")
+    html = (f"<p>Step: {wall} wall time (host clock); the compiled graphs keep the GPU busy "
+            f"{busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
             f"the device's waits for the host): <b>the GPU idles at least {100 * account.idle_share:.0f} % of the "
             "step</b>. Not in busy: eager code between graphs, the optimizer, data loading.</p>")
     if account.host_bound and account.host_pieces:
@@ -121,11 +123,13 @@ def _links(files: Mapping[str, str], prefix: str | None) -> str:
 
 def _overview(report: RankRecord) -> str:
     c = digest.counts(report)
-    step = digest.step_ms(report)
+    compiled = digest.compiled_ms_per_step(report)
     rows = [[esc(k), str(v)] for k, v in c.items()]
-    if step is not None:
-        rows.append(["step (estimated)", f"{step:.3f} ms ({esc(digest.clock(report).value)} clock, "
-                                         f"{plural(digest.estimated_steps(report), 'step')})"])
+    if compiled is not None:  # not the step: `_step` sets the step's wall time beside it where it was measured
+        rows.append(["time in the compiled graphs per step",
+                     f"{esc(flagged(ms(compiled, unit=True), digest.compiled_samples_flag(report)))} "
+                     f"({esc(digest.clock(report).value)} clock, {plural(digest.estimated_steps(report), 'step')} "
+                     "estimated)"])
     html = _first_step(report) + _step(report) + _table(["", "rank " + str(report.rank)], rows)
     for warning in report.meta.get("environment_warnings", []):
         html += f'<p><span class="flag">environment</span> {esc(warning)}</p>'
@@ -172,7 +176,7 @@ def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
     pieces = digest.timed_pieces(report)
     if not pieces:
         return "<h3>Timing</h3><p>No timing samples in this dump (THUNDERFX_DEBUG_TIMING=off, or too few calls).</p>"
-    step = digest.step_ms(report)
+    compiled = digest.compiled_ms_per_step(report)
     kind = digest.clock(report)
     html = (f"<h3>Timing</h3><p>{esc(digest.time_word(kind).capitalize())} time per step: headline median per call x "
             f"calls per step ({esc(kind.value)} clock; each piece's first sampled call and its graph's disturbed "
@@ -182,7 +186,7 @@ def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
     for level, title in levels:
         chosen = [p for p in pieces if p.level is level]
         bars = [Bar(f"{p.path} {p.phase}", p.ms_per_step, p.executor if level is not PieceLevel.GRAPH else p.phase,
-                    note=f"{100 * p.ms_per_step / step:.1f}%" if step else "") for p in chosen]
+                    note=f"{100 * p.ms_per_step / compiled:.1f}%" if compiled else "") for p in chosen]
         if bars:
             html += f"<h4>{esc(title.capitalize())}</h4>" + bar_chart(
                 bars, unit="ms", title=title, axis_label=f"ms per step (median per call x calls per step, "
@@ -196,7 +200,7 @@ def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
                  "-" if s is None else f"{100 * s:.1f}%",
                  *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
-        whole = f"the compiled graphs' {ms(step)} ms per step" if step else "the compiled graphs' time per step"
+        whole = f"the compiled graphs' {ms(compiled)} ms per step" if compiled else "the compiled graphs' time per step"
         html += (f"<h4>Top regions by {esc(digest.time_word(kind))} time</h4><p>Shares of {esc(whole)}"
                  + (f" and of the {ms(wall)} ms wall-clock step (which also holds eager code, the optimizer and "
                     "data loading)" if wall else "") + ".</p>") + _table(
@@ -312,15 +316,15 @@ def _correctness(report: RankRecord, prefix: str | None) -> str:
     if not pieces:
         return ""
     line = correctness.headline(pieces).split(": ", 1)[1]
-    flagged = any(p.status != "clean" for p in pieces)
+    alarm = any(p.status not in ("clean", "partly compared") for p in pieces)
     html = "<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
-    html += (f'<span class="flag">{esc(line)}</span></p>' if flagged else f"{esc(line)}.</p>")
-    order = {"mismatch": 0, "failed": 1, "not compared": 2, "clean": 3}
+    html += (f'<span class="flag">{esc(line)}</span></p>' if alarm else f"{esc(line)}.</p>")
+    order = {"mismatch": 0, "failed": 1, "not compared": 2, "partly compared": 3, "clean": 4}
     rows = []
     for p in sorted(pieces, key=lambda p: (order[p.status], p.path)):
         c = p.check or Check()
         verdict = {"mismatch": '<span class="flag">MISMATCH</span>', "failed": '<span class="flag">check failed</span>',
-                   "not compared": "not compared", "clean": "ok"}[p.status]
+                   "not compared": "not compared", "partly compared": "partly compared", "clean": "ok"}[p.status]
         if c.writes_unowned_memory:
             verdict += ' <span class="flag">writes memory it does not own</span>'
         rows.append([verdict, esc(p.path), f"{c.mismatches} / {c.calls}", esc(str(c.first_mismatch_call or "-")),
@@ -360,13 +364,13 @@ def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
         flags = " ".join(f'<span class="flag">{f}</span>' for f, on in
                          (("straggler", row.straggler), ("splits differently", row.splits_differently)) if on)
         rows.append([f'<a href="#rank{row.rank}">rank {row.rank}</a>', *(str(row.counts[k]) for k in keys),
-                     ms(row.step_ms), flags])
-    html = "<h2>Ranks side by side</h2>" + _table(["rank", *map(esc, keys), "step ms", ""], rows,
+                     ms(row.compiled_ms), flags])
+    html = "<h2>Ranks side by side</h2>" + _table(["rank", *map(esc, keys), "compiled ms per step", ""], rows,
                                                    set(range(1, len(keys) + 2)))
-    html += "<h4>Estimated step time per rank</h4>"
-    html += bar_chart([Bar(f"rank {r.rank}", r.step_ms or 0.0, "straggler" if r.straggler else "thunderfx")
-                       for r in rows_by_rank], unit="ms", title="estimated step time per rank",
-                      axis_label="ms per step (estimated)")
+    html += "<h4>Time in the compiled graphs per step, per rank</h4>"
+    html += bar_chart([Bar(f"rank {r.rank}", r.compiled_ms or 0.0, "straggler" if r.straggler else "thunderfx")
+                       for r in rows_by_rank], unit="ms", title="time in the compiled graphs per step, per rank",
+                      axis_label="ms in the compiled graphs per step (steps estimated)")
     per_call: dict[int, dict[int, float]] = {}
     for rank, report in reports.items():
         totals: dict[int, float] = defaultdict(float)

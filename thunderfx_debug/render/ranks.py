@@ -2,8 +2,9 @@
 slowest rank's slowest pieces against the same pieces on the other ranks, and the collectives the records can tell
 apart. Pure functions of records, no I/O; `summary.render_ranks` and `html` render them.
 
-What a rank's step is here: its compiled time per step (`digest.step_ms`: the graphs' forward and backward medians
-times calls per step), on the clock that measured it (CUDA events, or the host clock on CPU runs).
+A rank's compiled step is the time in its compiled graphs per step (`digest.compiled_ms_per_step`: the graphs'
+forward and backward medians times calls per step), on the clock that measured it (CUDA events, or the host clock on
+CPU runs); its step's wall time (host clock) stands beside it where it was measured.
 
 Collectives. Where a collective is an op of a compiled graph, the records show it: an FX op of a split (ThunderFX
 sends the ops Thunder does not support, such as `torch.ops._c10d_functional.*`, to inductor, so an inductor split
@@ -184,7 +185,7 @@ def rank_steps(reports: Mapping[int, RankRecord]) -> list[RankStep]:
         account = step_account(report)
         steps.append(RankStep(
             rank=rank,
-            compiled_ms=digest.step_ms(report),
+            compiled_ms=digest.compiled_ms_per_step(report),
             clock=digest.clock(report),
             collective_ms=sum(p.ms_per_step for p in collectives) if collectives else None,
             wall_ms=account.wall_ms if account is not None else None,

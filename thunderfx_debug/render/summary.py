@@ -16,7 +16,7 @@ from thunderfx_debug.records import (
 from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
-from thunderfx_debug.render.text import ms, plural
+from thunderfx_debug.render.text import flagged, ms, plural
 
 TOP_REGIONS = 10
 PARTS_SHOWN = 8  # parts of a split's time listed in the summary (the HTML page lists all)
@@ -144,16 +144,17 @@ def step_lines(report: RankRecord) -> list[str]:
     if account is None or account.busy_ms is None:
         return []
     steps = f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls"
-    if account.wall_ms is None:
-        return [f"step: {_ms(account.busy_ms)} of compiled {digest.time_word(account.clock)} time per step "
-                f"({account.clock.value} clock; {steps})"]
-    wall = f"step: {_ms(account.wall_ms)} wall time (host clock, from {account.wall_graph}'s sampled calls)"
+    busy = flagged(_ms(account.busy_ms), account.busy_flag)
+    if account.wall_ms is None:  # no period timed: the compiled graphs' time alone, named as what it is
+        return [f"time in the compiled graphs per step: {busy} ({account.clock.value} clock; {steps}; the step's "
+                "wall time was not measured)"]
+    wall = (f"step: {flagged(_ms(account.wall_ms), account.wall_flag)} wall time (host clock, from "
+            f"{account.wall_graph}'s sampled calls)")
     if account.clock is not ClockKind.CUDA:
-        return [f"{wall}; {_ms(account.busy_ms)} ({100 * account.busy_share:.0f} %) of it in the compiled graphs "
-                f"(on CPU, device time is host time); the rest is eager code between graphs, the optimizer, data "
-                f"loading ({steps})"]
-    lines = [f"{wall}; the compiled graphs keep the GPU busy {_ms(account.busy_ms)} of it (cuda clock, an upper "
-             f"bound): the GPU idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
+        return [f"{wall}; {busy} ({100 * account.busy_share:.0f} %) of it in the compiled graphs (on CPU, device "
+                f"time is host time); the rest is eager code between graphs, the optimizer, data loading ({steps})"]
+    lines = [f"{wall}; the compiled graphs keep the GPU busy {busy} of it (cuda clock, an upper bound): the GPU "
+             f"idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
     if account.host_bound:
         lines.append("  host-bound: the host takes longer to launch these pieces than the GPU takes to run them "
                      "(host wall / device time per step):")
@@ -271,7 +272,8 @@ def _top_region_lines(report: RankRecord) -> list[str]:
         return []
     word = digest.time_word(digest.clock(report))
     wall = accounting.wall_step_ms(report)
-    whole = "of the compiled graphs' time per step" + (f" ({_ms(digest.step_ms(report))})" if digest.step_ms(report) else "")
+    compiled = digest.compiled_ms_per_step(report)
+    whole = "of the compiled graphs' time per step" + (f" ({_ms(compiled)})" if compiled else "")
     if wall:
         whole += f", and of the {_ms(wall)} wall-clock step"
     lines = ["", f"top regions by {word} time (headline median per call x calls per step; share {whole}):"]
@@ -365,8 +367,8 @@ def _fusion_line(fusion, left_out) -> str:
         line += f", median {_ms(head.median_ms)}" + (f"  [{head.flag}]" if head.flag else "")
     if fusion.check is not None:
         c = fusion.check
-        word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else
-                "ok" if c.compared else "not compared")
+        word = ("MISMATCH" if c.mismatched else "check failed" if c.failures else "partly compared"
+                if c.partly_compared else "ok" if c.compared else "not compared")
         if c.writes_unowned_memory:
             word += ", writes memory it does not own"
         line += f", check: {word} ({c.calls} calls)"
@@ -425,10 +427,11 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
     rows_by_rank = digest.compare_ranks(reports)
     keys = ["graphs", "thunder splits", "inductor splits", "forward fusions", "backward fusions", "split reasons",
             "recompiles", "errors"]
-    table = [["rank", *keys, "step", "flags"]]
+    table = [["rank", *keys, "compiled ms per step", "flags"]]
     for row in rows_by_rank:
         flags = [flag for flag, on in (("STRAGGLER", row.straggler), ("SPLITS DIFFERENTLY", row.splits_differently)) if on]
-        table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.step_ms), " ".join(flags) or "-"])
+        table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.compiled_ms),
+                      " ".join(flags) or "-"])
     lines = [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
     lines += _table(table, right=set(range(len(keys) + 2)))
     lines += ["", "time per graph and rank (median forward + backward):"]

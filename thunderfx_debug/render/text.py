@@ -23,3 +23,13 @@ def plural(count: int, singular: str, plural_form: str | None = None) -> str:
         ('1 Dynamo graph', '2 Dynamo graphs', '0 splits', '3 xes')
     """
     return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
+
+
+def flagged(figure: str, flag: str | None) -> str:
+    """A figure with its caveat right after it, where it has one ("too few samples (1)", see `headline`).
+
+    Example:
+        >>> flagged("48.198 ms", "too few samples (1)"), flagged("48.198 ms", None)
+        ('48.198 ms [too few samples (1)]', '48.198 ms')
+    """
+    return f"{figure} [{flag}]" if flag else figure

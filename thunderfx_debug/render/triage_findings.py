@@ -2,7 +2,8 @@
 lines and the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
 its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
 ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits
-are the same in both), beside the run's own step time."""
+are the same in both), beside the run's own step: its wall time (host clock) and the time in its compiled graphs per
+step (the clock of the run's samples), each named as what it is."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import dataclasses
 import html as _html
 
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, short_sources
-from thunderfx_debug.render import digest, memory
-from thunderfx_debug.render.text import ms, plural
+from thunderfx_debug.render import accounting, digest, memory
+from thunderfx_debug.render.headline import MIN_SAMPLES, too_few_samples
+from thunderfx_debug.render.text import flagged, ms, plural
 
 #: Pieces listed in the summary.
 SUMMARY_TOP = 5
@@ -51,26 +53,44 @@ def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
 
 @dataclasses.dataclass(frozen=True)
 class Totals:
-    """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's step."""
+    """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's own figures to
+    set them beside: `wall_ms` its step's wall time (host clock; None where no period was timed) and `compiled_ms`
+    the time in its compiled graphs per step (on `clock`; None where no graph was timed). Each `*_flag` is "too few
+    samples (n)" where that figure rests on too few of the run's samples (see `headline`)."""
 
     splits: int
     not_judged: int  # thunder splits with a triage record but no verdict: their time is in none of the sums
     lost_ms: float
     gained_ms: float
-    step_ms: float | None  # the run's own step (graph timing), on `clock`
+    compiled_ms: float | None
     clock: str
+    wall_ms: float | None = None
+    net_flag: str | None = None
+    wall_flag: str | None = None
+    compiled_flag: str | None = None
 
     @property
     def net_ms(self) -> float:
         return self.lost_ms + self.gained_ms
 
 
+def lost_flag(t: Triage) -> str | None:
+    """"too few samples (n)" where the time `t` says is lost per step rests on the run's own time of the piece and
+    that on too few samples (a short run, or one sampled rarely); None where it has enough, or rests on the triage's
+    rounds alone (whose interval says how sure they are)."""
+    return too_few_samples(t.run_samples) if t.lost_from_the_run else None
+
+
 def totals(report: RankRecord) -> Totals:
     splits = [p.triage for p in triaged_pieces(report) if p.level == "split"]
     judged = [t for t in splits if t.error is None]
+    thin = [t.run_samples for t in judged if lost_flag(t)]  # a sum is as thin as its thinnest part
+    account = accounting.step_account(report)
     return Totals(len(judged), len(splits) - len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
-                  sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.step_ms(report),
-                  getattr(digest.clock(report), "value", "host"))
+                  sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.compiled_ms_per_step(report),
+                  getattr(digest.clock(report), "value", "host"), account.wall_ms if account else None,
+                  too_few_samples(min(thin)) if thin else None, account.wall_flag if account else None,
+                  digest.compiled_samples_flag(report))
 
 
 def outside_regions(report: RankRecord) -> list[tuple[str, float, float]]:
@@ -108,11 +128,17 @@ def _verdict(t: Triage) -> str:
 
 def totals_line(report: RankRecord) -> str:
     t = totals(report)
-    step = (f"; the run's step: {ms(t.step_ms)} ms ({t.clock} clock)" if t.step_ms is not None else "")
+    run = []
+    if t.wall_ms is not None:
+        run.append(f"the run's step: {flagged(ms(t.wall_ms, unit=True), t.wall_flag)} wall time (host clock)")
+    if t.compiled_ms is not None:
+        run.append(f"the time in its compiled graphs per step: {flagged(ms(t.compiled_ms, unit=True), t.compiled_flag)}"
+                   f" ({t.clock} clock)")
+    step = "; " + ", ".join(run) if run else ""
     unjudged = f" ({t.not_judged} more not judged, in none of these sums)" if t.not_judged else ""
     return (f"totals over {plural(t.splits, 'thunder split')}{unjudged}: Thunder loses {ms(t.lost_ms)} ms and gains "
-            f"{ms(-t.gained_ms)} ms per step against inductor, net {ms(t.net_ms)} ms: what a ThunderFX step should "
-            f"take longer than an inductor step of the same model{step}")
+            f"{ms(-t.gained_ms)} ms per step against inductor, net {flagged(ms(t.net_ms, unit=True), t.net_flag)}: "
+            f"what a ThunderFX step should take longer than an inductor step of the same model{step}")
 
 
 def render_triage_md(report: RankRecord, title: str = "") -> str:
@@ -138,14 +164,17 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
              "Thunder/inductor with its 95% interval; a piece deviates when the whole interval lies beyond the "
              "threshold. \"run ms\" is the run's own sampled time of the piece (where it has one on the same "
              "clock); \"lost ms per step\" is the run's time x (1 - 1/ratio) x calls per step where the run has its "
-             "time, else (Thunder - inductor) x calls per step (negative: Thunder gains).", "",
+             "time (marked \"too few samples\" where that time rests on fewer than "
+             f"{MIN_SAMPLES} of the run's samples), else (Thunder - inductor) x calls per step (negative: Thunder "
+             "gains).", "",
              "| # | piece | level | Thunder runs it with | Thunder ms | run ms | inductor ms | ratio [95%] "
              "| lost ms per step | calls per step | verdict | inputs | scripts |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, p in enumerate(judged, 1):
         t = p.triage
         lines.append(f"| {i} | {p.path} | {p.level} | {p.executor} | {ms(t.thunder_ms)} | {_run(t)} | "
-                     f"{ms(t.inductor_ms)} | {_ratio(t)} | {ms(t.ms_per_step)} | {t.calls_per_step:g} | "
+                     f"{ms(t.inductor_ms)} | {_ratio(t)} | {flagged(ms(t.ms_per_step), lost_flag(t))} | "
+                     f"{t.calls_per_step:g} | "
                      f"{_verdict(t)} | {t.inputs} | " + (", ".join(f"`{s}`" for s in p.scripts) or "-") + " |")
     if unlike:
         lines += ["", "Timed in its own process, these pieces took another time than the run's own samples of them, "
@@ -196,7 +225,8 @@ def summary_lines(report: RankRecord) -> list[str]:
         t = p.triage
         unlike = (f" (its time there {ms(t.thunder_ms)} ms, the run's {ms(t.run_ms)} ms: may not hold for the run)"
                   if t.unlike_the_run else "")
-        lines.append(f"  {i}. {p.path}: {_ratio(t)}, {ms(t.ms_per_step)} ms lost per step, {_verdict(t)}{unlike}")
+        lost = flagged(ms(t.ms_per_step, unit=True), lost_flag(t))
+        lines.append(f"  {i}. {p.path}: {_ratio(t)}, {lost} lost per step, {_verdict(t)}{unlike}")
         if t.deviates and p.sources:
             lines.append(f"     from {short_sources(p.sources)}")
     lines += [f"  not judged: {p.path}: {p.triage.error.partition(chr(10))[0]}" for p in failed[:SUMMARY_TOP]]
@@ -220,7 +250,8 @@ def html_section(report: RankRecord) -> str:
     rows = "".join(
         f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td class=\"num\">{ms(p.triage.thunder_ms)}</td>"
         f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
-        f"<td class=\"num\">{ms(p.triage.ms_per_step)}</td><td>{esc(_verdict(p.triage))}</td></tr>"
+        f"<td class=\"num\">{esc(flagged(ms(p.triage.ms_per_step), lost_flag(p.triage)))}</td>"
+        f"<td>{esc(_verdict(p.triage))}</td></tr>"
         for p in pieces if p.triage.error is None)
     rows += "".join(f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td colspan=\"5\">not judged: "
                     f"{esc(p.triage.error.partition(chr(10))[0])}</td></tr>" for p in failed)
