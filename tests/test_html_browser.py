@@ -1,6 +1,8 @@
 """The HTML report in a real headless Chromium (Debian's `chromium` package, installed by .ci/run): it renders
 without console messages (our page has no script, so any console line is a CSP violation, a blocked load or an
-error), its DOM holds the charts, and a screenshot is not blank. Skipped, saying why, without a chromium binary.
+error), its DOM holds the charts, a screenshot is not blank, and nothing runs past the right edge of a laptop's
+window (1366 px): neither the fixtures' pages nor the page of a real run with dropout and many checked pieces, whose
+correctness table is measured in the browser. Skipped, saying why, without a chromium binary.
 """
 
 from __future__ import annotations
