@@ -158,6 +158,23 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, argv, expected)
         assert expected in err
 
 
+@pytest.mark.parametrize("command", [["summary"], ["html"], ["runs"], ["bench"], ["verify"], ["diff", str(NORMAL)]])
+def test_every_command_given_no_dump_says_what_to_pass(tmp_path, capsys, command):
+    """A directory with no dump, one that does not exist, and the folder above a dump: each command says what is
+    wrong and what to pass instead (the dumps right below, where there are some)."""
+    from thunderfx_debug.dump import WHAT_TO_PASS
+
+    empty, above = tmp_path / "empty", tmp_path / "runs_of_a_week"
+    empty.mkdir()
+    shutil.copytree(NORMAL, above / "monday")
+    nowhere = tmp_path / "nowhere"
+    for path, expected in ((empty, f"{empty} holds no dump"), (nowhere, f"{nowhere} does not exist")):
+        code, _, err = run(capsys, *command, str(path))
+        assert code == 2 and err.startswith(f"thunderfx-debug {command[0]}: {expected}") and WHAT_TO_PASS in err, err
+    code, _, err = run(capsys, *command, str(above))
+    assert code == 2 and f"the dumps below it: {above / 'monday'}: pass one of them" in err, err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["bench", str(NORMAL), "--tolerance", "lots"], "not a fraction"),
     (["bench", str(NORMAL), "--gpus", "0,0"], "distinct GPU indices"),

@@ -1,6 +1,8 @@
 """The HTML report in a real headless Chromium (Debian's `chromium` package, installed by .ci/run): it renders
 without console messages (our page has no script, so any console line is a CSP violation, a blocked load or an
-error), its DOM holds the charts, and a screenshot is not blank. Skipped, saying why, without a chromium binary.
+error), its DOM holds the charts, a screenshot is not blank, and nothing runs past the right edge of a laptop's
+window (1366 px): neither the fixtures' pages nor the page of a real run with dropout and many checked pieces, whose
+correctness table is measured in the browser. Skipped, saying why, without a chromium binary.
 """
 
 from __future__ import annotations
@@ -156,3 +158,105 @@ def test_at_a_laptops_width_nothing_runs_past_the_right_edge(pages, name, tmp_pa
                     'x</td></tr></table></body></html>')
     chromium(wide, f"--screenshot={shot}", f"--window-size={LAPTOP_WIDTH},600", "--hide-scrollbars", cwd=tmp_path)
     assert right_edge_colour(shot.read_bytes()) > 0
+
+
+# ---- a real dump of a model with dropout and many pieces, at a laptop's width ---------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+#: Measures the page in the browser and writes what it found into the DOM, for --dump-dom to bring back: the window's
+#: width and the page's, each row of the correctness table, the colour of its headline badge and of an alarm badge.
+#: It goes into a copy of the page made for the measuring only (the page itself forbids scripts: see render.html).
+PROBE = """<script>
+addEventListener("load", () => {
+  const alarm = document.createElement("span");
+  alarm.className = "flag";
+  document.body.appendChild(alarm);
+  const badge = document.querySelector(".verdict");
+  const found = {
+    window: innerWidth, page: document.documentElement.scrollWidth,
+    rows: [...document.querySelectorAll("table.checks tr")].map(r => r.getBoundingClientRect().height),
+    badge: badge ? getComputedStyle(badge).backgroundColor : null, alarm: getComputedStyle(alarm).backgroundColor,
+  };
+  const out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify(found);
+  document.body.appendChild(out);
+});
+</script>"""
+
+#: A row of the correctness table taller than this (about six lines of its text) is mostly empty space.
+MAX_ROW_PX = 100
+
+
+def measure(page: Path, tmp_path: Path) -> dict:
+    """What PROBE finds in `page` at LAPTOP_WIDTH x 900."""
+    import html
+    import json
+
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    probed = tmp_path / f"probed_{page.name}"
+    probed.write_text(text.replace("</body>", PROBE + "</body>"))
+    done = chromium(probed, "--dump-dom", f"--window-size={LAPTOP_WIDTH},900", "--hide-scrollbars", cwd=tmp_path)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', done.stdout)
+    assert found, done.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.fixture(scope="module")
+def gpt2_page(tmp_path_factory) -> tuple[Path, Path]:
+    """(the page, the dump) of the zoo's tiny GPT-2 with its dropout (benchmarks/zoo.py, as a user runs it): two
+    steps on CPU with every call checked at fusion level and every repro script written. ThunderFX splits GPT-2 at
+    every Conv1D: 21 checked pieces, of which the dropout's cannot be compared with eager. About 40 s."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("the zoo's models need transformers (pip install transformers)")
+    out = tmp_path_factory.mktemp("zoo")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "zoo.py"), "--device", "cpu", "--models", "gpt2-dropout",
+                           "--check", "fusion", "--steps", "2", "--no-verify", "--dump", str(out / "dump")],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    dump = out / "dump" / "gpt2-dropout"
+    page = out / "gpt2.html"
+    assert main(["html", str(dump), "-o", str(page)]) == 0
+    return page, dump
+
+
+def test_a_real_dump_with_many_pieces_reads_at_a_laptops_width(gpt2_page, tmp_path):
+    """The correctness table of a run with dropout fits 1366 px without scrolling sideways, its rows are a line or
+    three, not a column of words; the headline of a run with no mismatch is not the alarm; each piece links its
+    script."""
+    from thunderfx_debug import load_report
+    from thunderfx_debug.render import correctness
+
+    page, dump = gpt2_page
+    pieces = correctness.checked_pieces(load_report(dump))  # the dump is what this test is about
+    statuses = [p.status for p in pieces]
+    assert len(pieces) >= 15 and "mismatch" not in statuses and "not compared" in statuses, statuses
+    found = measure(page, tmp_path)
+    assert found["window"] == LAPTOP_WIDTH and found["page"] <= found["window"], found
+    rows = found["rows"][1:]  # under the header: a row per piece and a line under those not compared whole
+    assert len(rows) >= len(pieces) and max(rows) < MAX_ROW_PX, rows
+    assert found["badge"] is not None and found["badge"] != found["alarm"], found
+    shot = tmp_path / "laptop.png"
+    chromium(page, f"--screenshot={shot}", f"--window-size={LAPTOP_WIDTH},5000", "--hide-scrollbars", cwd=tmp_path)
+    assert right_edge_colour(shot.read_bytes()) == 0
+    section = page.read_text().split("<h3>Correctness</h3>", 1)[1].split("<h3>", 1)[0]
+    links = re.findall(r'<a href="([^"]+)"', section)
+    assert len(links) == len(pieces)  # each piece's script (the dump has one for every piece)
+    assert all((page.parent / href).resolve().is_file() for href in links), links
+
+
+def test_the_measure_catches_tall_rows_a_wide_page_and_an_alarm(tmp_path):
+    """The measure above can fail: a table whose column of explanations is a few words wide, a page wider than the
+    window, an alarm-coloured headline."""
+    page = tmp_path / "bad.html"
+    words = "forward outputs depend on random ops, which Thunder and eager draw differently; " * 4
+    page.write_text('<!DOCTYPE html><html><head><style>.flag{background:#c0392b}</style></head><body>'
+                    '<span class="flag verdict">no mismatch</span><table class="checks" style="width:2000px"><tr>'
+                    f'<td style="width:1900px">piece</td><td style="width:60px">{words}</td></tr></table>'
+                    "</body></html>")
+    found = measure(page, tmp_path)
+    assert found["page"] > found["window"] and max(found["rows"]) > MAX_ROW_PX and found["badge"] == found["alarm"]

@@ -16,7 +16,7 @@ import pytest
 
 from thunderfx_debug import bench
 from thunderfx_debug.dump import load_report, load_reports
-from thunderfx_debug.records import Phase, SplitKind, Timing
+from thunderfx_debug.records import Check, Phase, SplitKind, Timing
 from thunderfx_debug.report import Report
 from thunderfx_debug.render import digest, svg
 from thunderfx_debug.render.diff import diff_reports, render_diff
@@ -271,6 +271,84 @@ def test_html_escapes_everything_from_the_dump(tmp_path):
     assert "&lt;script&gt;alert(&#x27;op&#x27;)&lt;/script&gt;" in page  # shown, escaped
     # Only the <svg> elements the renderer draws are real tags.
     assert len(re.findall(r"<svg[\s>]", page)) == page.count('<svg xmlns="http://www.w3.org/2000/svg"')
+
+
+RANDOM = "forward outputs [0] depend on random ops (dropout), which Thunder and eager draw differently"
+
+
+def with_checks(report: Report, checks: dict[str, Check], drop_scripts: bool = False) -> Report:
+    """`report` with these checks on its Thunder splits ("graph0/thunder_0" -> Check; the others clean), and without
+    their repro scripts where asked."""
+    graphs = []
+    for g in report.graphs:
+        splits = []
+        for s in g.splits:
+            if s.kind is SplitKind.THUNDER:
+                files = {k: v for k, v in s.files.items() if not k.startswith("repro_")} if drop_scripts else s.files
+                s = dataclasses.replace(s, check=checks.get(f"{g.name}/{s.name}", Check(calls=2, compared=4)),
+                                        files=files)
+            splits.append(s)
+        graphs.append(dataclasses.replace(g, splits=tuple(splits)))
+    return dataclasses.replace(report, graphs=tuple(graphs))
+
+
+def correctness_section(page: str) -> str:
+    return page[page.index("<h3>Correctness</h3>"):page.index("<h3>Compiles</h3>")]
+
+
+def test_the_correctness_headline_is_an_alarm_only_where_a_piece_mismatched(normal):
+    """The badge follows the verdict: every piece compared clean is calm, pieces not compared (and no mismatch) are
+    neutral with their count, a mismatch is the alarm; the table's rows say the same piece by piece."""
+    mismatch = Check(calls=2, mismatches=1, compared=4, first_mismatch_call=2, worst_output="forward output 0",
+                     worst_call=2, worst_abs_error=0.5, worst_rel_error=0.1, worst_ratio=40.0, rtol=1e-5, atol=1e-5,
+                     allowed=0.0125, reference="eager")
+    random = Check(calls=2, compared=0, skipped=(RANDOM,))
+    badges = {}
+    for name, checks in (("clean", {}), ("uncompared", {"graph0/thunder_2": random}),
+                         ("mismatch", {"graph0/thunder_2": random, "graph1/thunder_0": mismatch})):
+        section = correctness_section(render_html({0: with_checks(normal, checks)}, {0: "rank0/"}))
+        (badge,) = re.findall(r'<span class="(\w+) verdict" data-verdict="(\w+)">([^<]*)</span>', section)
+        badges[name] = badge
+        rows = re.findall(r'<tr><td><span class="(\w+)">([^<]*)</span>', section)
+        assert len(rows) == 3  # the three Thunder splits of the fixture
+        assert all(cls == "flag" for cls, word in rows if word == "MISMATCH")
+        assert {word for _, word in rows} == {"ok"} | {"not compared" for c in checks.values() if c is random} | {
+            "MISMATCH" for c in checks.values() if c is mismatch}
+    assert [badges[n][:2] for n in badges] == [("calm", "clean"), ("neutral", "uncompared"), ("flag", "mismatch")]
+    assert badges["clean"][2] == "no mismatch in 3 compared pieces"
+    assert "1 of 3 pieces not compared (1 random numbers)" in badges["uncompared"][2]
+    assert badges["mismatch"][2].startswith("1 of 3 pieces MISMATCH")
+
+
+def test_why_a_piece_was_not_compared_is_a_full_width_line_under_its_row(normal):
+    section = correctness_section(render_html({0: with_checks(normal, {
+        "graph0/thunder_2": Check(calls=2, compared=0, skipped=(RANDOM,)),
+        "graph1/thunder_0": Check(calls=2, compared=3, skipped=("the gradients of 1 inputs depend on random ops",))})},
+        {0: "rank0/"}))
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", section)
+    header, *body = rows
+    columns = header.count("<th>")
+    assert columns <= 10 and "not compared" not in header  # no column of explanations
+    notes = [(i, r) for i, r in enumerate(body) if r.startswith('<tr class="note">')]
+    assert [re.search(r'colspan="(\d+)"', r).group(1) for _, r in notes] == [str(columns - 1)] * 2
+    # each note sits under the row of its piece, and says what the row cannot
+    for i, note in notes:
+        piece = re.findall(r"<td>(graph\d/thunder_\d)</td>", body[i - 1])
+        assert piece and {"graph0/thunder_2": "not compared: " + RANDOM,
+                          "graph1/thunder_0": "partly compared: the gradients of 1 inputs"}[piece[0]] in note
+    assert len(body) == 3 + 2  # no note under the piece compared whole and clean
+
+
+def test_the_script_column_links_each_pieces_script_or_is_left_out(normal, tmp_path):
+    report = with_checks(normal, {})
+    section = correctness_section(render_html({0: report}, {0: "rank0/"}))
+    links = re.findall(r'<a href="([^"]+)" title="([^"]+)">thunder</a>', section)
+    splits = [(g, s) for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
+    assert sorted(href for href, _ in links) == sorted(f"rank0/{s.files['repro_thunder']}" for _, s in splits)
+    assert all(href.endswith(title) for href, title in links)
+    assert "<th>script</th>" in section
+    bare = correctness_section(render_html({0: with_checks(normal, {}, drop_scripts=True)}, {0: "rank0/"}))
+    assert "<th>script</th>" not in bare and "<a " not in bare
 
 
 # ---- charts and wording -----------------------------------------------------------------------------------------

@@ -120,20 +120,47 @@ def test_every_listed_script_runs_in_a_shared_worker_and_says_what_it_found(dump
     assert report.index("MISMATCH") < report.index("TIMEOUT")  # failures first, the worst first
     assert "rerun: `python " in report and "graph0_thunder_0_repro_inductor.py`" in report
     assert "| split_inductor |" in report and out == report
+    # Past three failing scripts, how many of each verdict, in the plural.
+    assert ("A dump is clean when every script is OK or NOT COMPARABLE: 4 are not (1 MISMATCH, 1 KILLED, 1 TIMEOUT, "
+            "1 NO RESULT, listed under Failures).") in report
 
 
 def test_a_dump_whose_scripts_are_ok_or_not_comparable_verifies_clean(dump, capsys):
     status, out, err = _verify(capsys, dump, "--only", "*thunder_2*", "--only", "graph0/inductor_1")
     assert status == 0, out + err
+    assert "A dump is clean when every script is OK or NOT COMPARABLE: this one is." in out
     data = json.loads((dump / "verify.json").read_text())
     assert data["clean"] and {s["verdict"] for s in data["scripts"]} == {"OK", "NOT_COMPARABLE"}
     assert len(data["scripts"]) == 3 and data["counts"]["split_inductor"] == {"NOT_COMPARABLE": 1, "OK": 1}
 
 
+def test_verdicts_read_as_the_scripts_print_them_and_the_scripts_that_keep_a_dump_from_clean_are_named(dump, capsys):
+    """"NOT COMPARABLE" as the scripts print it, in the progress lines and verify.md alike (verify.json keeps the
+    token, for programs); one failing script is "1 is not", named with its verdict."""
+    status = main(["verify", str(dump), "--only", "*/graph0_thunder_2_repro_inductor.py", "--only",
+                   "*/graph0_thunder_0_repro_inductor.py"])
+    out, err = capsys.readouterr()  # with progress lines: stderr is no terminal here
+    assert status == 1, err
+    progress = [line for line in err.splitlines() if line.startswith("verifying: ")]
+    assert len(progress) == 2 and any(line.endswith("(graph0_thunder_2_repro_inductor.py: NOT COMPARABLE)")
+                                      for line in progress), err
+    assert "NOT_COMPARABLE" not in out + err
+    assert ("A dump is clean when every script is OK or NOT COMPARABLE: 1 is not "
+            "(MISMATCH: rank0/graph0/graph0_thunder_0/graph0_thunder_0_repro_inductor.py).") in out
+    assert "| NOT COMPARABLE |" in out.replace(" MISMATCH |", "")
+    assert {s["verdict"] for s in json.loads((dump / "verify.json").read_text())["scripts"]} == {
+        "MISMATCH", "NOT_COMPARABLE"}
+
+
 def test_bad_arguments_and_damaged_dumps_are_one_line_and_exit_status_2(dump, capsys, tmp_path):
     rank = dump / "rank0"
+    (tmp_path / "empty").mkdir()
     cases = [
-        ([tmp_path / "nothing"], "does not exist"),
+        ([tmp_path / "nothing"], "does not exist; pass the THUNDERFX_DEBUG_DIR of a run"),
+        ([tmp_path / "empty"], ("holds no dump: no manifest.json in it nor in a rank<N>/ directory under it; pass "
+                                "the THUNDERFX_DEBUG_DIR of a run (it holds rank0/, rank1/, ...) or one of its rank "
+                                "dirs")),
+        ([tmp_path], f"{tmp_path} holds no dump itself; the dumps below it: {dump}: pass one of them"),
         ([dump, "--only", "*nvFusion*"], "no script of"),
         ([dump, "--jobs", "0"], "not a whole number of at least 1"),
         ([dump, "--timeout", "-1"], "give a number of seconds > 0"),

@@ -338,7 +338,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with progress(len(scripts), "verifying", unit="script", enabled=not args.no_progress, delay_s=0) as step:
         verdicts = verify.run(scripts, root, workers, devices, args.timeout,
-                              on_done=lambda v: step(f"{Path(v.script.path).name}: {v.outcome}"))
+                              on_done=lambda v: step(f"{Path(v.script.path).name}: {verify.shown(v.outcome)}"))
     meta = {"dir": str(root), "where": where, "workers": workers, "devices": list(devices),
             "timeout_s": args.timeout, "only": list(args.only or ()), "seconds": round(time.perf_counter() - started, 1)}
     text = verify.verify_md(verdicts, root, meta)

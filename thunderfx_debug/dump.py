@@ -254,7 +254,7 @@ def list_runs(path: str | os.PathLike) -> list[RunEntry]:
     except DumpError:
         latest = []
     if not earlier and not latest:
-        raise DumpError(f"{root} holds no dump: no manifest.json in its rank<N>/ directories nor under {layout.RUNS_DIR}/")
+        raise DumpError(_no_dump(root))
     return earlier + latest
 
 
@@ -287,13 +287,45 @@ def _read_json(path: Path, what: str) -> Any:
         raise DumpError(f"{path} is damaged: its JSON is nested too deeply to be a dump") from None
 
 
+#: What every command that reads a dump takes, said where a path given is not one.
+WHAT_TO_PASS = "pass the THUNDERFX_DEBUG_DIR of a run (it holds rank0/, rank1/, ...) or one of its rank dirs"
+
+
+def _is_dump(directory: Path) -> bool:
+    try:
+        return (directory / layout.MANIFEST).is_file() or any(
+            child.name.startswith("rank") and child.name[4:].isdigit() and (child / layout.MANIFEST).is_file()
+            for child in itertools.islice(directory.iterdir(), 1000))
+    except OSError:
+        return False
+
+
+def _no_dump(root: Path) -> str:
+    """Why `root` (an existing directory) is no dump, and what to pass instead: dumps right below it, or its
+    earlier runs, where it has some."""
+    try:  # a look one level down, bounded: the directory given may be a home directory
+        below = sorted(child for child in itertools.islice(root.iterdir(), 1000) if child.is_dir()
+                       and not child.is_symlink() and not child.name.startswith("rank") and _is_dump(child))
+    except OSError:
+        below = []
+    if below:
+        names = ", ".join(str(child) for child in below[:3]) + (f" (and {len(below) - 3} more)" if len(below) > 3
+                                                                   else "")
+        return f"{root} holds no dump itself; the dumps below it: {names}: pass one of them"
+    runs = root / layout.RUNS_DIR
+    if runs.is_dir() and any(_is_dump(run) for run in itertools.islice(runs.iterdir(), 1000) if run.is_dir()):
+        return (f"{root} holds no latest run (no manifest.json in a rank<N>/ directory), only earlier ones under "
+                f"{layout.RUNS_DIR}/; pass one of those (thunderfx-debug runs {root} lists them)")
+    return f"{root} holds no dump: no manifest.json in it nor in a rank<N>/ directory under it; {WHAT_TO_PASS}"
+
+
 def rank_dirs(path: str | os.PathLike) -> dict[int, Path]:
     """The rank directories of a dump: `path` itself when it is one, else its `rank<R>` children."""
     root = Path(path)
     if not root.exists():
-        raise DumpError(f"{root} does not exist; pass the THUNDERFX_DEBUG_DIR of a run (or one of its rank dirs)")
+        raise DumpError(f"{root} does not exist; {WHAT_TO_PASS}")
     if not root.is_dir():
-        raise DumpError(f"{root} is not a directory; pass the THUNDERFX_DEBUG_DIR of a run")
+        raise DumpError(f"{root} is not a directory; {WHAT_TO_PASS}")
     if (root / layout.MANIFEST).exists():
         name = root.name
         return {int(name[4:]) if name.startswith("rank") and name[4:].isdigit() else 0: root}
@@ -303,7 +335,7 @@ def rank_dirs(path: str | os.PathLike) -> dict[int, Path]:
             if (child / layout.MANIFEST).exists() and _resolves_inside(root, child):
                 ranks[int(child.name[4:])] = child
     if not ranks:
-        raise DumpError(f"{root} holds no dump: no manifest.json in it nor in a rank<N>/ directory under it")
+        raise DumpError(_no_dump(root))
     return dict(sorted(ranks.items()))
 
 

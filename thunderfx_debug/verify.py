@@ -15,6 +15,8 @@ Files written into DIR (the directory given):
                        TRITON_CACHE_DIR are set), shared by the workers and kept for the next verify of the dump
 
 A dump is clean when every script is OK or NOT COMPARABLE (a random piece whose draws differ from eager's).
+Verdicts are written for the reader as the scripts print them ("NOT COMPARABLE", `shown`); verify.json keeps their
+tokens ("NOT_COMPARABLE"), as `standalone.outcome_of` reads them, for programs.
 """
 
 from __future__ import annotations
@@ -218,6 +220,32 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
 # ---- what it says ---------------------------------------------------------------------------------------------------
 
 
+def shown(outcome: str) -> str:
+    """A verdict in the words a reader sees everywhere (progress lines, verify.md, the scripts' own RESULT lines):
+    "NOT_COMPARABLE" -> "NOT COMPARABLE"."""
+    return outcome.replace("_", " ")
+
+
+#: verify.md names the scripts that keep a dump from being clean in its first lines when there are at most this many.
+NAMED_FAILURES = 3
+
+
+def clean_sentence(failures: Sequence[Verdict]) -> str:
+    """verify.md's verdict on the dump: "A dump is clean when every script is OK or NOT COMPARABLE: 1 is not
+    (MISMATCH: rank0/graph0/..._repro_thunder.py)."; beyond NAMED_FAILURES scripts, counts by verdict."""
+    rule = "A dump is clean when every script is OK or NOT COMPARABLE: "
+    if not failures:
+        return rule + "this one is."
+    verb = "is" if len(failures) == 1 else "are"
+    if len(failures) <= NAMED_FAILURES:
+        which = "; ".join(f"{shown(v.outcome)}: {v.script.path}" for v in failures)
+    else:
+        by_outcome = Counter(v.outcome for v in failures)
+        which = ", ".join(f"{by_outcome[o]} {shown(o)}" for o in OUTCOMES if by_outcome[o])
+        which += ", listed under Failures"
+    return rule + f"{len(failures)} {verb} not ({which})."
+
+
 def clean(verdicts: Iterable[Verdict]) -> bool:
     return all(v.outcome in CLEAN for v in verdicts)
 
@@ -251,22 +279,21 @@ def verify_md(verdicts: Sequence[Verdict], root: Path, meta: Mapping) -> str:
     total = Counter(v.outcome for v in verdicts)
     failures = sorted((v for v in verdicts if v.outcome not in CLEAN),
                       key=lambda v: (OUTCOMES.index(v.outcome) if v.outcome in OUTCOMES else 99, v.script.path))
-    summary = ", ".join(f"{total[o]} {o.replace('_', ' ')}" for o in OUTCOMES if total[o])
+    summary = ", ".join(f"{total[o]} {shown(o)}" for o in OUTCOMES if total[o])
     lines = [f"# verify: {root}", "",
              f"{len(verdicts)} scripts in {meta.get('seconds', 0):.0f} s ({meta.get('where', '')}): {summary}.",
-             "A dump is clean when every script is OK or NOT COMPARABLE: "
-             + ("it is." if not failures else f"{len(failures)} are not."), ""]
+             clean_sentence(failures), ""]
     if failures:
         lines += ["## Failures", ""]
         for v in failures:
             said = v.line or f"no RESULT line (exit status {v.exit_status}; see {v.log})"
             note = f" ({v.note})" if v.note else ""
-            lines += [f"- **{v.outcome.replace('_', ' ')}** `{v.script.path}` ({v.script.kind}, {v.script.piece}){note}",
+            lines += [f"- **{shown(v.outcome)}** `{v.script.path}` ({v.script.kind}, {v.script.piece}){note}",
                       f"  {said}", f"  rerun: `{rerun_command(v.script)}`; log: `{v.log}`"]
         lines.append("")
     table = counts(verdicts)
     columns = [o for o in OUTCOMES if any(o in row for row in table.values())]
-    lines += ["## Counts", "", "| kind | " + " | ".join(c.replace("_", " ") for c in columns) + " | scripts |",
+    lines += ["## Counts", "", "| kind | " + " | ".join(shown(c) for c in columns) + " | scripts |",
               "| --- |" + " ---: |" * (len(columns) + 1)]
     for kind, row in table.items():
         lines.append(f"| {kind} | " + " | ".join(str(row.get(c, "")) for c in columns) + f" | {sum(row.values())} |")

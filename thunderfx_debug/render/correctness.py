@@ -31,6 +31,10 @@ _WHY = (
 )
 
 
+#: The repro script that runs a fusion region as the run did, by the region's executor.
+_RUN_AS = {"nvfuser": "repro_nvfuser", "torchcompile": "repro_inductor"}
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckedPiece:
     """A piece the check covers: `path` is "graph0/thunder_0" (a split) or "graph0/thunder_0/nvFusion0_forward" (a
@@ -42,6 +46,7 @@ class CheckedPiece:
     check: Check | None
     files: dict[str, str]
     sources: tuple[str, ...] = ()
+    executor: str = ""  # a fusion region's ("nvfuser", "torchcompile"); "" for a split
 
     @property
     def status(self) -> str:
@@ -57,6 +62,17 @@ class CheckedPiece:
         if not c.compared:
             return "not compared"
         return "partly compared" if c.partly_compared else "clean"
+
+    @property
+    def scripts(self) -> dict[str, str]:
+        """label -> path of the scripts that run this piece as the check did: its mismatch scripts where it
+        mismatched, else the repro script that runs it as the run did (a split under Thunder, a region under its
+        executor; a TorchCompile region is inductor's code); none where the dump has none."""
+        mismatch = {label: path for label, path in self.files.items() if label.startswith("repro_mismatch_")}
+        if mismatch:
+            return mismatch
+        label = "repro_thunder" if self.level == "split" else _RUN_AS.get(self.executor.lower())
+        return {label: self.files[label]} if label in self.files else {}
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -94,7 +110,7 @@ def checked_pieces(report: RankRecord) -> list[CheckedPiece]:
             for fusion in split.fusions:
                 if level == "fusion" or fusion.check is not None:
                     pieces.append(CheckedPiece(f"{path}/{fusion.qualified_name}", "fusion", fusion.check,
-                                               dict(fusion.files), fusion.sources))
+                                               dict(fusion.files), fusion.sources, fusion.executor))
     return pieces
 
 
@@ -146,6 +162,35 @@ def _g(value: float | None) -> str:
 def why(reason: str) -> str:
     """The short name of a reason for the headline."""
     return next((short for phrase, short in _WHY if phrase in reason), "other reasons")
+
+
+def verdict(pieces: list[CheckedPiece]) -> str:
+    """What the headline says, in one word, for whoever colours it: "mismatch" (a piece mismatched, or writes memory
+    it does not own), "uncompared" (none did, but some pieces were not compared, or only partly, or their check
+    failed), "clean" (every value of every piece was compared and none mismatched)."""
+    if any(p.status == "mismatch" or (p.check is not None and p.check.writes_unowned_memory) for p in pieces):
+        return "mismatch"
+    uncompared = ("failed", "not compared", "partly compared")
+    return "uncompared" if any(p.status in uncompared for p in pieces) else "clean"
+
+
+def note(piece: CheckedPiece) -> str:
+    """What a table row of the piece cannot hold, in one line ("" for a piece compared whole and clean): why its
+    values were not compared or its check failed, which values were left out of a partly compared piece, which
+    others besides the worst were beyond tolerance."""
+    c = piece.check
+    if piece.status == "not compared":
+        return "not compared: " + "; ".join(piece.reasons)
+    parts = []
+    if c.failures:
+        parts.append(f"the check failed on {c.failures} call{'s' if c.failures != 1 else ''}: " + "; ".join(c.failed))
+    if c.mismatches:
+        others = [label for label in c.mismatched_values if label != c.worst_output]
+        parts.append(f"{c.mismatches} of {c.calls} checked calls mismatched (first at call {c.first_mismatch_call})"
+                     + (f"; also beyond tolerance: {'; '.join(others)}" if others else ""))
+    if c.skipped:
+        parts.append(("partly compared: " if c.compared else "not compared: ") + "; ".join(c.skipped))
+    return "; ".join(parts)
 
 
 def headline(pieces: list[CheckedPiece]) -> str:

@@ -10,7 +10,7 @@ from the dump is escaped (`svg.esc`), and links are made only from paths that st
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from thunderfx_debug import layout
@@ -29,7 +29,10 @@ body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1300px}
 h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-top:.6em}h3{font-size:1.05em}
 table{border-collapse:collapse;margin:.4em 0 1em}td,th{border:1px solid #ddd;padding:2px 8px;text-align:left;
 vertical-align:top;font-size:13px}th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.flag{color:#fff;background:#c0392b;padding:0 5px;border-radius:3px;font-size:12px}
+.flag,.neutral,.calm{padding:0 5px;border-radius:3px;font-size:12px}.flag{color:#fff;background:#c0392b}
+.neutral{color:#222;background:#f6c343}.calm{color:#fff;background:#2e7d32}
+td>.flag,td>.neutral,td>.calm{white-space:nowrap}
+table.checks td{overflow-wrap:break-word}table.checks tr.note td{color:#555;border-top:0}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:500px;font-size:12px}
 details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:block;margin:.4em 0 1em}
 .src{background:#fff3b0;font-weight:bold}
@@ -104,8 +107,9 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozens
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _links(files: Mapping[str, str], prefix: str | None) -> str:
-    """Relative links to a record's files (repro scripts first); paths that leave the dump are not linked."""
+def _links(files: Mapping[str, str], prefix: str | None, word: Callable[[str], str] | None = None) -> str:
+    """Relative links to a record's files (repro scripts first), named by the file's name, or by `word(label)` with
+    the file's name in the link's title; paths that leave the dump are not linked."""
     items = []
     for label, path in sorted(files.items(), key=lambda item: (not item[0].startswith("repro"), item[0])):
         try:
@@ -117,8 +121,16 @@ def _links(files: Mapping[str, str], prefix: str | None) -> str:
             items.append(f"{esc(label)}: <code>{esc(safe)}</code>")
         else:
             href = prefix + "/".join(quote(part) for part in safe.parts)
-            items.append(f'<a href="{esc(href)}">{esc(safe.name)}</a>')
+            text = esc(safe.name if word is None else word(label))
+            title = "" if word is None else f' title="{esc(safe.name)}"'
+            items.append(f'<a href="{esc(href)}"{title}>{text}</a>')
     return " · ".join(items)
+
+
+def _script_word(label: str) -> str:
+    """A script's link in the correctness table, by what it runs: "repro_thunder" -> "thunder",
+    "repro_mismatch_nvfuser" -> "mismatch, nvfuser"."""
+    return label.removeprefix("repro_").replace("mismatch_", "mismatch, ")
 
 
 def _overview(report: RankRecord) -> str:
@@ -311,30 +323,49 @@ def _parts(graph: GraphRecord, split) -> str:
     return html
 
 
+#: The correctness headline's badge by `correctness.verdict`: an alarm only where a piece mismatched.
+VERDICT_BADGES = {"mismatch": "flag", "uncompared": "neutral", "clean": "calm"}
+
+#: A checked piece's badge in the correctness table, by its status.
+_ROW_BADGES = {"mismatch": ("flag", "MISMATCH"), "failed": ("neutral", "check failed"),
+               "not compared": ("neutral", "not compared"), "partly compared": ("neutral", "partly compared"),
+               "clean": ("calm", "ok")}
+
+
 def _correctness(report: RankRecord, prefix: str | None) -> str:
+    """The headline, coloured by its verdict, then one row per checked piece in a table that fits a laptop's
+    width: the worst value against its tolerance and the script that runs the piece as the check did; what a row
+    cannot hold (why values were not compared, which others mismatched) on a full-width line under it."""
     pieces = correctness.checked_pieces(report)
     if not pieces:
         return ""
     line = correctness.headline(pieces).split(": ", 1)[1]
-    alarm = any(p.status not in ("clean", "partly compared") for p in pieces)
-    html = "<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
-    html += (f'<span class="flag">{esc(line)}</span></p>' if alarm else f"{esc(line)}.</p>")
+    verdict = correctness.verdict(pieces)
+    html = ("<h3>Correctness</h3><p>Thunder against eager on checked calls (THUNDERFX_DEBUG_CHECK): "
+            f'<span class="{VERDICT_BADGES[verdict]} verdict" data-verdict="{verdict}">{esc(line)}</span></p>')
     order = {"mismatch": 0, "failed": 1, "not compared": 2, "partly compared": 3, "clean": 4}
-    rows = []
-    for p in sorted(pieces, key=lambda p: (order[p.status], p.path)):
+    with_scripts = any(p.scripts for p in pieces)
+    header = ["", "piece", "mismatching / checked calls", "worst value", "at call", "error (abs / rel)", "allowed",
+              "against", "x tolerance", *(["script"] if with_scripts else [])]
+    numeric = {2, 4, 5, 6, 8}
+    body = []
+    for p in sorted(pieces, key=lambda p: order[p.status]):  # report order within a status
         c = p.check or Check()
-        verdict = {"mismatch": '<span class="flag">MISMATCH</span>', "failed": '<span class="flag">check failed</span>',
-                   "not compared": "not compared", "partly compared": "partly compared", "clean": "ok"}[p.status]
+        badge, word = _ROW_BADGES[p.status]
+        verdict_cell = f'<span class="{badge}">{esc(word)}</span>'
         if c.writes_unowned_memory:
-            verdict += ' <span class="flag">writes memory it does not own</span>'
-        rows.append([verdict, esc(p.path), f"{c.mismatches} / {c.calls}", esc(str(c.first_mismatch_call or "-")),
-                     esc(c.worst_output or "-"), esc(str(c.worst_call or "-")), _number(c.worst_abs_error),
-                     _number(c.worst_rel_error), _number(c.allowed), esc(c.reference or "-"), _number(c.worst_ratio),
-                     esc("; ".join(p.reasons if p.status != "clean" else c.skipped)),
-                     _links({k: v for k, v in p.files.items() if "mismatch" in k}, prefix)])
-    return html + _table(["", "piece", "mismatching / checked calls", "first mismatch", "worst value", "at call",
-                          "abs error", "rel error", "allowed", "against", "x tolerance", "not compared", "script"],
-                         rows, {2, 3, 5, 6, 7, 8, 10})
+            verdict_cell += ' <span class="flag">writes memory it does not own</span>'
+        error = "-" if c.worst_abs_error is None else f"{_number(c.worst_abs_error)} / {_number(c.worst_rel_error)}"
+        cells = [verdict_cell, esc(p.path), f"{c.mismatches} / {c.calls}", esc(c.worst_output or "-"),
+                 esc(str(c.worst_call or "-")), error, _number(c.allowed), esc(c.reference or "-"),
+                 _number(c.worst_ratio), *([_links(p.scripts, prefix, _script_word)] if with_scripts else [])]
+        body.append("<tr>" + "".join(f'<td class="num">{cell}</td>' if i in numeric else f"<td>{cell}</td>"
+                                     for i, cell in enumerate(cells)) + "</tr>")
+        said = correctness.note(p)
+        if said:
+            body.append(f'<tr class="note"><td></td><td colspan="{len(header) - 1}">{esc(said)}</td></tr>')
+    head = "".join(f"<th>{h}</th>" for h in header)
+    return html + f'<table class="checks"><tr>{head}</tr>{"".join(body)}</table>'
 
 
 def _number(value: float | None) -> str:
