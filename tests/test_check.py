@@ -389,7 +389,7 @@ def test_pieces_with_values_left_uncompared_are_counted_apart_from_the_checked_c
     assert f"no mismatch in {len(pieces)} compared pieces, {len(partly)} of them only partly compared" in summary
     assert f"checked clean: {_counted(whole)}; partly compared: {_counted(partly)}" in summary
     page = render_html({0: dropped}, {0: "rank0/"})
-    verdicts = re.findall(r"<tr><td>(ok|partly compared)</td><td>([^<]+)</td>", page)
+    verdicts = re.findall(r'<tr><td><span class="[a-z]+">(ok|partly compared)</span></td><td>([^<]+)</td>', page)
     assert sorted(verdicts) == sorted([("ok", path) for path in whole] + [("partly compared", path) for path in partly])
 
 
