@@ -224,3 +224,19 @@ def test_a_piece_whose_interval_reaches_past_the_threshold_is_undecided_not_with
     assert "1 lie within it, 1 are undecided" in page
     assert "undecided: its interval reaches past 1.2x (more rounds would decide)" in page
     assert "undecided" in "\n".join(triage_findings.summary_lines(report))
+
+
+def test_the_runs_own_time_of_a_piece_leaves_out_its_cold_first_sample_as_the_headline_does():
+    """The time a piece loses per step rests on the run's own samples of it: the first sampled call, which pays for
+    cold caches (10-30x the rest on CPU), is left out as the summary's headline leaves it out, unless it is all."""
+    from thunderfx_debug.flush import triage as flush_triage
+    from thunderfx_debug.records import Triage
+
+    judged = Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.9, ratio_high=2.1, deviates=True,
+                    rounds=21)
+    cold_then_warm = flush_triage._beside_the_run(judged, (ClockKind.HOST, [30.0, 1.0, 1.2, 1.1]))
+    assert (cold_then_warm.run_ms, cold_then_warm.run_samples) == (1.1, 3)
+    assert cold_then_warm.ms_per_step == pytest.approx(1.1 * (1 - 1 / 2.0))
+    alone = flush_triage._beside_the_run(judged, (ClockKind.HOST, [30.0]))
+    assert (alone.run_ms, alone.run_samples) == (30.0, 1)
+    assert flush_triage._beside_the_run(judged, (ClockKind.CUDA, [1.0, 1.0])).run_ms is None  # another clock

@@ -54,6 +54,7 @@ from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.render.headline import COLD_SAMPLES
 from thunderfx_debug.safety import ReportingFailures
 from thunderfx_debug.thunder import rerun
 
@@ -393,11 +394,14 @@ def _run_samples(split: SplitSnapshot, owner: str, key: str) -> tuple[Any, list[
 
 
 def _beside_the_run(triage: Triage, samples: tuple[Any, list[float]]) -> Triage:
-    """`triage` with the run's own time of the piece, where the run sampled it on the same clock."""
+    """`triage` with the run's own time of the piece, where the run sampled it on the same clock: the median of its
+    samples after the first, which pays for cold caches as the headline's rule says (`render.headline`); the first
+    only where it is all there is."""
     clock, values = samples
     if triage.error is not None or not values or clock is not triage.clock:
         return triage
-    return dataclasses.replace(triage, run_ms=statistics.median(values), run_samples=len(values))
+    warm = values[COLD_SAMPLES:] or values
+    return dataclasses.replace(triage, run_ms=statistics.median(warm), run_samples=len(warm))
 
 
 # ---- what the flush says --------------------------------------------------------------------------------------------

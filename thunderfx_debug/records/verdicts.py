@@ -89,10 +89,10 @@ class Triage(JsonRecord):
     together, a fusion region's call), `ratio` Thunder's time over inductor's with its 95% interval
     [`ratio_low`, `ratio_high`] (Yuen's trimmed t on the rounds' log times, the two sides interleaved), `deviates`
     when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `run_ms` is the run's own
-    time per call of the piece on the same clock (the median of its `run_samples` sampled calls; None where the run
-    sampled none: THUNDERFX_DEBUG_TIMING below the piece's level). `ms_per_step` is the time Thunder loses there per
-    training step against inductor (negative: it gains): from the run's own time where known,
-    `run_ms` x (1 - 1/`ratio`) x `calls_per_step`, else (thunder_ms - inductor_ms) x `calls_per_step`. `inputs` says
+    time per call of the piece on the same clock (the median of its `run_samples` sampled calls, the first left out
+    where there are more, as the headline leaves it out; None where the run sampled none: THUNDERFX_DEBUG_TIMING
+    below the piece's level). `ms_per_step` is the time Thunder loses there per training step against inductor
+    (negative: it gains): from the run's own time where known, `run_ms` x (1 - 1/`ratio`) x `calls_per_step`, else (thunder_ms - inductor_ms) x `calls_per_step`. `inputs` says
     where the inputs came from ("real": the run's captured call; "meta": rebuilt from the recorded metadata; "the
     run's tensors" where they were all alive). `error` says why a piece could not be judged (then no figures),
     whole; `died` where the process that timed it died (or was ended past its time limit) in it. `compile_s` is what

@@ -17,11 +17,9 @@ step, the time a triaged piece loses per step) is marked as the thinnest of them
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from collections.abc import Collection
-
 import math
-from collections.abc import Iterable
+import statistics
+from collections.abc import Collection, Iterable
 
 from thunderfx_debug.records import GraphRecord, Phase, Timing
 
