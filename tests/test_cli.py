@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug.cli import main
+from thunderfx_debug.cli import build_parser, main
 from thunderfx_debug.dump import load_report
 from conftest import dump_fixtures
 
@@ -236,8 +236,11 @@ def test_demo_writes_where_dir_says_and_points_to_the_next_commands(tmp_path, ca
     assert f"--dir asked overrides THUNDERFX_DEBUG_DIR={tmp_path / 'from_env'}" in err
     next_commands = out[out.index("next, try:"):].splitlines()[1:]
     commands = [line.split("#")[0].split() for line in next_commands]
-    assert [c[1] for c in commands] == ["html", "demo", "diff", "bench"]
+    assert [c[1] for c in commands] == ["html", "verify", "demo", "diff", "bench"]
     assert commands[0] == ["thunderfx-debug", "html", "asked"]
+    assert commands[1] == ["thunderfx-debug", "verify", "asked"]
+    for command in commands:  # each one the command line takes as it is printed
+        assert build_parser().parse_args(command[1:]).command == command[1]
     assert run(capsys, *commands[0][1:])[0] == 0 and (tmp_path / "asked" / "report.html").is_file()
     assert run(capsys, "diff", "asked", "asked")[0] == 0
 

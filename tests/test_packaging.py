@@ -1,5 +1,6 @@
 """The distributions `python -m build` makes: a wheel with the package, its metadata and the license; an sdist with
-the package, the license and the test suite whole (with what the tests need), so that pytest runs from it."""
+the package, the license, the docs the README links to and the test suite whole (with what the tests need, the docs
+and .ci/run that tests/test_docs.py reads among it), so that pytest runs from it."""
 
 from __future__ import annotations
 
@@ -83,13 +84,14 @@ def test_wheel_has_the_package_metadata_and_license_only(dists):
     assert any(r.startswith("tlparse") and 'extra == "test"' in r for r in requires)
 
 
-def test_sdist_ships_the_tests_whole(dists):
+def test_sdist_ships_the_tests_and_the_docs_whole(dists):
     _, sdist, tree = dists
     with tarfile.open(sdist) as archive:
         root = archive.getnames()[0].split("/")[0]
         names = {n.removeprefix(root + "/") for n in archive.getnames()}
-    for folder in ("tests", "benchmarks", "thunderfx_debug"):
+    for folder in ("tests", "benchmarks", "thunderfx_debug", "docs"):
         assert _source_files(tree, folder) <= names, sorted(_source_files(tree, folder) - names)[:10]
+    assert any(n.startswith("docs/") and n.endswith(".md") for n in names)
     assert not [n for n in names if n.startswith(("thunderfx_debug_demo/", "dump/"))]
-    assert {"LICENSE", "README.md", "pyproject.toml", "MANIFEST.in"} <= names
+    assert {"LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", ".ci/run"} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]

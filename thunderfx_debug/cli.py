@@ -93,6 +93,7 @@ def _next_commands(dump_dir: Path, on_cuda: bool) -> str:
     bench = f"thunderfx-debug bench {shown}" + ("" if on_cuda else " --allow-cpu")
     commands = [
         (f"thunderfx-debug html {shown}", "one HTML page: charts, split reasons, traces, links to the scripts"),
+        (f"thunderfx-debug verify {shown}", "run every repro script of the dump and say what each found"),
         (f"thunderfx-debug demo --dir {other}", "a second run, then:"),
         (f"thunderfx-debug diff {shown} {other}", "what changed between the two runs, beyond noise"),
         (bench, "each Thunder split" + (" and nvFuser region" if on_cuda else "") + " against inductor"
