@@ -5,8 +5,8 @@ computations, the training it must leave bit for bit as it was, and what it cost
     python benchmarks/sentinel_zoo.py --device cpu --size tiny --models llama,gpt2 --json /tmp/sentinel_zoo.json
 
 Models (benchmarks/harness.py, --size realistic: 4 layers, hidden 768, sequence 512, batch 4, bf16 on CUDA): llama,
-qwen3, gpt2, gpt2-dropout, phi3, gptneox, bert; and the GPT of `thunderfx_debug.models` (GPT_12_LAYER, batch 8),
-whose first nvFuser region writes out of bounds on the H200 (benchmarks/RESULTS.md). Every part runs in processes of
+qwen3, gpt2, gpt2-dropout, phi3, gptneox, bert; and the GPT of `thunderfx_debug.commands.models` (GPT_12_LAYER, batch
+8), whose first nvFuser region writes out of bounds on the H200 (benchmarks/RESULTS.md). Every part runs in processes of
 its own, --jobs at a time, within --deadline seconds; everything goes into one JSON (--json) and a table is printed.
 
 Parts:
@@ -279,7 +279,12 @@ def grads_worker(job: dict) -> dict:
 def oob_worker(job: dict) -> dict:
     torch = _setup(job)
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+    from thunderfx_debug.commands.models import (
+        GPT,
+        GPT_12_LAYER,
+        GPTConfig,
+        synthetic_batches,
+    )
 
     device = job["device"]
     config = GPTConfig(**{**vars(GPT_12_LAYER), "n_layer": job["gpt_layers"]}) if job["size"] == "realistic" else \

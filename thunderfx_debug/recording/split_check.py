@@ -46,7 +46,7 @@ from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, Float64Mode, Pi
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
 

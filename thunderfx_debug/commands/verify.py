@@ -31,8 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug import layout
-from thunderfx_debug.records import InputMeta, RankRecord
+from thunderfx_debug.records import InputMeta, RankRecord, layout
 
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
@@ -104,7 +103,7 @@ def _listed(report: RankRecord) -> Iterable[tuple[str, str, str, str, bool]]:
 def scripts_of(reports: Mapping[Path, RankRecord], root: Path) -> list[Script]:
     """The repro scripts the records list, rank by rank (`reports`: rank directory -> its records), with paths
     relative to `root`; a script that leaves the dump (a link, '..') or is missing has its `problem` said."""
-    from thunderfx_debug.dump import inside_dump
+    from thunderfx_debug.dump.files import inside_dump
 
     scripts = []
     for rank_dir, report in reports.items():
