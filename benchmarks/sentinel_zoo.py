@@ -212,22 +212,23 @@ def grads_worker(job: dict) -> dict:
                                                                                           **options))
     torch._dynamo.reset()
     captures = []
-    check = split_check._BackwardCheck._check
+    check = split_check.BackwardCheck.check
 
     def spy(self):  # the capture diagnostic: what the sentinel captured, before it compares it
-        verified = self._verified(list(self.wanted))
+        verified = self.verified(list(self.wanted))
         for i in self.wanted:
-            kept, captured = self.inputs[i], self._captured(i)
-            captures.append({"input": f"{self.owner.label} {self.owner._input(i)}", "verified": i in verified,
+            kept, captured = self.inputs[i], self.captured(i)
+            captures.append({"input": f"{self.owner.label} {self.owner.describe_input(i)}",
+                             "verified": i in verified,
                              "ptr": kept.data_ptr() if isinstance(kept, torch.Tensor) else None,
                              "captured": None if captured is None else captured.detach().double().cpu()})
         return check(self)
 
-    split_check._BackwardCheck._check = spy
+    split_check.BackwardCheck.check = spy
     reported = copy.deepcopy(base)
     backend = ReportingBackend(check="fusion", check_every=1, **options)
     independent["reporting"] = one_step(reported, backend)
-    split_check._BackwardCheck._check = check
+    split_check.BackwardCheck.check = check
     report = backend.report()
     result["sentinel"] = _checks(report)
     result["reporting_failures"] = [f["what"] + ": " + f["error"] for f in backend.recorder.failures.failures[:10]]

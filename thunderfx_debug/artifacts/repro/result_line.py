@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)(.*)$", re.M)
+_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)(.*)$", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
