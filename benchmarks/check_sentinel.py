@@ -4,9 +4,9 @@ stay quiet where nothing is wrong, and what does it cost.
     source .gpu/setup.sh && python3 benchmarks/check_sentinel.py --json check_sentinel.json    # H200, ~5-6 min
     python benchmarks/check_sentinel.py --tiny                                                   # CPU smoke test
 
-Proof (the 12-layer GPT of `thunderfx_debug.models.GPT_12_LAYER`, bf16, batch --batch, AdamW): two worker processes
-train it for --proof-steps steps with THUNDERFX_DEBUG_CHECK=fusion checking every call, each writing its dump after
-every step (a run that the fault kills still leaves its findings):
+Proof (the 12-layer GPT of `thunderfx_debug.commands.models.GPT_12_LAYER`, bf16, batch --batch, AdamW): two worker
+processes train it for --proof-steps steps with THUNDERFX_DEBUG_CHECK=fusion checking every call, each writing its
+dump after every step (a run that the fault kills still leaves its findings):
   nvfuser        Thunder's default executors (nvFuser). On the H200 that nvFuser's kernel for the GPT's first fusion
                  writes out of bounds (benchmarks/RESULTS.md), so the sentinel must name a mismatching
                  nvFusion0_forward (--expect); its mismatch scripts are then run (exit status 1 expected).
@@ -41,7 +41,12 @@ from pathlib import Path
 import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported; the workers import this too)
-from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+from thunderfx_debug.commands.models import (
+    GPT,
+    GPT_12_LAYER,
+    GPTConfig,
+    synthetic_batches,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402

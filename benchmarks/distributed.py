@@ -144,7 +144,7 @@ def build(name: str, tiny: bool, device, dtype, batch: int | None, seed_data: in
 
     torch.manual_seed(0)  # the same initial weights on every rank and in every run
     if name == "gpt":
-        from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+        from thunderfx_debug.commands.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
         config = GPTConfig(vocab_size=512, block_size=32, n_layer=2, n_head=4, n_embd=128) if tiny else GPT_12_LAYER
         config = dataclasses.replace(config, n_layer=layers or config.n_layer)
@@ -234,7 +234,7 @@ def executors_for(choice: str, device, model: str) -> list | None:
 
 def check_setting(choice: str) -> str | None:
     """The check to ask ReportingBackend for (None: this thunderfx_debug has none and none was asked for)."""
-    from thunderfx_debug.config import OWN_OPTIONS
+    from thunderfx_debug.settings.config import OWN_OPTIONS
 
     if "check" not in OWN_OPTIONS:
         if choice not in ("auto", "off"):
@@ -308,7 +308,7 @@ def compare_losses(reporting: list[float], plain: list[float]) -> dict:
 def side_by_side(case_dir: Path) -> dict:
     """Reads the case's dumps back, writes side_by_side.txt and report.html beside them; the figures of the view."""
     from thunderfx_debug import load_reports
-    from thunderfx_debug.dump import write_file_atomically
+    from thunderfx_debug.dump.files import write_file_atomically
     from thunderfx_debug.render import digest, ranks
     from thunderfx_debug.render.html import render_html
     from thunderfx_debug.render.summary import render_ranks

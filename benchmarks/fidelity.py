@@ -55,7 +55,12 @@ from pathlib import Path
 import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported)
-from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+from thunderfx_debug.commands.models import (
+    GPT,
+    GPT_12_LAYER,
+    GPTConfig,
+    synthetic_batches,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
@@ -77,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: GPT 12, Llama 2; fewer "
                         "to fit a short device lease)")
     parser.add_argument("--model", choices=("gpt", "llama"), default="gpt",
-                        help="the GPT of thunderfx_debug.models, or a Hugging Face Llama from a config (implies --step)")
+                        help="the GPT of thunderfx_debug.commands.models, or a Hugging Face Llama from a config "
+                             "(implies --step)")
     parser.add_argument("--step", action="store_true",
                         help="attribute whole steps part by part against the profiler's kernel total")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (Llama; default 2048, tiny 64)")

@@ -4,8 +4,8 @@ the steps a flush overlaps, and the clock check every graph call pays.
     source .gpu/setup.sh && python3 benchmarks/flush_pause.py --json flush_pause.json   # H200: 12-layer GPT
     python benchmarks/flush_pause.py --tiny                                              # CPU smoke test, ~1 min
 
-The model is `thunderfx_debug.models.GPT` (12 layers, d 768, seq 1024, batch 8, bf16 on CUDA; --tiny: 2 layers of
-d 32, seq 16, float32), trained with AdamW under ReportingBackend(dump_dir=<temp dir>, repro="all",
+The model is `thunderfx_debug.commands.models.GPT` (12 layers, d 768, seq 1024, batch 8, bf16 on CUDA; --tiny: 2
+layers of d 32, seq 16, float32), trained with AdamW under ReportingBackend(dump_dir=<temp dir>, repro="all",
 timing="fusion", timing_every=50, flush_every=--every): every script of every graph, split and fusion region, and
 every fusion region timed, the most a flush has to do. The first periodic flush comes with the first step after the
 compile and makes every script; the run then trains until --flushes more periodic flushes have been written.
@@ -38,7 +38,7 @@ from pathlib import Path
 import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
 import torch
 
-from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+from thunderfx_debug.commands.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402

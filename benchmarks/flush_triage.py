@@ -78,7 +78,7 @@ def paired(thunder_ms: list[float], inductor_ms: list[float]) -> dict:
         >>> round(g["gap_ms"], 2), round(g["ratio"], 2), g["pairs"]
         (2.0, 3.0, 4)
     """
-    from thunderfx_debug import stats as noise
+    from thunderfx_debug.records import stats as noise
 
     def interval(values):
         t = noise.trimmed(values)

@@ -229,7 +229,7 @@ class Clock:
 class Trainer:
     """A model compiled with `backend` (None: eager; "inductor": torch.compile's default) and AdamW, stepping through
     `batches` in turn. A batch is a dict of keyword arguments (a Hugging Face model: its output's `.loss`) or a tuple
-    of positional ones (thunderfx_debug.models.GPT: it returns the loss)."""
+    of positional ones (thunderfx_debug.commands.models.GPT: it returns the loss)."""
 
     def __init__(self, model, backend, batches: Sequence, lr: float = 1e-4, device: str | None = None,
                  host_clock: Callable[[], float] = time.perf_counter):

@@ -274,7 +274,7 @@ def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
     import copy
 
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import GPT, GPTConfig, synthetic_batches
+    from thunderfx_debug.commands.models import GPT, GPTConfig, synthetic_batches
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, graph_break=False, sinc_gate=False)

@@ -4,11 +4,12 @@ minimize the region's mismatch script (`thunderfx-debug minimize`), run the mini
     source .gpu/setup.sh && python benchmarks/minimize.py --json minimize_h200.json          # H200, nvFuser
     python benchmarks/minimize.py --tiny --json benchmarks/results/minimize_cpu_tiny.json    # CPU proof of the script
 
-1. A worker process trains the GPT of `thunderfx_debug.models` (the 12-layer `GPT_12_LAYER`, bf16, batch --batch,
-   Thunder's default executors: nvFuser) for --steps steps under ReportingBackend with THUNDERFX_DEBUG_CHECK=fusion
-   checking every call, writing its dump after every step (on the H200 the region's stray writes may kill the run;
-   its findings are on disk by then). --tiny: a 2-layer GPT (d 32, float32) on CPU with a fusion executor of the
-   tests (`tests/wrong_fusions.py`) that computes tanh wrongly inside its regions, in place of nvFuser's fault.
+1. A worker process trains the GPT of `thunderfx_debug.commands.models` (the 12-layer `GPT_12_LAYER`, bf16, batch
+   --batch, Thunder's default executors: nvFuser) for --steps steps under ReportingBackend with
+   THUNDERFX_DEBUG_CHECK=fusion checking every call, writing its dump after every step (on the H200 the region's stray
+   writes may kill the run; its findings are on disk by then). --tiny: a 2-layer GPT (d 32, float32) on CPU with a
+   fusion executor of the tests (`tests/wrong_fusions.py`) that computes tanh wrongly inside its regions, in place of
+   nvFuser's fault.
 2. --way command (the default on CUDA): the mismatch script of --region (default nvFusion0_forward) of the first
    split that holds one is minimized within --budget seconds, as `thunderfx-debug minimize` does, its trials in
    children of a fresh server process; the time is the whole command's, wall clock. --way flush (the default with
@@ -72,7 +73,7 @@ def train(args: argparse.Namespace) -> None:
     import thunderfx_debug  # noqa: F401  (before thunder)
     import thunder
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+    from thunderfx_debug.commands.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
     if args.tiny:
         from wrong_fusions import wrong_fusion_executor

@@ -177,9 +177,9 @@ def special_steps(backend) -> Callable[[int], str]:
     config = getattr(backend, "config", None)
     if config is None:
         return lambda step: ""
-    from thunderfx_debug.config import CheckLevel, TimingLevel
     from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
     from thunderfx_debug.recording.timing import Sampling
+    from thunderfx_debug.settings.config import CheckLevel, TimingLevel
 
     sampling = Sampling(config.timing_every, config.timing_warmup, enabled=config.timing >= TimingLevel.GRAPH)
     schedule = CheckSchedule(config.check_every) if config.check > CheckLevel.OFF else None

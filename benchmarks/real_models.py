@@ -46,7 +46,7 @@ def build(model_name: str, tiny: bool, device: str):
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if model_name == "gpt":
-        from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+        from thunderfx_debug.commands.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
 
         config = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=64) if tiny else dataclasses.replace(GPT_12_LAYER, n_layer=GPT_LAYERS)
         model = GPT(config).to(device=device, dtype=dtype)

@@ -5,8 +5,8 @@ computations, the training it must leave bit for bit as it was, and what it cost
     python benchmarks/sentinel_zoo.py --device cpu --size tiny --models llama,gpt2 --json /tmp/sentinel_zoo.json
 
 Models (benchmarks/harness.py, --size realistic: 4 layers, hidden 768, sequence 512, batch 4, bf16 on CUDA): llama,
-qwen3, gpt2, gpt2-dropout, phi3, gptneox, bert; and the GPT of `thunderfx_debug.models` (GPT_12_LAYER, batch 8),
-whose first nvFuser region writes out of bounds on the H200 (benchmarks/RESULTS.md). Every part runs in processes of
+qwen3, gpt2, gpt2-dropout, phi3, gptneox, bert; and the GPT of `thunderfx_debug.commands.models` (GPT_12_LAYER, batch
+8), whose first nvFuser region writes out of bounds on the H200 (benchmarks/RESULTS.md). Every part runs in processes of
 its own, --jobs at a time, within --deadline seconds; everything goes into one JSON (--json) and a table is printed.
 
 Parts:
@@ -212,22 +212,23 @@ def grads_worker(job: dict) -> dict:
                                                                                           **options))
     torch._dynamo.reset()
     captures = []
-    check = split_check._BackwardCheck._check
+    check = split_check.BackwardCheck.check
 
     def spy(self):  # the capture diagnostic: what the sentinel captured, before it compares it
-        verified = self._verified(list(self.wanted))
+        verified = self.verified(list(self.wanted))
         for i in self.wanted:
-            kept, captured = self.inputs[i], self._captured(i)
-            captures.append({"input": f"{self.owner.label} {self.owner._input(i)}", "verified": i in verified,
+            kept, captured = self.inputs[i], self.captured(i)
+            captures.append({"input": f"{self.owner.label} {self.owner.describe_input(i)}",
+                             "verified": i in verified,
                              "ptr": kept.data_ptr() if isinstance(kept, torch.Tensor) else None,
                              "captured": None if captured is None else captured.detach().double().cpu()})
         return check(self)
 
-    split_check._BackwardCheck._check = spy
+    split_check.BackwardCheck.check = spy
     reported = copy.deepcopy(base)
     backend = ReportingBackend(check="fusion", check_every=1, **options)
     independent["reporting"] = one_step(reported, backend)
-    split_check._BackwardCheck._check = check
+    split_check.BackwardCheck.check = check
     report = backend.report()
     result["sentinel"] = _checks(report)
     result["reporting_failures"] = [f["what"] + ": " + f["error"] for f in backend.recorder.failures.failures[:10]]
@@ -279,7 +280,12 @@ def grads_worker(job: dict) -> dict:
 def oob_worker(job: dict) -> dict:
     torch = _setup(job)
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import GPT, GPT_12_LAYER, GPTConfig, synthetic_batches
+    from thunderfx_debug.commands.models import (
+        GPT,
+        GPT_12_LAYER,
+        GPTConfig,
+        synthetic_batches,
+    )
 
     device = job["device"]
     config = GPTConfig(**{**vars(GPT_12_LAYER), "n_layer": job["gpt_layers"]}) if job["size"] == "realistic" else \

@@ -76,7 +76,7 @@ def cpu_executors_apart_at_matmuls():
 
 
 def tiny_gpt(seed: int = 0, device: str = "cpu", **overrides):
-    from thunderfx_debug.models import GPT, GPTConfig
+    from thunderfx_debug.commands.models import GPT, GPTConfig
 
     torch.manual_seed(seed)
     options = dict(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, graph_break=True, sinc_gate=True)
@@ -87,7 +87,7 @@ def tiny_gpt(seed: int = 0, device: str = "cpu", **overrides):
 
 def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: int = 4):
     """Runs `steps` AdamW steps; returns the losses (as tensors, read after training: no sync in the loop)."""
-    from thunderfx_debug.models import synthetic_batches
+    from thunderfx_debug.commands.models import synthetic_batches
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     batches = synthetic_batches(config, batch_size=batch_size, device=device)

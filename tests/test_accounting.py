@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from thunderfx_debug.manifest import device_sharing, version_warnings
+from thunderfx_debug.recording.manifest import device_sharing, version_warnings
 from thunderfx_debug.records import (
     BETWEEN_OPS, CompileCost, CostPart, CostStage, Disturbance, DisturbedCall, GraphRecord, OpGroup, Phase,
     RankRecord, SplitKind, SplitRecord, Timing,

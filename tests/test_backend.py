@@ -13,7 +13,7 @@ import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.config import ConfigError
+from thunderfx_debug.settings.config import ConfigError
 from thunderfx_debug.records import Phase, SplitKind
 
 STEPS = 4

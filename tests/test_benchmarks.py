@@ -145,7 +145,7 @@ def test_real_models_reports_the_exception_line_of_a_failed_mode_not_its_last_li
 def test_flush_pause_benchmark_classifies_steps_by_the_flushes_they_overlap():
     """benchmarks/flush_pause.py's arithmetic on made-up flushes and steps (its training run is the H200's)."""
     flush_pause = _load("flush_pause")
-    from thunderfx_debug.flusher import FlushStats
+    from thunderfx_debug.run.flusher import FlushStats
 
     history = [FlushStats("periodic", 900.0, 50.0, 9, 0, started_s=0.0),  # the first: makes every script
                FlushStats("periodic", 2.0, 98.0, 4, 5, started_s=10.0), FlushStats("periodic", 4.0, 96.0, 4, 5,

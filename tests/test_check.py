@@ -22,7 +22,7 @@ from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
 from wrong_executors import slightly_wrong_sin_executor, wrong_cos_executor, wrong_sin_executor
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 from thunderfx_debug.render import correctness
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
@@ -466,7 +466,7 @@ def test_a_write_behind_the_programs_back_is_a_mismatch_and_its_region_is_found_
     is a mismatch of the tensor hit; on the next checked call, the region during which it happens is named."""
     from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper
     from thunderfx_debug.recording.region_check import RegionCheck
-    from thunderfx_debug.safety import ReportingFailures
+    from thunderfx_debug.settings.safety import ReportingFailures
     from thunderfx_debug.thunder.reference import RegionReference
 
     class References:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug.cli import build_parser, main
-from thunderfx_debug.dump import load_report
+from thunderfx_debug.commands.cli import build_parser, main
+from thunderfx_debug.dump.files import load_report
 from conftest import dump_fixtures
 
 FIXTURES = dump_fixtures()
@@ -162,7 +162,7 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys, argv, expected)
 def test_every_command_given_no_dump_says_what_to_pass(tmp_path, capsys, command):
     """A directory with no dump, one that does not exist, and the folder above a dump: each command says what is
     wrong and what to pass instead (the dumps right below, where there are some)."""
-    from thunderfx_debug.dump import WHAT_TO_PASS
+    from thunderfx_debug.dump.files import WHAT_TO_PASS
 
     empty, above = tmp_path / "empty", tmp_path / "runs_of_a_week"
     empty.mkdir()
@@ -262,7 +262,7 @@ def test_reading_commands_import_neither_torch_nor_thunder(tmp_path):
     """summary, html and diff work on a laptop without torch or thunder: they must not import them."""
     code = (
         "import sys\n"
-        "from thunderfx_debug.cli import main\n"
+        "from thunderfx_debug.commands.cli import main\n"
         f"assert main(['summary', {str(TWO_RANK)!r}]) == 0\n"
         f"assert main(['html', {str(TWO_RANK)!r}, '-o', {str(tmp_path / 'r.html')!r}]) == 0\n"
         f"assert main(['diff', {str(NORMAL)!r}, {str(TWO_RANK)!r}]) == 0\n"
@@ -300,7 +300,7 @@ def test_bench_on_cuda_runs_nvfuser_and_inductor_scripts(tmp_path, capsys):
 
 def test_bench_resume_runs_only_the_scripts_without_a_result(tmp_path, capsys):
     """An interrupted bench (the device command ran out of time) is resumed: kept results are not run again."""
-    from thunderfx_debug import bench
+    from thunderfx_debug.commands import bench
 
     dump = tmp_path / "dump"
     shutil.copytree(NORMAL, dump)
@@ -332,7 +332,7 @@ def test_bench_times_one_script_per_gpu_at_a_time_on_every_gpu(tmp_path):
     import threading
     import time
 
-    from thunderfx_debug import bench
+    from thunderfx_debug.commands import bench
 
     rank_dir = tmp_path / "rank0"
     rank_dir.mkdir()
@@ -363,7 +363,7 @@ def test_bench_times_one_script_per_gpu_at_a_time_on_every_gpu(tmp_path):
 
 
 def test_bench_warm_up_runs_each_script_once_in_its_folder_and_nothing_outside_the_dump(tmp_path):
-    from thunderfx_debug import bench
+    from thunderfx_debug.commands import bench
 
     rank_dir = tmp_path / "rank0"
     (rank_dir / "graph0").mkdir(parents=True)
@@ -379,7 +379,7 @@ def test_bench_warm_up_runs_each_script_once_in_its_folder_and_nothing_outside_t
 def test_demo_dir_precedence(tmp_path, caplog):
     """--dir given: it wins over THUNDERFX_DEBUG_DIR (a warning names both when they differ); not given: the
     variable, else ./thunderfx_debug_demo."""
-    from thunderfx_debug.demo import DEFAULT_DIR, demo_dump_dir
+    from thunderfx_debug.commands.demo import DEFAULT_DIR, demo_dump_dir
 
     env = {"THUNDERFX_DEBUG_DIR": str(tmp_path / "env")}
     with caplog.at_level("WARNING", logger="thunderfx_debug"):

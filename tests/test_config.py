@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from faults import read_only_or_skip
-from thunderfx_debug.config import (
+from thunderfx_debug.settings.config import (
     CheckLevel,
     Config,
     ConfigError,

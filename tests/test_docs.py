@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug.cli import build_parser
-from thunderfx_debug.config import Config, environ_names
-from thunderfx_debug.demo import CPU_FUSIONS_NOTE
+from thunderfx_debug.commands.cli import build_parser
+from thunderfx_debug.settings.config import Config, environ_names
+from thunderfx_debug.commands.demo import CPU_FUSIONS_NOTE
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug.cli import main
+from thunderfx_debug.commands.cli import main
 from conftest import dump_fixtures
 
 FIXTURES = dump_fixtures()

@@ -27,14 +27,14 @@ import torch
 
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.flush import manifest_json
-from thunderfx_debug.dump import list_runs, move_earlier_run_aside, write_files
+from thunderfx_debug.dump.files import list_runs, move_earlier_run_aside, write_files
 from thunderfx_debug.records import DumpError, GraphRecord, Timing
 from thunderfx_debug.recording.samples import SampleStream, WindowSeries
 from thunderfx_debug.recording.timing import HostClock, SampleSeries
 from thunderfx_debug.render.summary import render_summary
-from thunderfx_debug.report import Report
-from thunderfx_debug.runs import derive_run_id
-from thunderfx_debug.sigterm import chain_sigterm
+from thunderfx_debug.render.report import Report
+from thunderfx_debug.dump.runs import derive_run_id
+from thunderfx_debug.run.sigterm import chain_sigterm
 
 TESTS = Path(__file__).parent
 CLI = Path(sys.executable).with_name("thunderfx-debug")

@@ -19,7 +19,7 @@ from thunderfx_debug.records import DumpError, Memory, Phase
 from thunderfx_debug.recording import memory as recording_memory
 from thunderfx_debug.recording.memory import Counts, MemoryMeter, MemoryProbe, PieceMemory
 from thunderfx_debug.render import memory as render_memory
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
 
@@ -155,7 +155,7 @@ def test_sampled_calls_pass_saved_tensors_on_to_the_users_hooks_and_change_no_nu
         model, config = tiny_gpt(seed=0)
         backend = thunderfx_debug.ReportingBackend(strict=True, executors=cpu_executors(), **options)
         compiled = torch.compile(model, backend=backend)
-        from thunderfx_debug.models import synthetic_batches
+        from thunderfx_debug.commands.models import synthetic_batches
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         batches = synthetic_batches(config, batch_size=4, device="cpu")

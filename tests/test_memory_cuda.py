@@ -23,7 +23,7 @@ def _steps(sync_error_on_sampled: bool = False, big_mib: int = 0):
     what `max_memory_allocated` rose to above what was allocated before the step's forward and backward (reset before
     each), and whether the user's peak reading survived the step (`big_mib` allocated and freed after the reset)."""
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import synthetic_batches
+    from thunderfx_debug.commands.models import synthetic_batches
 
     torch._dynamo.reset()
     model, config = tiny_gpt(seed=0, device="cuda", n_layer=2, n_embd=64, block_size=64)

@@ -27,10 +27,10 @@ from wrong_fusions import (WRONG_FUSION, aborting_sin_executor, crashing_sin_exe
                            wrong_fusion_executor)
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro.standalone import run_script
-from thunderfx_debug.cli import main
+from thunderfx_debug.commands.cli import main
 from thunderfx_debug.minimize import offline
 from thunderfx_debug.minimize.trials import TrialRunner
-from thunderfx_debug.config import ConfigError, load_config
+from thunderfx_debug.settings.config import ConfigError, load_config
 from thunderfx_debug.records import DumpError, InputMeta, Minimized, Phase, SplitKind, SplitRecord
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.thunder import script_support

@@ -47,7 +47,7 @@ GPT_LAYERS = int(os.environ.get("TEST_GPT_LAYERS", "12"))
 def _gpt():
     import dataclasses
 
-    from thunderfx_debug.models import GPT, GPT_12_LAYER, synthetic_batches
+    from thunderfx_debug.commands.models import GPT, GPT_12_LAYER, synthetic_batches
 
     config = dataclasses.replace(GPT_12_LAYER, n_layer=GPT_LAYERS)
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from thunderfx_debug import stats
+from thunderfx_debug.records import stats
 from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, SplitRecord, Timing
 from thunderfx_debug.render import noise
 from thunderfx_debug.render.diff import diff_reports, render_diff

@@ -78,7 +78,7 @@ def test_wheel_has_the_package_metadata_and_license_only(dists):
     classifiers = metadata.get_all("Classifier")
     assert "Programming Language :: Python :: 3" in classifiers and len(classifiers) >= 8
     assert {url.split(",")[0] for url in metadata.get_all("Project-URL")} >= {"Homepage", "Source", "Issues"}
-    assert "thunderfx-debug = thunderfx_debug.cli:main" in entry_points
+    assert "thunderfx-debug = thunderfx_debug.commands.cli:main" in entry_points
     requires = metadata.get_all("Requires-Dist")
     assert any(r.startswith("lightning-thunder==") for r in requires)
     assert any(r.startswith("tlparse") and 'extra == "test"' in r for r in requires)

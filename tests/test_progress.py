@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from thunderfx_debug.progress import progress, wants_bar
+from thunderfx_debug.render.progress import progress, wants_bar
 
 
 class Terminal(io.StringIO):
@@ -57,7 +57,8 @@ def test_short_work_and_disabled_progress_say_nothing(caplog):
 def test_a_flush_with_many_scripts_reports_its_progress(tmp_path, caplog, monkeypatch):
     import torch
 
-    from thunderfx_debug import ReportingBackend, progress as progress_module
+    from thunderfx_debug import ReportingBackend
+    from thunderfx_debug.render import progress as progress_module
 
     class Gated(torch.nn.Module):
         def __init__(self):

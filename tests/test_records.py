@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug.config import Config
+from thunderfx_debug.settings.config import Config
 from thunderfx_debug.records import (
     DEVIATION, Check, ClockKind, CollectiveCall, CollectiveLog, CompileCost, CostPart, CostStage, CostWhen,
     DisturbedCall, Disturbance, DumpError, FusionRecord, GraphRecord, InputKind, InputMeta, Minimized, OpGroup, Phase,

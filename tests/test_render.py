@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from thunderfx_debug import bench
-from thunderfx_debug.dump import load_report, load_reports
+from thunderfx_debug.commands import bench
+from thunderfx_debug.dump.files import load_report, load_reports
 from thunderfx_debug.records import Check, Phase, SplitKind, Timing
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 from thunderfx_debug.render import digest, svg
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_ranks, render_summary
-from thunderfx_debug.bench_report import render_bench_report
+from thunderfx_debug.commands.bench_report import render_bench_report
 from conftest import dump_fixtures
 
 FIXTURES = dump_fixtures()

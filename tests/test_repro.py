@@ -30,7 +30,7 @@ from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro import script_template as template
 from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts, nvfuser_declared_inputs
 from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG, run_script
-from thunderfx_debug.config import Inputs
+from thunderfx_debug.settings.config import Inputs
 from thunderfx_debug.records import InputMeta
 
 SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # no pool of inductor compile workers per script

@@ -146,7 +146,7 @@ class _Attention(torch.nn.Module):
 
 def test_a_backward_region_fed_transposed_gradients_is_rebuilt_with_the_runs_strides(tmp_path, capsys):
     from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.cli import main
+    from thunderfx_debug.commands.cli import main
 
     backend = ReportingBackend(dump_dir=tmp_path, repro="fusion", strict=True,
                                executors=[_sdpa_like_executor(), *cpu_executors()])

@@ -322,7 +322,7 @@ def test_an_nvfuser_script_checks_binds_and_judges_its_region(tmp_path, case):
     from thunderfx_debug.artifacts.repro import writers
     from thunderfx_debug.artifacts.repro.standalone import run_script
     from thunderfx_debug.recording.capture import InputCapture
-    from thunderfx_debug.safety import ReportingFailures
+    from thunderfx_debug.settings.safety import ReportingFailures
 
     (tmp_path / "fake").mkdir()
     (tmp_path / "fake" / "nvfuser_direct.py").write_text(FAKE_NVFUSER)

@@ -33,9 +33,9 @@ import torch
 from conftest import cpu_executors, tiny_gpt
 from faults import CannotMakeReadOnly, full_disk, read_only, small_tmpfs
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.dump import DumpWriteError
-from thunderfx_debug.manifest import REDACTED, redacted_argv, redacted_environment
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.dump.files import DumpWriteError
+from thunderfx_debug.recording.manifest import REDACTED, redacted_argv, redacted_environment
+from thunderfx_debug.settings.safety import ReportingFailures
 
 STEPS = 8
 SECRETS = {
@@ -87,7 +87,7 @@ def _alive_after_step(backend: WatchedBackend, model: torch.nn.Module) -> int:
 def _train(backend: WatchedBackend, during=None, after=None):
     """Trains the tiny GPT for STEPS AdamW steps. `during[step]` is a context entered around that step, `after[step]`
     a function called after it. Returns (losses, alive inputs/outputs after each step)."""
-    from thunderfx_debug.models import synthetic_batches
+    from thunderfx_debug.commands.models import synthetic_batches
 
     torch._dynamo.reset()
     during, after = during or {}, after or {}
@@ -369,7 +369,7 @@ def test_strict_mode_raises_what_is_otherwise_logged(tmp_path, monkeypatch, capl
 
 
 def test_guard_logs_each_kind_once_and_keeps_a_bounded_record(caplog):
-    from thunderfx_debug import safety
+    from thunderfx_debug.settings import safety
 
     failures = ReportingFailures(strict=False)
     with caplog.at_level(logging.WARNING, logger="thunderfx_debug"):

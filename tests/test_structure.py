@@ -1,21 +1,26 @@
 """The package's structure: no import cycles, imports only downwards through the layers below (imports inside
-functions and under TYPE_CHECKING included), Thunder's private names read only in `thunderfx_debug/thunder/`, torch's
-private APIs called only there, and `import thunderfx_debug` leaving Thunder as it ships.
+functions and under TYPE_CHECKING included), a few arrows the order would allow but the design forbids, Thunder's
+private names read only in `thunderfx_debug/thunder/`, torch's private APIs called only there, and `import
+thunderfx_debug` leaving Thunder as it ships.
 
-The layers, bottom first; a module imports from its own layer and those below it, never from one above:
+The layers are folders, bottom first; a module imports from its own layer and those below it, never from one above:
 
-1. records and settings: `records`, `config`, `layout`, `safety`, `runs`, `sigterm`, `stats` (the statistics the
-   diff's noise model and the flush-time triage share), `models` (the demo's models): import nothing above;
-2. render: `render/`, `report`, `progress`: records in, text out (so a dump renders without torch or Thunder);
-3. dump: `dump`: a dump's files written and read back;
+1. records and settings: `records/` (the records, their JSON form, the dump's file names, the statistics of
+   timings), `settings/` (the settings, the fail-safe): import nothing above;
+2. render: `render/`: records in, text out (so a dump renders without torch or Thunder), `Report` and progress;
+3. dump: `dump/`: a dump's files written and read back, the run id;
 4. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
-5. recording: `recording/`, `manifest`: the training path and what it records;
+5. recording: `recording/`: the training path and what it records (the run's manifest facts included);
 6. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
 7. flush-time work: `flush/`, `minimize/`: what a flush runs on the recorded pieces in processes of their own (the
    triage against inductor, the minimizer, the workers that run them and `verify`'s scripts), their results handed
    to the artifacts as records;
-8. the run: `flusher`, `backend`, the package itself (`thunderfx_debug/__init__.py`);
-9. commands: `cli`, `__main__`, `demo`, `bench`, `bench_worker`, `bench_report`, `verify`.
+8. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself (`thunderfx_debug/__init__.py`);
+9. commands: `commands/` (the CLI and what each command runs, the demo's model), `__main__`.
+
+The package's root holds `__init__.py` and `__main__.py` only; every other module lies in a layer's folder.
+The training path (`recording/`, `thunder/`) never imports the dump writer (`dump/`, `artifacts/`) or the renderers
+(`render/`), though `dump/` and `render/` lie below it.
 """
 
 from __future__ import annotations
@@ -64,18 +69,26 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
     return found
 
 
-#: (layer, its modules: a name and what lies under it, relative to the package; "" is the package's __init__),
+#: (layer, its folders relative to the package; "" is the package's __init__, "__main__" its `python -m` entry),
 #: bottom first (see the module docstring).
 LAYERS = (
-    ("records and settings", ("records", "config", "layout", "safety", "runs", "sigterm", "stats", "models")),
-    ("render", ("render", "report", "progress")),
+    ("records and settings", ("records", "settings")),
+    ("render", ("render",)),
     ("dump", ("dump",)),
     ("thunder", ("thunder",)),
-    ("recording", ("recording", "manifest")),
+    ("recording", ("recording",)),
     ("artifacts", ("artifacts",)),
     ("flush-time work", ("flush", "minimize")),
-    ("the run", ("flusher", "backend", "")),
-    ("commands", ("cli", "__main__", "demo", "bench", "bench_worker", "bench_report", "verify")),
+    ("the run", ("run", "")),
+    ("commands", ("commands", "__main__")),
+)
+#: The modules the package's root may hold besides its folders ("" is the package's __init__).
+ROOT_MODULES = ("", "__main__")
+#: Arrows the order of the layers allows but the design forbids: (who, what it never imports, why). The training
+#: path records in memory; writing the dump and rendering it happen at flush and offline.
+FORBIDDEN = (
+    (("recording", "thunder"), ("dump", "artifacts"), "the training path never imports the dump writer"),
+    (("recording", "thunder"), ("render",), "the training path never imports the renderers"),
 )
 
 
@@ -168,6 +181,72 @@ def test_the_layer_check_finds_an_upward_import_inside_a_function_and_under_type
         "pkg.stray is in no layer (add it to LAYERS)"]
 
 
+def _misplaced(package: Path, layers=LAYERS, root=ROOT_MODULES) -> list[str]:
+    """Every layer's name that is not a folder of the package whose `__init__.py` says what it holds, every module
+    of the root that is not one of `root`, and every folder of the package that is no layer's."""
+    found = []
+    folders = {name for _, names in layers for name in names if name not in root}
+    for name in sorted(folders):
+        init = package / name / "__init__.py"
+        if not init.is_file():
+            found.append(f"{name}/ is not a package folder")
+        elif not ast.get_docstring(ast.parse(init.read_text())):
+            found.append(f"{name}/__init__.py has no docstring")
+    for path in sorted(package.glob("*.py")):
+        if path.stem != "__init__" and path.stem not in root:
+            found.append(f"{path.name} lies in the package's root, in no layer's folder")
+    for path in sorted(package.iterdir()):
+        if path.is_dir() and (path / "__init__.py").is_file() and path.name not in folders:
+            found.append(f"{path.name}/ is no layer's folder (add it to LAYERS)")
+    return found
+
+
+def test_every_layer_is_a_folder_and_the_root_holds_only_init_and_main():
+    assert _misplaced(PACKAGE) == []
+
+
+def test_the_folder_check_finds_a_loose_module_a_stray_folder_and_a_folder_without_a_docstring(tmp_path):
+    # The test above must be able to fail.
+    for folder, text in (("low", '"""The bottom."""\n'), ("high", "import os\n"), ("stray", "")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(text)
+    for name in ("__init__", "__main__", "loose"):
+        (tmp_path / f"{name}.py").write_text("")
+    layers = (("bottom", ("low",)), ("top", ("high", "missing", "")), ("entry", ("__main__",)))
+    assert _misplaced(tmp_path, layers) == [
+        "high/__init__.py has no docstring", "missing/ is not a package folder",
+        "loose.py lies in the package's root, in no layer's folder", "stray/ is no layer's folder (add it to LAYERS)"]
+
+
+def _forbidden_imports(modules: dict[str, Path], forbidden=FORBIDDEN) -> list[str]:
+    """Every import from a folder of `forbidden`'s first part of a folder of its second part."""
+    def folder(module: str) -> str:
+        return module.partition(".")[2].partition(".")[0]
+
+    found = []
+    for name, path in sorted(modules.items()):
+        for importers, targets, why in forbidden:
+            if folder(name) not in importers:
+                continue
+            for target, line in sorted(set(_imports(name, path, modules)), key=lambda t: (t[1], t[0])):
+                if folder(target) in targets:
+                    found.append(f"{name}:{line} imports {target}: {why}")
+    return found
+
+
+def test_the_training_path_never_imports_the_dump_writer_or_the_renderers():
+    assert _forbidden_imports(_modules()) == []
+
+
+def test_the_forbidden_arrow_check_finds_a_deferred_import(tmp_path):
+    # The test above must be able to fail: `dump/` and `render/` lie below `recording/`, so the layers allow it.
+    (tmp_path / "timer.py").write_text("def f():\n    from pkg.render import text\n")
+    (tmp_path / "text.py").write_text("")
+    modules = {"pkg.recording.timer": tmp_path / "timer.py", "pkg.render.text": tmp_path / "text.py"}
+    assert _forbidden_imports(modules) == [
+        "pkg.recording.timer:2 imports pkg.render.text: the training path never imports the renderers"]
+
+
 #: Private names of torch that any module may use, and why.
 TORCH_PRIVATE_ANYWHERE = {
     # Dynamo's own pytree (flatten, map over nested outputs): kept stable for torch's own users; no public twin.
@@ -182,7 +261,7 @@ TORCH_PRIVATE_MODULES = {
     # package's wrappers and carries its own (inductor's config for `fallback_random`).
     "thunderfx_debug.artifacts.repro.script_template": "a standalone script",
     # A demo model: `torch._dynamo.graph_break()` stands for user code that breaks the graph, as user code calls it.
-    "thunderfx_debug.models": "user code's graph break",
+    "thunderfx_debug.commands.models": "user code's graph break",
 }
 
 

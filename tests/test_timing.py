@@ -16,7 +16,7 @@ from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug.records import ClockKind
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 MS = 1_000_000  # nanoseconds
 

@@ -119,7 +119,7 @@ def _train_unsampled_steps_in_sync_error_mode(**options):
     of the device an error. The batches are copied to the device before: a copy from pageable host memory
     synchronises by itself."""
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import synthetic_batches
+    from thunderfx_debug.commands.models import synthetic_batches
 
     torch._dynamo.reset()
     model, config = tiny_gpt(seed=0, device="cuda")

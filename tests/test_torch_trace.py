@@ -120,7 +120,7 @@ def test_without_torch_trace_nothing_is_made_or_written(tmp_path, written, monke
     assert written == []
     # The same run with tracing on writes; so the count above could have been other than 0.
     torch._dynamo.reset()
-    monkeypatch.setattr("thunderfx_debug.backend.tracing_enabled", lambda: True)
+    monkeypatch.setattr("thunderfx_debug.run.backend.tracing_enabled", lambda: True)
     backend = ReportingBackend(strict=True)  # no dump dir: flush writes only into the trace log
     _train(backend)
     assert {name for name, *_ in written} >= {"thunderfx_debug_graph0_splits", "thunderfx_debug_graph0_thunder_0_fusions"}
@@ -175,7 +175,7 @@ class _RecorderStub:
     """What the emitter reads of a recorder at flush: its failures (records come from the fixture)."""
 
     def __init__(self):
-        from thunderfx_debug.safety import ReportingFailures
+        from thunderfx_debug.settings.safety import ReportingFailures
 
         self.failures = ReportingFailures(strict=True)
 

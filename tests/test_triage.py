@@ -11,7 +11,7 @@ import torch
 import thunderfx_debug
 from thunderfx_debug import load_report
 from thunderfx_debug.artifacts.repro import standalone
-from thunderfx_debug.config import ConfigError, load_config
+from thunderfx_debug.settings.config import ConfigError, load_config
 from thunderfx_debug.records import ClockKind
 from thunderfx_debug.render.html import render_html
 
@@ -146,7 +146,7 @@ def test_bad_triage_settings_are_refused_before_training():
 
 
 def test_bench_runs_the_scripts_in_one_process_and_a_crashing_one_alone(tmp_path):
-    from thunderfx_debug import bench_worker
+    from thunderfx_debug.commands import bench_worker
 
     rank_dir = tmp_path / "rank0"
     (rank_dir / "g").mkdir(parents=True)

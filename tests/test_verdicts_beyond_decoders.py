@@ -229,7 +229,7 @@ def test_a_region_that_writes_into_its_input_as_the_graph_asks_is_no_stray_write
     counter: the region that does it writes the program's own values into a tensor an earlier region returned."""
     from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper
     from thunderfx_debug.recording.region_check import RegionCheck
-    from thunderfx_debug.safety import ReportingFailures
+    from thunderfx_debug.settings.safety import ReportingFailures
     from thunderfx_debug.thunder.reference import RegionReference
 
     class References:
@@ -291,7 +291,7 @@ def test_on_cuda_dropout_and_topk_regions_scripts_are_ok_or_not_comparable(tmp_p
     import harness_path  # noqa: F401
     import harness
 
-    from thunderfx_debug import verify
+    from thunderfx_debug.commands import verify
 
     for name in ("gpt2-dropout", "mixtral"):
         torch._dynamo.reset()

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import CUDA, dump_fixtures
 from thunderfx_debug import load_report
-from thunderfx_debug.cli import main
+from thunderfx_debug.commands.cli import main
 
 # What a stand-in does, by the script it replaces (the fixture dump lists these 7 scripts).
 RESULT = "print('RESULT {line}'); import sys; sys.stdout.flush(); raise SystemExit({status})\n"
@@ -189,7 +189,7 @@ def test_bad_arguments_and_damaged_dumps_are_one_line_and_exit_status_2(dump, ca
 
 
 def test_the_scripts_listed_are_the_records_repro_scripts(dump):
-    from thunderfx_debug import verify
+    from thunderfx_debug.commands import verify
 
     rank = dump / "rank0"
     scripts = verify.scripts_of({rank: load_report(rank)}, dump)

@@ -31,7 +31,8 @@ def _zoo():
 
 
 def test_every_script_of_the_zoo_verifies(tmp_path):
-    from thunderfx_debug import load_report, verify
+    from thunderfx_debug import load_report
+    from thunderfx_debug.commands import verify
 
     zoo = _zoo()
     out = tmp_path / "zoo.json"

@@ -24,7 +24,8 @@ def _zoo():
 def verified(tmp_path: Path, model: str) -> list[dict]:
     """Trains `model` for one step, verifies every script of its dump, and returns the scripts' rows (each listed
     script verified, the training without a failure of its own or of the reporting)."""
-    from thunderfx_debug import load_report, verify
+    from thunderfx_debug import load_report
+    from thunderfx_debug.commands import verify
 
     out = tmp_path / "zoo.json"
     _zoo().main(["--device", "cpu", "--models", model, "--steps", "1", "--jobs", "2", "--dump", str(tmp_path / "zoo"),

@@ -17,10 +17,10 @@ from __future__ import annotations
 import importlib.metadata
 from typing import TYPE_CHECKING
 
-from thunderfx_debug.config import ConfigError
-from thunderfx_debug.dump import load_report, load_reports
+from thunderfx_debug.settings.config import ConfigError
+from thunderfx_debug.dump.files import load_report, load_reports
 from thunderfx_debug.records import DumpError
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 from thunderfx_debug.thunder.import_order import ThunderImportOrderError, check_import_order, import_checked
 from thunderfx_debug.thunder.workarounds import install_import_workaround
 
@@ -35,11 +35,11 @@ __all__ = ["ReportingBackend", "Report", "load_report", "load_reports", "ConfigE
            "ThunderImportOrderError", "__version__"]
 
 if TYPE_CHECKING:
-    from thunderfx_debug.backend import ReportingBackend
+    from thunderfx_debug.run.backend import ReportingBackend
 
 
 def _reporting_backend():
-    from thunderfx_debug.backend import ReportingBackend
+    from thunderfx_debug.run.backend import ReportingBackend
 
     return ReportingBackend
 

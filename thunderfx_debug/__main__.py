@@ -1,5 +1,5 @@
 import sys
 
-from thunderfx_debug.cli import main
+from thunderfx_debug.commands.cli import main
 
 sys.exit(main())

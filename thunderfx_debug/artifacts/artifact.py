@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from thunderfx_debug.config import ReproKind
+from thunderfx_debug.settings.config import ReproKind
 
 
 @dataclasses.dataclass(frozen=True)

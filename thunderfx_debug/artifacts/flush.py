@@ -16,17 +16,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from thunderfx_debug import layout
+from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts_for_graph
 from thunderfx_debug.artifacts.report_builder import FileIndex
-from thunderfx_debug.progress import progress
+from thunderfx_debug.render.progress import progress
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
 from thunderfx_debug.render.triage_findings import render_triage_md
-from thunderfx_debug.report import Report
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.render.report import Report
+from thunderfx_debug.settings.safety import ReportingFailures
 
 DumpFiles = list[tuple[str, str | bytes]]
 

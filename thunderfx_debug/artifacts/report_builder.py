@@ -12,8 +12,8 @@ from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
 from thunderfx_debug.recording.timing import SampleSeries
-from thunderfx_debug.report import Report
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.render.report import Report
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.compile_events import SPANS
 
 #: owner key ("graph0", "graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> {label: path in the dump}

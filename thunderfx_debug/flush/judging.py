@@ -33,14 +33,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug import stats
+from thunderfx_debug.records import stats
 from thunderfx_debug.artifacts.repro import script_template
-from thunderfx_debug.config import TriageLevel
+from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.records import DEVIATION, ClockKind, Memory, Triage
 from thunderfx_debug.recording import device_timer
 from thunderfx_debug.recording.memory import parameter_storages, saved_storages
 from thunderfx_debug.recording.check import AutocastState
-from thunderfx_debug.safety import describe_exception
+from thunderfx_debug.settings.safety import describe_exception
 from thunderfx_debug.thunder import counterparts
 
 

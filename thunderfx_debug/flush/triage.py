@@ -48,14 +48,14 @@ from typing import Any
 import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
-from thunderfx_debug.config import TriageLevel
+from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.flush import graph_codec, jobs, triage_child, worker_pool
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.headline import COLD_SAMPLES
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import rerun
 
 log = logging.getLogger("thunderfx_debug")

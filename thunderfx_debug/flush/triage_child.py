@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.config import TriageLevel
+from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.flush import graph_codec, jobs, judging
 from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
 from thunderfx_debug.flush.piece_inputs import made_inputs

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from thunderfx_debug import layout
+from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro import fx_facts, writers
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
@@ -42,7 +42,7 @@ from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.records import InputKind, Minimized, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render import minimized
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import scripts as thunder_scripts
 

@@ -28,7 +28,7 @@ import dataclasses
 import re
 import signal
 
-_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)(.*)$", re.M)
+from thunderfx_debug.artifacts.repro.result_line import last_result
 
 #: What a trial counts as failing: the verdicts `thunderfx-debug minimize` shrinks.
 FAILING = ("MISMATCH", "CRASH", "KILLED")
@@ -97,13 +97,10 @@ def read_run(returncode: int | None, output: str, seconds: float = 0.0) -> Scrip
     if returncode < 0:
         return ScriptVerdict("KILLED", crash=_signal_name(-returncode), returncode=returncode, seconds=seconds,
                              output=tail)
-    found = list(_RESULT.finditer(output))
-    if not found or int(found[-1].group(2)) != returncode:
+    result = last_result(output)
+    if result is None or result.status != returncode:
         return ScriptVerdict("NO_RESULT", returncode=returncode, seconds=seconds, output=tail)
-    result = found[-1]
-    outcome = result.group(1).replace(" ", "_")
-    rest = result.group(3)
-    detail = rest[1:].strip() if rest.startswith(":") else ""  # "RESULT OK (exit 0); the piece matches ..." has none
+    outcome, detail = result.outcome, result.detail
     kinds: set[str] = set()
     for line in output.splitlines():
         text = line.strip()
@@ -120,4 +117,4 @@ def read_run(returncode: int | None, output: str, seconds: float = 0.0) -> Scrip
     reproduces = None
     if "outside the run" in detail:  # a mismatch script: "outside the run, with thunder: reproduces"
         reproduces = ": reproduces" in detail
-    return ScriptVerdict(outcome, result.group(0), frozenset(kinds), crash, reproduces, returncode, seconds, tail)
+    return ScriptVerdict(outcome, result.line, frozenset(kinds), crash, reproduces, returncode, seconds, tail)

@@ -15,7 +15,7 @@ from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.minimize.statements import PieceCode
 from thunderfx_debug.recording.capture import Captured, InputCapture, value_meta
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 #: A cap no piece reaches: a trial's inputs are saved whole, however large (they are what the piece needs).
 _UNCAPPED_MB = 1e9

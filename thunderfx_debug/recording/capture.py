@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.recording import device_timer
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 #: Version of the saved inputs file (format 2 keeps storage offsets and sizes, dtypes and devices).
 INPUTS_FORMAT = 2

@@ -27,7 +27,7 @@ from thunderfx_debug.records import MAX_CHECK_REASONS, Check
 from thunderfx_debug.recording.capture import Captured, InputCapture
 from thunderfx_debug.recording.compare import Judged
 from thunderfx_debug.recording.timing import NEVER
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 
 @dataclasses.dataclass(frozen=True)

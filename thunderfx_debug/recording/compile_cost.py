@@ -19,7 +19,7 @@ from typing import Any
 from thunderfx_debug.records import CompileCost, CostPart, CostStage, CostWhen, SplitKind
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import HostClock, SampleSeries
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import compile_events
 from thunderfx_debug.thunder.compile_events import CompileSpans, FirstCallStats
 from thunderfx_debug.thunder.workarounds import lazy_inductor_compile_seconds

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from thunderfx_debug.config import OnError
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.recorder import GraphState, Recorder
-from thunderfx_debug.safety import describe_exception
+from thunderfx_debug.settings.config import OnError
+from thunderfx_debug.settings.safety import describe_exception
 from thunderfx_debug.thunder import torch_private
 
 log = logging.getLogger("thunderfx_debug")

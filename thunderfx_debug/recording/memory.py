@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Memory, Phase
 from thunderfx_debug.recording.sampler import backward_nodes
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
 #: Events the allocator's history keeps while this package records it (a sampled step of a 7B model allocates a few

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.config import Config
+from thunderfx_debug.settings.config import Config
 from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ranges
 from thunderfx_debug.recording.check import CheckTally
@@ -23,7 +23,7 @@ from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.memory import MemoryProbe, PieceMemory
 from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
-from thunderfx_debug.safety import ReportingFailures, describe_exception
+from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
 from thunderfx_debug.thunder import provenance as thunder_provenance
 from thunderfx_debug.thunder.compile_events import SPANS

@@ -31,7 +31,7 @@ from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded,
 from thunderfx_debug.recording.compare import (Float64Mode, Judged, Picks, judge, max_abs_difference,
                                                not_compared_for_ties, to_float64)
 from thunderfx_debug.recording.isolation import CheckIsolation
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
 
 #: `Check.reference` of a value judged against itself (did it change after the region returned it?)

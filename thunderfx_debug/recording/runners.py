@@ -26,7 +26,7 @@ import torch
 
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
-from thunderfx_debug.safety import ReportingFailures, describe_exception
+from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import compile_events
 
 if TYPE_CHECKING:

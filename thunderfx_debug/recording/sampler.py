@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 
 class PhaseSampler:

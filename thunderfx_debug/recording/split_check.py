@@ -5,7 +5,7 @@ its eager reference, the split's FX graph run by PyTorch on the same real inputs
 Forward: after the split ran, the FX graph runs under `no_grad` on the detached inputs (on copies taken before the
 split ran of the inputs the graph writes into), and each output is judged against eager's.
 
-Backward: every checked call whose outputs need a gradient gets a `_BackwardCheck`, which lives with that call's
+Backward: every checked call whose outputs need a gradient gets a `BackwardCheck`, which lives with that call's
 autograd graph (its hooks hold it) until its backward ran, so that a graph called several times per step (a per-layer
 graph, FSDP blocks) has the backward of each checked call checked. Hooks on the split's own autograd nodes
 (`sampler.backward_nodes`) note, before the split's backward, the gradients coming into its outputs, and after it
@@ -46,7 +46,7 @@ from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, Float64Mode, Pi
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
 
@@ -92,7 +92,7 @@ class SplitCheck:
                           if i < len(args) and isinstance(args[i], torch.Tensor)}
             pending = _Call(call, copies, [version(a) for a in args])
             if self.regions is not None:
-                self.regions.watch_inputs([(self._input(i), a) for i, a in enumerate(args)],
+                self.regions.watch_inputs([(self.describe_input(i), a) for i, a in enumerate(args)],
                                           set(self.facts.mutated_inputs))
                 self.regions.forward_call = call
             return pending
@@ -121,14 +121,15 @@ class SplitCheck:
         changed = [i for i, (a, v) in enumerate(zip(args, pending.versions))
                    if i not in pending.copies and v is not None and version(a) != v]
         if changed:
-            names = ", ".join(self._input(i) for i in changed)
+            names = ", ".join(self.describe_input(i) for i in changed)
             self.tally.skip(pending.call, f"the split wrote into inputs its graph shows no write to ({names}): "
                                           "their values before the call are gone, nothing compared")
             return None
         return [pending.copies[i] if i in pending.copies else (a.detach() if isinstance(a, torch.Tensor) else a)
                 for i, a in enumerate(args)]
 
-    def _input(self, i: int) -> str:
+    def describe_input(self, i: int) -> str:
+        """Input `i` as the records name it: "input 2 (l_x_)", its name in the split's graph where it has one."""
         return f"input {i} ({self.input_names[i]})" if i < len(self.input_names) else f"input {i}"
 
     def _check_forward(self, call: int, inputs: list[Any], out: Any, args: tuple) -> None:
@@ -174,7 +175,7 @@ class SplitCheck:
         first, last = backward_nodes(args, [o for o in outputs if o is not None])
         if not first or not last or not wanted:
             return
-        check = _BackwardCheck(self, call, args, inputs, outputs, wanted, first, last)
+        check = BackwardCheck(self, call, args, inputs, outputs, wanted, first, last)
         # Held by its hooks only, so it lives as long as the call's autograd graph; should that die before its
         # backward ran, the record says so.
         finalizer = weakref.finalize(check, _never_ran, self.tally, call, check.state)
@@ -225,7 +226,7 @@ def _agreement(delivered: torch.Tensor | None, captured: torch.Tensor | None) ->
     return max_abs_difference(delivered, captured)
 
 
-class _BackwardCheck:
+class BackwardCheck:
     """The gradient check of one checked call (see the module docstring). Its hooks copy what they see (in the
     check's isolation, so that the run's tensors are freed when the run frees them); the comparison runs in a
     callback at the end of the backward, when every node has run: an eager backward started from inside a node's
@@ -324,7 +325,7 @@ class _BackwardCheck:
                 with owner.isolation.entered(list(grad_outputs)):
                     for i, output_nr in positions:
                         grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
-                        self.delivered[i] = _agreement(grad, self._captured(i))
+                        self.delivered[i] = _agreement(grad, self.captured(i))
             return None
 
         return hook
@@ -356,7 +357,7 @@ class _BackwardCheck:
                 elif not self.settled:
                     self.settled = True
                     with owner.isolation.entered([*self.inputs, *self.incoming]):
-                        self._check()
+                        self.check()
         finally:
             self.remove_hooks()
             self.inputs, self.incoming, self.passed_on, self.delivered = [], [], {}, {}
@@ -369,14 +370,17 @@ class _BackwardCheck:
         if regions is not None and regions.backward_call == self.call:
             regions.backward_call = 0
 
-    def _captured(self, i: int) -> torch.Tensor | None:
+    def captured(self, i: int) -> torch.Tensor | None:
+        """The gradient this split passed on to input `i` in this backward (a copy), None where it passed none."""
         return self.passed_on.get(i)
 
     # ---- the comparison, at the end of the backward ---------------------------------------------------------------
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Judges the gradients captured in this backward against eager's (see the module docstring) and adds
+        the verdicts to the owner's tally; run once, at the end of the backward."""
         owner, call = self.owner, self.call
         if self.changed:
-            names = ", ".join(owner._input(i) for i in self.changed)
+            names = ", ".join(owner.describe_input(i) for i in self.changed)
             owner.tally.skip(call, f"inputs changed in place between the forward and the backward ({names}): "
                                    "gradients not compared")
             return
@@ -388,7 +392,7 @@ class _BackwardCheck:
         if not chosen:
             return
         eager = self._eager_gradients(self.inputs, self.incoming, chosen, wide=False)
-        thunder = [self._captured(i) for i in chosen]
+        thunder = [self.captured(i) for i in chosen]
         thunder = [t if t is not None or e is None else torch.zeros_like(e) for t, e in zip(thunder, eager)]
         eager = [e if e is not None or t is None else torch.zeros_like(t) for t, e in zip(thunder, eager)]
 
@@ -402,12 +406,12 @@ class _BackwardCheck:
             owner.picked_otherwise.discard(call)
             picks = Picks()
             picks.differed.append("the forward's picks")  # what `Picks.excuse_gradient` goes by
-        judged = judge([f"gradient of {owner._input(i)}" for i in chosen], thunder, eager, float64, picks,
+        judged = judge([f"gradient of {owner.describe_input(i)}" for i in chosen], thunder, eager, float64, picks,
                        gradients=True)
         _, not_compared = not_compared_for_ties(judged)
         if not_compared:
             owner.tally.skip(call, not_compared)
-        verified = self._verified(chosen)
+        verified = self.verified(chosen)
         owner.tally.verified_gradients += len(verified)
         counted = []
         for i, judgement in zip(chosen, judged):
@@ -419,8 +423,8 @@ class _BackwardCheck:
             how = ("its gradient node did not run in this backward" if i not in self.delivered else
                    "autograd's total for it is not what this split passed on (the input is used elsewhere too, "
                    "e.g. a tied weight or a residual stream)")
-            owner.tally.skip(call, f"the gradient of {owner._input(i)} differs from eager's, but the capture of this "
-                                   f"split's part of it cannot be verified: {how}; not called a mismatch")
+            owner.tally.skip(call, f"the gradient of {owner.describe_input(i)} differs from eager's, but the capture "
+                                   f"of this split's part of it cannot be verified: {how}; not called a mismatch")
         mismatches = owner.tally.add(call, counted)
         if mismatches:
             passed_on = [thunder[chosen.index(i)] if i in chosen else None for i in self.wanted]
@@ -428,7 +432,7 @@ class _BackwardCheck:
                                 _as_received(self.inputs, self.requires_grad), passed_on, mismatches,
                                 values=[self.wanted.index(i) for i in chosen], grad_outputs=self.incoming)
 
-    def _verified(self, chosen: list[int]) -> set[int]:
+    def verified(self, chosen: list[int]) -> set[int]:
         """The inputs whose gradient autograd delivered is exactly what this split passed on (one synchronisation)."""
         pending = [(i, d) for i, d in self.delivered.items() if i in chosen and isinstance(d, torch.Tensor)]
         differences = dict(zip([i for i, _ in pending], scalars([d for _, d in pending])))

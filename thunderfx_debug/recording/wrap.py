@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from thunderfx_debug.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
+from thunderfx_debug.settings.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
 from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
@@ -25,7 +25,7 @@ from thunderfx_debug.recording.split_check import SplitCheck
 from thunderfx_debug.recording.timing import (
     CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
 )
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import instrument
 from thunderfx_debug.thunder.compile_events import SPANS
 from thunderfx_debug.thunder.reference import RegionReferences

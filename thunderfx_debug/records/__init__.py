@@ -8,7 +8,10 @@ that was wrong; both come from one codec driven by the records' fields and type 
 - `records.timing`: timing samples, disturbed calls, compile costs;
 - `records.memory`: what a piece held in memory (saved for its backward, peaks);
 - `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
-- `records.sources`: the lines of the model's code a piece's ops came from, and the code around them.
+- `records.sources`: the lines of the model's code a piece's ops came from, and the code around them;
+- `records.layout`: the names of a dump's files (following Thunder's report module);
+- `records.stats`: the statistics of timings the diff's noise model and the flush-time triage share (Student's t,
+  Yuen's test), pure Python.
 """
 
 from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
-from thunderfx_debug import layout
+from thunderfx_debug.records import layout
 from thunderfx_debug.records import Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import accounting, correctness, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.digest import PieceLevel

@@ -33,8 +33,8 @@ import enum
 import math
 from collections.abc import Sequence
 
+from thunderfx_debug.records.stats import t_isf, t_sf, yuen
 from thunderfx_debug.render.headline import MIN_SAMPLES
-from thunderfx_debug.stats import t_isf, t_sf, yuen
 
 #: Family-wise error rate of one diff: the chance that any piece of two runs without change is flagged.
 ALPHA = 0.05

@@ -24,18 +24,18 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from thunderfx_debug import layout
+from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro import fx_facts
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
-from thunderfx_debug.config import ReproKind
-from thunderfx_debug.manifest import package_versions
+from thunderfx_debug.settings.config import ReproKind
+from thunderfx_debug.recording.manifest import package_versions
 from thunderfx_debug.records import InputKind, InputMeta, SplitKind
 from thunderfx_debug.recording.check import Evidence
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import provenance as thunder_provenance
 from thunderfx_debug.thunder import scripts as thunder_scripts

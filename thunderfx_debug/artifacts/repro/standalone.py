@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from thunderfx_debug.artifacts.repro.result_line import last_result, outcome_of
 
 #: Python code (after `import sys`) that makes thunderfx_debug unimportable: a finder first on `sys.meta_path`.
 REFUSE_THUNDERFX_DEBUG = r"""
@@ -37,9 +38,6 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
-_RESULT = re.compile(r"^RESULT ([A-Z ]+?) \(exit (\d+)\)", re.M)
-
-
 @dataclasses.dataclass(frozen=True)
 class ScriptRun:
     """One run of a script: `outcome` from its RESULT line (KILLED: ended by a signal, e.g. a native abort;
@@ -54,25 +52,13 @@ class ScriptRun:
 
     @property
     def result_line(self) -> str:
-        lines = [line for line in self.stdout.splitlines() if line.startswith("RESULT ")]
-        return lines[-1] if lines else ""
+        found = last_result(self.stdout)
+        return found.line if found is not None else ""
 
 
 def command(script: Path, args: Sequence[str] = (), python: str = sys.executable) -> list[str]:
     """The command line that runs `script` where thunderfx_debug cannot be imported."""
     return [python, "-c", LAUNCHER, str(script), *args]
-
-
-def outcome_of(returncode: int | None, stdout: str) -> str:
-    if returncode is None:
-        return "TIMEOUT"
-    if returncode < 0:
-        return "KILLED"
-    found = _RESULT.findall(stdout)
-    if not found:
-        return "NO_RESULT"
-    name, status = found[-1]
-    return name.replace(" ", "_") if int(status) == returncode else "NO_RESULT"
 
 
 def run_script(script: Path, args: Sequence[str] = (), timeout_s: float = 600, env: dict[str, str] | None = None,

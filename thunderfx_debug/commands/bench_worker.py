@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug import bench
+from thunderfx_debug.commands import bench
 from thunderfx_debug.flush.worker_pool import Finished, Job, run_jobs
 
 

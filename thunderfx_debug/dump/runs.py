@@ -1,7 +1,7 @@
 """Which run a process belongs to: the run id that every rank of one job derives alike, without communicating.
 
 A dump directory holds the latest run at `rank<R>/` and earlier runs under `runs/<run id>/rank<R>/` (see
-`dump.move_earlier_run_aside`). The run id comes from what the launcher tells every process of a job:
+`dump.files.move_earlier_run_aside`). The run id comes from what the launcher tells every process of a job:
 
 - under SLURM: `slurm<SLURM_JOB_ID>` (with `.<SLURM_STEP_ID>` inside an `srun` step) and, for a requeued job,
   `requeue<SLURM_RESTART_COUNT>`;

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from thunderfx_debug.safety import ReportingFailures
+from thunderfx_debug.settings.safety import ReportingFailures
 
 #: Environment variables whose names contain one of these words are recorded as "<redacted>".
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION", "PRIVATE")

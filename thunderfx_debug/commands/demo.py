@@ -1,7 +1,7 @@
 """`thunderfx-debug demo`: a short training run under ReportingBackend that writes a dump and prints its summary.
 
 The model is a small GPT-style network with a Dynamo graph break and an op ThunderFX sends to inductor
-(`thunderfx_debug.models`), so the report has splits, split reasons and fusions to show. On CUDA Thunder fuses
+(`thunderfx_debug.commands.models`), so the report has splits, split reasons and fusions to show. On CUDA Thunder fuses
 with nvFuser; on CPU the demo adds Thunder's torch.compile executor, since Thunder's default executors fuse
 nothing on CPU.
 """
@@ -15,9 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from thunderfx_debug.config import environ_names
-from thunderfx_debug.progress import progress
+from thunderfx_debug.render.progress import progress
 from thunderfx_debug.render.text import plural
+from thunderfx_debug.settings.config import environ_names
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -82,7 +82,7 @@ def run_demo(steps: int = 30, dump_dir: str | os.PathLike | None = None, device:
     import torch
 
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.models import GPT, GPTConfig, synthetic_batches
+    from thunderfx_debug.commands.models import GPT, GPTConfig, synthetic_batches
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     directory = demo_dump_dir(dump_dir)

@@ -16,7 +16,7 @@ Files written into DIR (the directory given):
 
 A dump is clean when every script is OK or NOT COMPARABLE (a random piece whose draws differ from eager's).
 Verdicts are written for the reader as the scripts print them ("NOT COMPARABLE", `shown`); verify.json keeps their
-tokens ("NOT_COMPARABLE"), as `standalone.outcome_of` reads them, for programs.
+tokens ("NOT_COMPARABLE"), as `result_line.outcome_of` reads them, for programs.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug import layout
-from thunderfx_debug.records import InputMeta, RankRecord
+from thunderfx_debug.records import InputMeta, RankRecord, layout
 
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
@@ -104,7 +103,7 @@ def _listed(report: RankRecord) -> Iterable[tuple[str, str, str, str, bool]]:
 def scripts_of(reports: Mapping[Path, RankRecord], root: Path) -> list[Script]:
     """The repro scripts the records list, rank by rank (`reports`: rank directory -> its records), with paths
     relative to `root`; a script that leaves the dump (a link, '..') or is missing has its `problem` said."""
-    from thunderfx_debug.dump import inside_dump
+    from thunderfx_debug.dump.files import inside_dump
 
     scripts = []
     for rank_dir, report in reports.items():
@@ -167,11 +166,11 @@ def _log_path(root: Path, script: Script) -> Path:
 def verdict_of(script: Script, status: int | None, output: str, seconds: float, how: str, note: str,
                log: str) -> Verdict:
     """A script's verdict from its exit status and what it printed (its last RESULT line)."""
-    from thunderfx_debug.artifacts.repro.standalone import outcome_of
+    from thunderfx_debug.artifacts.repro.result_line import last_result, outcome_of
 
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    found = last_result(output)
     outcome = {"timeout": "TIMEOUT", "not_run": "NOT_RUN"}.get(how) or outcome_of(status, output)
-    return Verdict(script, outcome, lines[-1] if lines else "", status, seconds, how, note, log)
+    return Verdict(script, outcome, found.line if found is not None else "", status, seconds, how, note, log)
 
 
 def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[str], timeout_s: float,

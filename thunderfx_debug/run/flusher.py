@@ -34,15 +34,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from thunderfx_debug import layout
+from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.flush import ArtifactCache, file_index, report_files
 from thunderfx_debug.artifacts.report_builder import build_report
-from thunderfx_debug.dump import DumpWriter, move_earlier_run_aside
+from thunderfx_debug.dump.files import DumpWriter, move_earlier_run_aside
 from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_reductions
 from thunderfx_debug.records import GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.triage import Triager, deviating
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from thunderfx_debug.bench import Ranked, explain
+from thunderfx_debug.commands.bench import Ranked, explain
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.text import ms, plural
 

@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from thunderfx_debug import layout
-from thunderfx_debug.config import ConfigError
-from thunderfx_debug.runs import safe_run_id
+from thunderfx_debug.records import layout
+from thunderfx_debug.settings.config import ConfigError
+from thunderfx_debug.dump.runs import safe_run_id
 from thunderfx_debug.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, CollectiveLog, DumpError, GraphRecord
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 
 
 class DumpWriteError(OSError):

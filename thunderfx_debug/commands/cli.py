@@ -30,12 +30,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from thunderfx_debug.config import ConfigError
-from thunderfx_debug.layout import BENCH as BENCH_REPORT
-from thunderfx_debug.progress import progress
+from thunderfx_debug.settings.config import ConfigError
+from thunderfx_debug.records.layout import BENCH as BENCH_REPORT
+from thunderfx_debug.render.progress import progress
 from thunderfx_debug.records import DumpError
 from thunderfx_debug.render.text import plural
-from thunderfx_debug.report import Report
+from thunderfx_debug.render.report import Report
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -66,7 +66,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
         raise UsageError(f"--device cuda: {why} (torch {torch.__version__}); leave --device out to train on the CPU")
-    from thunderfx_debug.demo import run_demo
+    from thunderfx_debug.commands.demo import run_demo
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank_dir = run_demo(steps=args.steps, dump_dir=args.dir, device=device, show_progress=not args.no_progress)
@@ -105,7 +105,7 @@ def _next_commands(dump_dir: Path, on_cuda: bool) -> str:
 
 def _load(path: str, rank: int | None) -> dict[int, Report]:
     """The ranks of the dump at `path` (only `rank` if given)."""
-    from thunderfx_debug.dump import load_report, load_reports
+    from thunderfx_debug.dump.files import load_report, load_reports
 
     if rank is not None:
         report = load_report(path, rank)
@@ -114,7 +114,7 @@ def _load(path: str, rank: int | None) -> dict[int, Report]:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from thunderfx_debug import layout
+    from thunderfx_debug.records import layout
     from thunderfx_debug.render.summary import render_ranks
 
     print(render_ranks(_load(args.dir, args.rank)), end="")
@@ -125,7 +125,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    from thunderfx_debug.dump import list_runs
+    from thunderfx_debug.dump.files import list_runs
 
     root = Path(args.dir)
     rows = [["run id", "started (UTC)", "last written (UTC)", "ranks", "flushes", "where"]]
@@ -143,7 +143,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _write(path: Path, text: str, what: str) -> None:
     try:
-        from thunderfx_debug.dump import write_file_atomically  # replaces a link planted at `path`, never follows it
+        # write_file_atomically replaces a link planted at `path`, never follows it
+        from thunderfx_debug.dump.files import write_file_atomically
 
         write_file_atomically(path, text)
     except OSError as e:
@@ -157,7 +158,7 @@ def _relative_url(target: Path, page_dir: Path) -> str:
 
 
 def _cmd_html(args: argparse.Namespace) -> int:
-    from thunderfx_debug.dump import rank_dirs
+    from thunderfx_debug.dump.files import rank_dirs
     from thunderfx_debug.render.html import render_html
 
     reports = _load(args.dir, args.rank)
@@ -174,7 +175,7 @@ def _cmd_html(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from thunderfx_debug.dump import load_report
+    from thunderfx_debug.dump.files import load_report
     from thunderfx_debug.render.diff import diff_reports, render_diff
 
     if args.runs is not None:
@@ -189,7 +190,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _diff_runs(args: argparse.Namespace) -> int:
     """Consecutive runs of one directory (all of them, or those named, in the order named), each against the one
     before it."""
-    from thunderfx_debug.dump import list_runs, load_report
+    from thunderfx_debug.dump.files import list_runs, load_report
     from thunderfx_debug.render.diff import diff_reports, render_diff
 
     if args.dir_b is not None:
@@ -213,9 +214,9 @@ def _diff_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from thunderfx_debug import bench
-    from thunderfx_debug.dump import rank_dirs
-    from thunderfx_debug.bench_report import render_bench_report
+    from thunderfx_debug.commands import bench
+    from thunderfx_debug.dump.files import rank_dirs
+    from thunderfx_debug.commands.bench_report import render_bench_report
 
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
     rank_dir = Path(report.meta["dump_dir"])
@@ -272,7 +273,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             if args.process_per_script:
                 results = {**kept, **bench.run_all(scripts, run_one, devices)}
             else:
-                from thunderfx_debug.bench_worker import run_per_device
+                from thunderfx_debug.commands.bench_worker import run_per_device
 
                 results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
     ranked = bench.rank(comparisons, results, args.tolerance)
@@ -291,8 +292,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from thunderfx_debug import verify
-    from thunderfx_debug.dump import load_report, rank_dirs, write_file_atomically
+    from thunderfx_debug.commands import verify
+    from thunderfx_debug.dump.files import load_report, rank_dirs, write_file_atomically
 
     root = Path(args.dir)
     ranks = rank_dirs(root)

@@ -24,8 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from thunderfx_debug import layout
-from thunderfx_debug.records import RankRecord, SplitKind
+from thunderfx_debug.records import RankRecord, SplitKind, layout
 from thunderfx_debug.render import digest
 
 DEFAULT_TOLERANCE = 0.10

@@ -17,11 +17,13 @@ from thunder.dynamo import ThunderCompiler
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
-from thunderfx_debug.config import OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config, misspelt_option
-from thunderfx_debug.dump import check_writable
-from thunderfx_debug.flusher import DumpFlusher, FlushStats
+from thunderfx_debug.settings.config import (
+    OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config, misspelt_option,
+)
+from thunderfx_debug.dump.files import check_writable
+from thunderfx_debug.run.flusher import DumpFlusher, FlushStats
 from thunderfx_debug.minimize.at_flush import MinimizeSettings, with_reductions
-from thunderfx_debug.manifest import run_facts
+from thunderfx_debug.recording.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
 from thunderfx_debug.recording.fallback import GraphFailureHandler
@@ -30,9 +32,9 @@ from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.recording.wrap import wrap_graph
 from thunderfx_debug.records import SplitKind
-from thunderfx_debug.report import Report
-from thunderfx_debug.runs import this_run
-from thunderfx_debug.sigterm import chain_sigterm
+from thunderfx_debug.render.report import Report
+from thunderfx_debug.dump.runs import this_run
+from thunderfx_debug.run.sigterm import chain_sigterm
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.triage import announce_cost
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
@@ -53,14 +55,14 @@ class ReportingBackend(ThunderCompiler):
             Without either, nothing is written and `report()` is the way to read the records.
         **options: thunderfx_debug's own settings by their lower-case names (`repro`, `inputs`, `inputs_max_mb`,
             `timing`, `timing_every`, `timing_warmup`, `ranks`, `on_error`, `strict`, `nvtx`, `flush_every`, `check`,
-            `check_every`; see `thunderfx_debug.config`, the environment variables win), and everything else goes to
-            Thunder as ThunderCompiler's options do (`executors=...`, `transforms=...`).
+            `check_every`; see `thunderfx_debug.settings.config`, the environment variables win), and everything
+            else goes to Thunder as ThunderCompiler's options do (`executors=...`, `transforms=...`).
 
     With a dump directory, the dump is written every `flush_every` seconds during training (from the training
     thread, between two graph calls; serialising and writing in a writer thread), at interpreter exit, and on
     SIGTERM (a handler installed from the main thread, which flushes and then runs the handler installed before
     it, or SIGTERM's default action). A run restarted into the same directory moves the earlier run's dump to
-    `runs/<its run id>/` (see `thunderfx_debug.runs`).
+    `runs/<its run id>/` (see `thunderfx_debug.dump.runs`).
 
     With torch's trace log on (TORCH_TRACE), the records also go into it, for tlparse
     (`thunderfx_debug.artifacts.torch_trace`).
