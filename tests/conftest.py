@@ -102,6 +102,16 @@ def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: 
     return torch.stack(losses)
 
 
+def sitecustomize_source(body: str) -> str:
+    """A `sitecustomize.py` that runs `body` (registering a test's executors in a fresh interpreter, as a user's own
+    executor is registered by the code that defines it) in every interpreter but inductor's dlopen probes: on CPU,
+    inductor's first compile in a process checks each vector ISA in a child `python -c "...cdll.LoadLibrary(...)"`
+    whose PYTHONPATH is the parent's sys.path, so this file runs there too, and a body that imports Thunder made
+    each of the ~10 probes cost 3 s (30 s of every such script run)."""
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    return f'import sys\nif "cdll.LoadLibrary" not in " ".join(sys.orig_argv):\n{indented}'
+
+
 @functools.cache
 def dump_fixtures() -> Path:
     """A copy of tests/fixtures (dumps from real CPU runs, made by make_fixtures.py) that loads as dumps.
