@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 import thunderfx_debug  # noqa: F401  (installs the version workarounds before thunder is imported)
 
 CUDA = torch.cuda.is_available()
+
+# One inductor cache for the suite and every process it starts. The test processes share inductor's default one;
+# children that benchmarks/zoo.py, `verify` and the CLI start put theirs under the dump unless this is set, and on a
+# fresh CI machine each such cache compiled every C++ kernel (and the precompiled header) again. A hit returns the
+# code a miss would compile, so no test proves less; test_triage_flushes sets a cold one where it needs one.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
 def pytest_collection_modifyitems(config, items):
