@@ -7,7 +7,7 @@ random ones must either match eager after reseeding or say NOT COMPARABLE, never
 Every script the records list must exist; verify runs one script of each kind of each model (graph, split and
 fusion level; eager, Thunder, inductor, torch.compile), the largest piece of that kind (the most ops: the decoder
 split, the largest region): all 81 scripts take 410 s of workers' time on 2 busy cores, GPT-2's 51 of them 178 s,
-where the 21 chosen take about 250 s. A second script of a kind runs the same template, rebuilding inputs the same
+where the 21 chosen took 285 s. A second script of a kind runs the same template, rebuilding inputs the same
 way, on another piece of the same model (GPT-2's other pieces are Conv1D's addmm or smaller slices of what its
 largest split holds). `python benchmarks/zoo.py --device cpu --models llama,gpt2,bert-dropout` verifies
 every one.
