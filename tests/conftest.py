@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 import thunderfx_debug  # noqa: F401  (installs the version workarounds before thunder is imported)
 
 CUDA = torch.cuda.is_available()
+
+# One inductor cache for the suite and every process it starts. The test processes share inductor's default one;
+# children that benchmarks/zoo.py, `verify` and the CLI start put theirs under the dump unless this is set, and on a
+# fresh CI machine each such cache compiled every C++ kernel (and the precompiled header) again. A hit returns the
+# code a miss would compile, so no test proves less; test_triage_flushes sets a cold one where it needs one.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,6 +107,16 @@ def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: 
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
     return torch.stack(losses)
+
+
+def sitecustomize_source(body: str) -> str:
+    """A `sitecustomize.py` that runs `body` (registering a test's executors in a fresh interpreter, as a user's own
+    executor is registered by the code that defines it) in every interpreter but inductor's dlopen probes: on CPU,
+    inductor's first compile in a process checks each vector ISA in a child `python -c "...cdll.LoadLibrary(...)"`
+    whose PYTHONPATH is the parent's sys.path, so this file runs there too, and a body that imports Thunder made
+    each of the ~10 probes cost 3 s (30 s of every such script run)."""
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    return f'import sys\nif "cdll.LoadLibrary" not in " ".join(sys.orig_argv):\n{indented}'
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
+from conftest import cpu_executors, dump_fixtures, sitecustomize_source, tiny_gpt, train
 from wrong_executors import slightly_wrong_sin_executor, wrong_cos_executor, wrong_sin_executor
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
@@ -129,9 +129,9 @@ def _run_mismatch_script(script: Path, tmp_path: Path) -> str:
     be, by the code that defines it), so that it can rerun the piece with the run's executors; its RESULT line."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text("import thunderfx_debug\nimport wrong_executors\n"
-                                           "wrong_executors.wrong_sin_executor()\nwrong_executors.wrong_cos_executor()\n"
-                                           "wrong_executors.slightly_wrong_sin_executor()\n")
+    (site / "sitecustomize.py").write_text(sitecustomize_source(
+        "import thunderfx_debug\nimport wrong_executors\nwrong_executors.wrong_sin_executor()\n"
+        "wrong_executors.wrong_cos_executor()\nwrong_executors.slightly_wrong_sin_executor()\n"))
     path = os.pathsep.join([str(site), str(Path(__file__).parent)])
     done = subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": path})

@@ -1,7 +1,12 @@
 """The correctness sentinel on Hugging Face models of the zoo (benchmarks/harness.py, tiny, CPU), with real Thunder runs:
-its float64 reference runs on the FX graphs of the decoder splits in bf16 in float64 throughout, and training with
-every call checked at `fusion` is bit-identical to training with the check off (Llama, GPT-NeoX and Phi3 in bf16,
-GPT-2 and BERT in float32), while the check compares something."""
+its float64 reference runs on the FX graphs of the decoder splits in bf16 in float64 throughout (Llama, GPT-NeoX), and
+training with every call checked at `fusion` is bit-identical to training with the check off (Llama in bf16 with every
+value sent to the float64 round, GPT-2 and BERT in float32), while the check compares something.
+
+Each training here is a compile of a Hugging Face model (20 to 40 s on a CI's 2 cores), so each model is trained
+where it proves something the others do not: Phi3's conversions (RMSNorm's `.to(float32)`, the rotary's `.float()`
+of position ids and its concatenation with the part it passes through) are Llama's and GPT-NeoX's, so Phi3 (trained
+here until the suite had to fit CI's 15 minutes) is left out."""
 
 from __future__ import annotations
 
@@ -67,14 +72,17 @@ def _assert_unchanged(plain, checked):
     assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
 
 
-@pytest.mark.parametrize("name", ["llama", "gptneox", "phi3"])
-def test_the_float64_reference_runs_on_the_decoder_splits_in_bf16(name, monkeypatch, one_thread):
+@pytest.mark.parametrize("name, bit_identity", [("llama", True), ("gptneox", False)])
+def test_the_float64_reference_runs_on_the_decoder_splits_in_bf16(name, bit_identity, monkeypatch, one_thread):
     """Hugging Face's rotary embedding takes `.float()` of int64 position ids inside the decoder split; the float64
     run of that split and of its fusion regions, forward and backward, must be float64 throughout (on the H200 it
     raised "expected scalar type Double but found Float" in the backward's float64 run). Every value is sent to
-    the float64 round; the training stays as unchecked."""
+    the float64 round; on Llama, the training stays as unchecked. GPT-NeoX brings conversions of its own (LayerNorm
+    where Llama has RMSNorm, a rotary on a quarter of each head concatenated with the rest) for the float64 run;
+    that the check leaves training bit-identical is the same copy-before-use on every model, held on Llama here
+    and on GPT-2 and BERT below, so GPT-NeoX is not trained a second time without the check."""
     torch.manual_seed(0)
-    plain = _train(name, "bfloat16")[:2]
+    plain = _train(name, "bfloat16")[:2] if bit_identity else None
     monkeypatch.setattr(split_check, "judge", _beyond_eager(compare.judge))
     monkeypatch.setattr(region_check, "judge", _beyond_eager(compare.judge))
     narrow: list[str] = []
@@ -89,12 +97,13 @@ def test_the_float64_reference_runs_on_the_decoder_splits_in_bf16(name, monkeypa
     decoder = max(splits, key=lambda c: c.compared)
     assert any(label.startswith("gradient of") for label in decoder.mismatched_values)  # the backward's round ran
     assert regions and all(c.reference == "float64 eager" for c in regions if c.compared)
-    _assert_unchanged(plain, (losses, params))
+    if bit_identity:
+        _assert_unchanged(plain, (losses, params))
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
 def test_training_with_every_call_checked_is_bit_identical_to_training_unchecked(name, one_thread):
-    """(Llama and Phi3 in bf16: above.)"""
+    """(Llama in bf16: above.)"""
     torch.manual_seed(0)
     plain = _train(name, "float32")[:2]
     torch.manual_seed(0)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import dump_fixtures
+from conftest import dump_fixtures, sitecustomize_source
 from wrong_executors import wrong_sin_executor
 from wrong_fusions import (WRONG_FUSION, aborting_sin_executor, crashing_sin_executor, flaky_sin_executor,
                            wrong_fusion_executor)
@@ -75,9 +75,9 @@ def _fresh_interpreter_env(tmp_path: Path, *registrations: str) -> dict[str, str
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "thunder_import.py").write_text(Path(script_support.__file__).read_text())
-    (site / "sitecustomize.py").write_text(
+    (site / "sitecustomize.py").write_text(sitecustomize_source(
         "from thunder_import import import_thunder\nimport_thunder()\nimport wrong_executors, wrong_fusions\n"
-        + "".join(f"{call}()\n" for call in registrations))
+        + "".join(f"{call}()\n" for call in registrations)))
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(TESTS)]), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 

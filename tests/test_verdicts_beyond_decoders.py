@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import cpu_executors
+from conftest import cpu_executors, sitecustomize_source
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro.standalone import run_script
 from thunderfx_debug.records import SplitKind
@@ -95,9 +95,9 @@ def _fresh_interpreter_env(tmp_path: Path, *registrations: str) -> dict[str, str
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "thunder_import.py").write_text(Path(script_support.__file__).read_text())
-    (site / "sitecustomize.py").write_text("from thunder_import import import_thunder\nimport_thunder()\n"
-                                           "import wrong_executors\n" + "".join(f"wrong_executors.{r}()\n"
-                                                                                for r in registrations))
+    (site / "sitecustomize.py").write_text(sitecustomize_source(
+        "from thunder_import import import_thunder\nimport_thunder()\nimport wrong_executors\n"
+        + "".join(f"wrong_executors.{r}()\n" for r in registrations)))
     return {**SCRIPT_ENV, "PYTHONPATH": os.pathsep.join([str(site), str(TESTS)])}
 
 
