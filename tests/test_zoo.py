@@ -17,25 +17,16 @@ The H200 verifies the zoo with nvFuser: `benchmarks/zoo.py --device cuda` (bench
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from zoo_verify import zoo_module
+
 pytest.importorskip("transformers")
 
-BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 MODELS = ("llama", "gpt2", "bert-dropout")
-
-
-def _zoo():
-    spec = importlib.util.spec_from_file_location("benchmark_zoo", BENCHMARKS / "zoo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _largest_of_each_kind(scripts, root: Path) -> list:
@@ -63,7 +54,7 @@ def test_every_script_of_the_zoo_verifies(tmp_path, monkeypatch):
     from thunderfx_debug import load_report
     from thunderfx_debug.commands import verify
 
-    zoo = _zoo()
+    zoo = zoo_module()
     out = tmp_path / "zoo.json"
     # zoo.py verifies what `verify.select` picks: here the largest piece of each kind of each model (see above).
     select = verify.select

@@ -13,7 +13,8 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
 
-def _zoo():
+def zoo_module():
+    """benchmarks/zoo.py, imported as a module."""
     spec = importlib.util.spec_from_file_location("benchmark_zoo", BENCHMARKS / "zoo.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -28,7 +29,7 @@ def verified(tmp_path: Path, model: str) -> list[dict]:
     from thunderfx_debug.commands import verify
 
     out = tmp_path / "zoo.json"
-    _zoo().main(["--device", "cpu", "--models", model, "--steps", "1", "--jobs", "2", "--dump", str(tmp_path / "zoo"),
+    zoo_module().main(["--device", "cpu", "--models", model, "--steps", "1", "--jobs", "2", "--dump", str(tmp_path / "zoo"),
                  "--json", str(out)])
     data = json.loads(out.read_text())["results"]
     assert all("error" not in facts for facts in data["models"].values()), data["models"]
