@@ -54,7 +54,7 @@ EVERY_FEATURE = dict(timing="fusion", timing_every=5, check="fusion", check_ever
 
 
 def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int, check: str = "off",
-          every_feature: bool = False) -> dict:
+          every_feature: bool = False, minimize_budget: float | None = None) -> dict:
     """Trains one model under ReportingBackend (all repro scripts; `check`: the sentinel at that level on every
     call; `every_feature`: see the module docstring), flushes, and returns facts of the run."""
     started = time.perf_counter()
@@ -66,7 +66,9 @@ def train(name: str, dump: Path, device: str, size: str, dtype: str, steps: int,
     if device == "cpu":
         torch.set_num_threads(1)
     model, batch = harness.build(name, size, device, dtype)
-    settings = EVERY_FEATURE if every_feature else dict(strict=True, check=check, check_every=1)
+    settings = dict(EVERY_FEATURE) if every_feature else dict(strict=True, check=check, check_every=1)
+    if every_feature and minimize_budget is not None:
+        settings["minimize_budget"] = minimize_budget
     backend = ReportingBackend(dump_dir=dump, repro="all", **settings, **harness.thunder_options(device))
     losses = harness.train(model, batch, backend, steps)
     flush_started = time.perf_counter()
@@ -121,6 +123,8 @@ def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict
                    "--dtype", args.dtype, "--steps", str(args.steps), "--dump", str(dump), "--check", args.check]
         if args.every_feature:
             command.append("--every-feature")
+        if args.minimize_budget is not None:
+            command += ["--minimize-budget", str(args.minimize_budget)]
         # The child prints every thread's stack shortly before the timeout, so that a run that does not end says where.
         command += ["--stacks-after", str(max(1.0, args.train_timeout - 15))]
         try:
@@ -217,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="then run one fusion script alone N times in a fresh interpreter and time it")
     parser.add_argument("--json", help="write the verdicts and figures here")
     parser.add_argument("--every-feature", action="store_true", help="train with every feature on (see above)")
+    parser.add_argument("--minimize-budget", type=float, default=None,
+                        help="with --every-feature: seconds of minimizing per flagged piece (the backend's default else)")
     parser.add_argument("--no-verify", action="store_true", help="stop after training (its facts only)")
     parser.add_argument("--train", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--stacks-after", type=float, default=None, help=argparse.SUPPRESS)  # the child's, see above  # a child: train one model, print JSON
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stacks_after:
             faulthandler.dump_traceback_later(args.stacks_after, exit=False)
         print("ZOO " + json.dumps(train(args.train, dump / args.train, args.device, args.size, args.dtype,
-                                        args.steps, args.check, args.every_feature)))
+                                        args.steps, args.check, args.every_feature, args.minimize_budget)))
         return 0
     env = environment(dump, args.device)
     started = time.perf_counter()
