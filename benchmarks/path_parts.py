@@ -38,13 +38,13 @@ PARTS: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     "split runners": (("recording/runners.py", ("SplitRunner", "ThunderOverhead")),),
     "trace marks": (("recording/timing.py", ("RegionTimer", "Ranges")), ("recording/regions.py", None)),
     "samplers": (("recording/sampler.py", None), ("recording/timing.py", None), ("recording/samples.py", None),
-                 ("recording/host.py", None), ("recording/device_timer.py", None),
+                 ("recording/host.py", None), ("scripts/device_timer.py", None),
                  ("recording/compile_cost.py", None), ("thunder/compile_events.py", None)),
     "memory meter": (("recording/memory.py", None),),
     "input capture": (("recording/capture.py", None),),
     "check": (("recording/check.py", None), ("recording/split_check.py", None), ("recording/region_check.py", None),
-              ("recording/isolation.py", None), ("recording/compare.py", None), ("recording/piece_facts.py", None),
-              ("thunder/reference.py", None)),
+              ("recording/isolation.py", None), ("recording/compare.py", None), ("scripts/judging_rule.py", None),
+              ("recording/piece_facts.py", None), ("thunder/reference.py", None)),
     "periodic flush trigger": (("recording/periodic.py", None),),
 }
 #: Package helpers whose time belongs to whoever called them.

@@ -1,33 +1,41 @@
-"""One judging rule for the correctness sentinel and the repro scripts, and its float64 yardstick: the scripts carry an
-exact copy of the sentinel's rule; both give the same verdict on the same numbers; `Float64Mode` widens every
-conversion to a floating dtype, so that roundings a piece asks for count as eager's own noise. A RoPE-like region
-compiled by inductor is judged, and the verdict checked against a float64 computation done outside the package."""
+"""One judging rule for the correctness sentinel and the repro scripts, and its float64 yardstick: the rule is one
+module (`scripts/judging_rule.py`) that the sentinel imports and every script carries as text, and a written script
+judges by it where thunderfx_debug cannot be imported; the sentinel and a script give the same verdict on the same
+numbers; `Float64Mode` widens every conversion to a floating dtype, so that roundings a piece asks for count as eager's
+own noise. A RoPE-like region compiled by inductor is judged, and the verdict checked against a float64 computation
+done outside the package."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
+import written_script
 
 from thunderfx_debug.artifacts.repro import script_template as template
+from thunderfx_debug.artifacts.repro.standalone import run_script
 from thunderfx_debug.recording import compare
+from thunderfx_debug.scripts import judging_rule
 
-BEGIN = "# ---- the judging rule:"
-END = "# ---- end of the judging rule"
-
-
-def _rule_text(module) -> str:
-    text = Path(module.__file__).read_text()
-    return text[text.index(BEGIN):text.index(END)]
+#: The rule as a written repro script defines it, from its own text.
+SCRIPT = written_script.namespace()
 
 
-def test_the_scripts_carry_the_sentinels_rule_as_an_exact_copy():
-    assert _rule_text(compare) == _rule_text(template)
-    assert compare.TOLERANCES == template.TOLERANCES and compare.NOISE_SLACK == template.NOISE_SLACK
+@pytest.mark.parametrize("factor, outcome", [(1.0, "OK"), (1 + 1e-3, "MISMATCH")], ids=["exact", "0.1% off"])
+def test_a_written_script_judges_by_the_rule_it_carries_where_the_package_cannot_be_imported(tmp_path, factor,
+                                                                                              outcome):
+    """No copy to hold equal: a script defines the rule from its own text, and run in a fresh interpreter where
+    thunderfx_debug cannot be imported, it judges a backend as the sentinel does."""
+    assert SCRIPT.verdict.__code__.co_filename == written_script.FILE_NAME
+    assert judging_rule.TOLERANCES == SCRIPT.TOLERANCES and judging_rule.NOISE_SLACK == SCRIPT.NOISE_SLACK
     for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int64, torch.bool):
-        assert compare.tolerance(dtype) == template.tolerance(dtype)
+        assert judging_rule.tolerance(dtype) == SCRIPT.tolerance(dtype)
+    run = run_script(written_script.write(tmp_path, written_script.Scaled(factor)))
+    assert run.outcome == outcome, run.stdout + run.stderr[-2000:]
+    x = torch.linspace(-1, 1, 64)
+    (judged,) = compare.judge(["out 0"], [x * 2 * factor], [x * 2], lambda: [x.double() * 2])
+    assert judged.mismatch == (outcome == "MISMATCH")
 
 
 def _cases():
@@ -51,7 +59,7 @@ def _cases():
 def test_the_sentinel_and_a_script_give_one_verdict_on_the_same_numbers(case):
     _, actual, eager, float64 = case
     (judged,) = compare.judge(["value"], [actual], [eager], (lambda: [float64]) if float64 is not None else None)
-    _, script_ratio = template.judge(actual, eager, eager, float64)
+    _, script_ratio = SCRIPT.judge(actual, eager, eager, float64)
     assert judged.mismatch == (script_ratio > 1)
     assert script_ratio == pytest.approx(judged.ratio, rel=1e-3) or math.isinf(judged.ratio) == math.isinf(script_ratio)
 
@@ -77,21 +85,21 @@ def test_a_value_that_is_zero_but_for_rounding_is_judged_against_the_pieces_prec
     actual, eager, float64 = [large.float(), compiled_noise], [large.float(), eager_noise], [large, zero_f64]
     judged = compare.judge(["large", "zero"], actual, eager, lambda: float64)
     assert [j.mismatch for j in judged] == [False, False] and judged[1].reference == "float64 eager"
-    assert template.compare("gradients", actual, eager, eager, float64)
-    no_floor, _, _ = template.verdict(judged[1].abs_error, 5e-14, 1e-4, 1e-4, own=float(compiled_noise.abs().max()),
-                                      noise=float(eager_noise.abs().max()))
+    assert SCRIPT.compare("gradients", actual, eager, eager, float64)
+    no_floor, _, _ = SCRIPT.verdict(judged[1].abs_error, 5e-14, 1e-4, 1e-4, own=float(compiled_noise.abs().max()),
+                                    noise=float(eager_noise.abs().max()))
     assert no_floor > 1  # without the floor: a false mismatch
     gradient = torch.randn(256, dtype=torch.float64) * 1e-3
     wrong = [(large * 10).to(torch.bfloat16), (gradient * 1.3).to(torch.bfloat16)]
     eager = [(large * 10).to(torch.bfloat16), gradient.to(torch.bfloat16)]
     judged = compare.judge(["large", "small"], wrong, eager, lambda: [large * 10, gradient])
     assert [j.mismatch for j in judged] == [False, True]
-    assert not template.compare("gradients", wrong, eager, eager, [large * 10, gradient])
+    assert not SCRIPT.compare("gradients", wrong, eager, eager, [large * 10, gradient])
 
 
 # ---- the float64 yardstick ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", [compare.Float64Mode, template.Float64Mode], ids=["sentinel", "script"])
+@pytest.mark.parametrize("mode", [judging_rule.Float64Mode, SCRIPT.Float64Mode], ids=["sentinel", "script"])
 def test_float64_mode_widens_every_conversion_to_a_floating_dtype(mode):
     positions = torch.arange(8)[None, :]  # int64, as Hugging Face's rotary embedding gets them
     flags = torch.tensor([True, False])
@@ -120,8 +128,8 @@ def test_the_float64_run_of_hugging_faces_rotary_embedding_is_float64_throughout
 
     rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=2, max_position_embeddings=512))
     x = torch.randn(1, 16, 64, dtype=torch.bfloat16)
-    with compare.Float64Mode():
-        cos, sin = rotary(compare.to_float64([x])[0], torch.arange(16)[None, :])
+    with judging_rule.Float64Mode():
+        cos, sin = rotary(judging_rule.to_float64([x])[0], torch.arange(16)[None, :])
     assert cos.dtype is sin.dtype is torch.float64
     exact = torch.arange(16, dtype=torch.float64)[:, None] * rotary.inv_freq.double()[None, :]
     assert torch.allclose(cos[0, :, :16], exact.cos(), atol=1e-12)

@@ -1,28 +1,27 @@
-"""One CUDA-event timer: `recording/device_timer.py`, used by the sampler's clock and hold, the capture and flush-time
-triage, and its copy in the repro scripts' template, held equal in text and in what it does. On CPU the timer runs
-against a fake `torch.cuda` that keeps a device clock of its own (marks, spin kernels, work); on a GPU (`-m cuda`)
-it times a spin kernel of known length."""
+"""One CUDA-event timer: `scripts/device_timer.py`, used by the sampler's clock and hold, the capture and flush-time
+triage, and carried as text by every repro script, where it times as the package's does (also in a fresh interpreter
+where thunderfx_debug cannot be imported). On CPU the timer runs against a fake `torch.cuda` that keeps a device clock
+of its own (marks, spin kernels, work); on a GPU (`-m cuda`) it times a spin kernel of known length."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import ast
+import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
+import written_script
 
+from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG
 from thunderfx_debug.flush import judging as triage
-from thunderfx_debug.artifacts.repro import script_template as template
 from thunderfx_debug.records import Phase
-from thunderfx_debug.recording import device_timer
 from thunderfx_debug.recording.timing import CudaClock, DeviceHold
+from thunderfx_debug.scripts import device_timer
 
-BEGIN = "# ---- the device timer:"
-END = "# ---- end of the device timer"
-
-
-def _timer_text(module) -> str:
-    text = Path(module.__file__).read_text()
-    return text[text.index(BEGIN):text.index(END)]
+#: The timer as a written repro script defines it, from its own text.
+SCRIPT = written_script.namespace()
 
 
 class FakeCuda:
@@ -71,27 +70,43 @@ class FakeCuda:
         return type("Properties", (), {"clock_rate": self.khz})()
 
 
-def test_the_scripts_carry_the_packages_device_timer_as_an_exact_copy():
-    assert _timer_text(device_timer) == _timer_text(template)
-    assert (device_timer.HOLD_MIN_MS, device_timer.HOLD_MAX_MS) == (template.HOLD_MIN_MS, template.HOLD_MAX_MS)
+def test_a_written_script_times_with_the_timer_text_it_carries_where_the_package_cannot_be_imported(tmp_path):
+    """No copy to hold equal: a script defines the timer from its own text, and run in a fresh interpreter where
+    thunderfx_debug cannot be imported, that timer times a fake device as the package's does."""
+    assert SCRIPT.held_device_ms.__code__.co_filename == written_script.FILE_NAME
+    assert (SCRIPT.HOLD_MIN_MS, SCRIPT.HOLD_MAX_MS, SCRIPT.HOLD_OVER_HOST) == (
+        device_timer.HOLD_MIN_MS, device_timer.HOLD_MAX_MS, device_timer.HOLD_OVER_HOST)
+    script = written_script.write(tmp_path)
+    program = ("import runpy, sys\n" + REFUSE_THUNDERFX_DEBUG + inspect.getsource(FakeCuda)
+               + "script = runpy.run_path(sys.argv[1], run_name='written_script')\n"
+               "assert not any(name.startswith('thunderfx_debug') for name in sys.modules)\n"
+               "cuda = FakeCuda(khz=2000, complete=False)\n"
+               "ms = script['held_device_ms'](lambda: cuda.work(2.5), calls=4, host_ms=10.0, cuda=cuda)\n"
+               "print(repr((ms, cuda.log)))\n")
+    done = subprocess.run([sys.executable, "-c", program, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cuda = FakeCuda(khz=2000, complete=False)
+    ms = device_timer.held_device_ms(lambda: cuda.work(2.5), calls=4, host_ms=10.0, cuda=cuda)
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == (ms, cuda.log)
 
 
-@pytest.mark.parametrize("copy", [device_timer, template], ids=["package", "script"])
-def test_held_calls_time_the_device_work_behind_a_hold_that_is_not_timed(copy):
+@pytest.mark.parametrize("timer", [device_timer, SCRIPT], ids=["package", "script"])
+def test_held_calls_time_the_device_work_behind_a_hold_that_is_not_timed(timer):
     cuda = FakeCuda(khz=2000, complete=False)  # the end mark is still queued: the timer waits for it
-    ms = copy.held_device_ms(lambda: cuda.work(2.5), calls=4, host_ms=10.0, cuda=cuda)
+    ms = timer.held_device_ms(lambda: cuda.work(2.5), calls=4, host_ms=10.0, cuda=cuda)
     assert ms == 2.5  # the 60 ms hold (1.5 x 4 calls x 10 ms) comes before the first mark
     assert cuda.log == ["wait for the device", ("hold", 120_000), "mark", "work", "work", "work", "work", "mark",
                         "wait for the mark"]
 
 
-@pytest.mark.parametrize("copy", [device_timer, template], ids=["package", "script"])
-def test_a_hold_lasts_one_millisecond_to_one_second_whatever_the_host_time(copy):
-    assert copy.hold_cycles(0.01, per_ms=1000) == 1_000
-    assert copy.hold_cycles(50.0, per_ms=1000) == 50_000
-    assert copy.hold_cycles(1e6, per_ms=1000) == 1_000_000
+@pytest.mark.parametrize("timer", [device_timer, SCRIPT], ids=["package", "script"])
+def test_a_hold_lasts_one_millisecond_to_one_second_whatever_the_host_time(timer):
+    assert timer.hold_cycles(0.01, per_ms=1000) == 1_000
+    assert timer.hold_cycles(50.0, per_ms=1000) == 50_000
+    assert timer.hold_cycles(1e6, per_ms=1000) == 1_000_000
     cuda = FakeCuda(khz=1000)
-    copy.held_device_ms(lambda: cuda.work(1.0), calls=9, host_ms=500.0, cuda=cuda)
+    timer.held_device_ms(lambda: cuda.work(1.0), calls=9, host_ms=500.0, cuda=cuda)
     assert cuda.log[1] == ("hold", 1_000_000)
 
 
@@ -140,9 +155,9 @@ def test_the_sampler_clock_and_hold_and_triage_go_through_the_one_timer(fake_tor
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("copy", [device_timer, template], ids=["package", "script"])
-def test_on_a_gpu_held_calls_measure_a_spin_kernels_device_time_not_its_launch(copy):
+@pytest.mark.parametrize("timer", [device_timer, SCRIPT], ids=["package", "script"])
+def test_on_a_gpu_held_calls_measure_a_spin_kernels_device_time_not_its_launch(timer):
     cycles = int(2.0 * device_timer.cycles_per_ms())  # a 2 ms spin kernel at the reported clock rate
-    ms = copy.held_device_ms(lambda: torch.cuda._sleep(cycles), calls=5, host_ms=0.05)
+    ms = timer.held_device_ms(lambda: torch.cuda._sleep(cycles), calls=5, host_ms=0.05)
     # The launch takes microseconds of host time; the kernel about 2 ms (the SM clock may run below its rating).
     assert 1.0 < ms < 6.0, ms

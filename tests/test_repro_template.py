@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import os
 import sys
 import types
@@ -15,6 +16,7 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template as template
+from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.records import InputKind, InputMeta
 from thunderfx_debug.recording import capture
 from thunderfx_debug.thunder import script_support
@@ -33,9 +35,51 @@ def _module_imports(module) -> set[str]:
 
 
 def test_the_embedded_templates_import_nothing_of_the_package():
-    assert _module_imports(template) <= {"torch"} | sys.stdlib_module_names
+    # The template imports the package's bottom layer, whose text a script carries in place of the import.
+    assert _module_imports(template) <= {"torch", "thunderfx_debug"} | sys.stdlib_module_names
+    written = ast.parse(writers.inlined_source(template))
+    imported = {alias.name for node in ast.walk(written) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(written) if isinstance(node, ast.ImportFrom)}
+    assert {name.split(".")[0] for name in imported} <= {"torch"} | sys.stdlib_module_names
     # script_support is also imported by `import thunderfx_debug`, which must not import torch.
     assert _module_imports(script_support) <= sys.stdlib_module_names
+
+
+def test_a_template_may_carry_only_the_bottom_layer_imported_by_name(tmp_path, monkeypatch):
+    """What the writer inlines: the text of each module of `thunderfx_debug/scripts/` the template imports, once, in
+    place of the import, under a line naming the file, the version and the file's SHA-256; any other import of the
+    package is refused, as a script could not run it."""
+    import hashlib
+    import importlib
+
+    from thunderfx_debug.scripts import device_timer, judging_rule
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "carries": '"""A template."""\nimport math\n'
+                   "from thunderfx_debug.scripts.device_timer import mark\n"
+                   "from thunderfx_debug.scripts.judging_rule import (tolerance,\n    verdict)\n"
+                   "from thunderfx_debug.scripts.device_timer import hold_cycles\nSEED = 0\n",
+        "other_layer": "from thunderfx_debug.records import InputMeta\n",
+        "deferred": "def f():\n    from thunderfx_debug.scripts.device_timer import mark\n",
+        "renamed": "from thunderfx_debug.scripts.device_timer import mark as event\n",
+    }
+    for name, source in cases.items():
+        (tmp_path / f"template_{name}.py").write_text(source)
+    written = writers.inlined_source(importlib.import_module("template_carries"))
+    assert written.count("# ==== thunderfx_debug/scripts/device_timer.py, inlined from thunderfx-debug ") == 1
+    assert written.count("# ==== end of thunderfx_debug/scripts/judging_rule.py ====") == 1
+    assert "A template" not in written and "from thunderfx_debug" not in written
+    assert written.startswith("import math\n# ==== thunderfx_debug/scripts/device_timer.py,")
+    assert written.rstrip().endswith("SEED = 0")
+    for module in (device_timer, judging_rule):
+        digest = hashlib.sha256(open(module.__file__, "rb").read()).hexdigest()[:16]
+        assert f"(sha256 of the file {digest})" in written
+        assert inspect.getsource(module.verdict if module is judging_rule else module.held_device_ms) in written
+    for name, why in (("other_layer", "imports thunderfx_debug.records"), ("deferred", "imports thunderfx_debug.scripts"),
+                      ("renamed", "imports thunderfx_debug.scripts")):
+        with pytest.raises(ValueError, match=why):
+            writers.inlined_source(importlib.import_module(f"template_{name}"))
 
 
 def test_tensor_rebuilds_the_runs_layout_exactly():

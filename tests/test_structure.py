@@ -5,22 +5,26 @@ thunderfx_debug` leaving Thunder as it ships.
 
 The layers are folders, bottom first; a module imports from its own layer and those below it, never from one above:
 
-1. records and settings: `records/` (the records, their JSON form, the dump's file names, the statistics of
+1. scripts: `scripts/`: what every repro script carries (the judging rule, the CUDA-event timer), imported by the
+   package and inlined as text into each script: torch and the standard library only, nothing of the package;
+2. records and settings: `records/` (the records, their JSON form, the dump's file names, the statistics of
    timings), `settings/` (the settings, the fail-safe): import nothing above;
-2. render: `render/`: records in, text out (so a dump renders without torch or Thunder), `Report` and progress;
-3. dump: `dump/`: a dump's files written and read back, the run id;
-4. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
-5. recording: `recording/`: the training path and what it records (the run's manifest facts included);
-6. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
-7. flush-time work: `flush/`, `minimize/`: what a flush runs on the recorded pieces in processes of their own (the
+3. render: `render/`: records in, text out (so a dump renders without torch or Thunder), `Report` and progress;
+4. dump: `dump/`: a dump's files written and read back, the run id;
+5. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
+6. recording: `recording/`: the training path and what it records (the run's manifest facts included);
+7. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
+8. flush-time work: `flush/`, `minimize/`: what a flush runs on the recorded pieces in processes of their own (the
    triage against inductor, the minimizer, the workers that run them and `verify`'s scripts), their results handed
    to the artifacts as records;
-8. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself (`thunderfx_debug/__init__.py`);
-9. commands: `commands/` (the CLI and what each command runs, the demo's model), `__main__`.
+9. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself (`thunderfx_debug/__init__.py`);
+10. commands: `commands/` (the CLI and what each command runs, the demo's model), `__main__`.
 
 The package's root holds `__init__.py` and `__main__.py` only; every other module lies in a layer's folder.
 The training path (`recording/`, `thunder/`) never imports the dump writer (`dump/`, `artifacts/`) or the renderers
-(`render/`), though `dump/` and `render/` lie below it.
+(`render/`), though `dump/` and `render/` lie below it. A module of `scripts/` imports torch and the standard library
+only, and nothing `from __future__`: a script carries its text, after code of its own, where nothing else of the
+package can be imported.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
 #: (layer, its folders relative to the package; "" is the package's __init__, "__main__" its `python -m` entry),
 #: bottom first (see the module docstring).
 LAYERS = (
+    ("scripts", ("scripts",)),
     ("records and settings", ("records", "settings")),
     ("render", ("render",)),
     ("dump", ("dump",)),
@@ -247,12 +252,58 @@ def test_the_forbidden_arrow_check_finds_a_deferred_import(tmp_path):
         "pkg.recording.timer:2 imports pkg.render.text: the training path never imports the renderers"]
 
 
+#: The folder whose modules every repro script carries as text (`artifacts/repro/writers.inlined_source`).
+CARRIED = "scripts"
+
+
+def _carried_imports(modules: dict[str, Path], carried: str = CARRIED) -> list[str]:
+    """Every import in a module of the `carried` folder of anything but torch and the standard library (the package
+    itself included, that folder too: each module is inlined on its own), and every `from __future__` import (legal
+    only at the top of a file, and the text is inlined after the script's own code)."""
+    found = []
+    for name, path in sorted(modules.items()):
+        if name.partition(".")[2].partition(".")[0] != carried:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                imported = ["." * node.level + (node.module or "")]
+            else:
+                continue
+            for module in imported:
+                root = module.partition(".")[0]
+                if module == "__future__":
+                    found.append(f"{name}:{node.lineno} imports from __future__, which a script cannot take mid-file")
+                elif root != "torch" and root not in sys.stdlib_module_names:
+                    found.append(f"{name}:{node.lineno} imports {module}: a script carries torch and the standard "
+                                 "library only")
+    return found
+
+
+def test_what_every_script_carries_imports_torch_and_the_standard_library_only():
+    assert _carried_imports(_modules()) == []
+
+
+def test_the_carried_import_check_finds_the_package_a_third_party_and_a_future_import(tmp_path):
+    # The test above must be able to fail, also on an import deferred into a function.
+    (tmp_path / "rule.py").write_text("from __future__ import annotations\nimport math, torch.cuda\n"
+                                      "from torch.overrides import TorchFunctionMode\nimport numpy\n"
+                                      "def f():\n    from pkg.scripts import timer\n    from . import timer\n")
+    modules = {"pkg.scripts.rule": tmp_path / "rule.py", "pkg.records.x": tmp_path / "rule.py"}
+    assert _carried_imports(modules) == [
+        "pkg.scripts.rule:1 imports from __future__, which a script cannot take mid-file",
+        "pkg.scripts.rule:4 imports numpy: a script carries torch and the standard library only",
+        "pkg.scripts.rule:6 imports pkg.scripts: a script carries torch and the standard library only",
+        "pkg.scripts.rule:7 imports .: a script carries torch and the standard library only"]
+
+
 #: Private names of torch that any module may use, and why.
 TORCH_PRIVATE_ANYWHERE = {
     # Dynamo's own pytree (flatten, map over nested outputs): kept stable for torch's own users; no public twin.
     "torch.utils._pytree": "torch's pytree",
-    # The spin kernel a CUDA-event timer queues its calls behind (the package's timing primitive and the repro
-    # scripts' copy of it); torch has no public kernel that holds the device for a given time.
+    # The spin kernel a CUDA-event timer queues its calls behind (`scripts/device_timer.py`, the package's timing
+    # primitive, which every repro script carries); torch has no public kernel that holds the device for a given time.
     "torch.cuda._sleep": "the timers' spin kernel",
 }
 #: Modules outside `thunder/` that may use torch's private APIs, and why.

@@ -37,7 +37,7 @@ from thunderfx_debug.records import stats
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.records import DEVIATION, ClockKind, Memory, Triage
-from thunderfx_debug.recording import device_timer
+from thunderfx_debug.scripts import device_timer
 from thunderfx_debug.recording.memory import parameter_storages, saved_storages
 from thunderfx_debug.recording.check import AutocastState
 from thunderfx_debug.settings.safety import describe_exception

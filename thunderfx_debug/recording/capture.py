@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug.recording import device_timer
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
+from thunderfx_debug.scripts import device_timer
 from thunderfx_debug.settings.safety import ReportingFailures
 
 #: Version of the saved inputs file (format 2 keeps storage offsets and sizes, dtypes and devices).

@@ -28,9 +28,9 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
-from thunderfx_debug.recording.compare import (Float64Mode, Judged, Picks, judge, max_abs_difference,
-                                               not_compared_for_ties, to_float64)
+from thunderfx_debug.recording.compare import Judged, judge, max_abs_difference, not_compared_for_ties
 from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
 

@@ -41,11 +41,12 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
                                              version)
-from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, Float64Mode, Picks, judge, max_abs_difference,
-                                               not_compared_for_ties, scalars, to_float64)
+from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, judge, max_abs_difference, not_compared_for_ties,
+                                               scalars)
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
+from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 

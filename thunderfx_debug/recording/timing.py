@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from thunderfx_debug.recording import device_timer
 from thunderfx_debug.records import BETWEEN_OPS, ClockKind, Phase, Timing
 from thunderfx_debug.recording.samples import SampleStream
+from thunderfx_debug.scripts import device_timer
 
 
 class Clock(Protocol):

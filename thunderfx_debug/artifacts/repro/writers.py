@@ -2,7 +2,8 @@
 per way of running it (eager, Thunder, torch.compile, inductor, nvFuser); `render` writes them into a script.
 
 A script is made of: a docstring that says what it reproduces, how to run it and what its exit status means; the
-source of `script_template` (the check, the inputs, the timing, `main`: the same in every script) and, where the
+source of `script_template` (the check, the inputs, the timing, `main`: the same in every script), with the text of
+each module of `thunderfx_debug/scripts/` it imports in place of the import (`inlined_source`), and, where the
 strategy runs Thunder, of `thunder.script_support` (the workarounds the installed versions need); then the piece:
 its code, `make_inputs()`, `eager()`, `build()` and the call of `main`. Nothing of thunderfx_debug is imported, so a
 script runs where the package is not installed and can be attached to an upstream bug report as it is.
@@ -13,10 +14,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import hashlib
+import importlib
 import inspect
 import posixpath
 import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +29,7 @@ from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.records import InputMeta
 from thunderfx_debug.recording.capture import Captured
+from thunderfx_debug.recording.manifest import package_versions
 from thunderfx_debug.thunder import script_support
 
 MODULE_CLASS = "DynamoModule"
@@ -353,6 +358,71 @@ def _module_body(module: types.ModuleType) -> str:
     return "\n".join(lines).strip() + "\n"
 
 
+#: The package's bottom layer: what every script carries, inlined where `script_template` imports from it.
+CARRIED = "thunderfx_debug.scripts"
+
+
+@functools.cache
+def inlined_source(template: types.ModuleType) -> str:
+    """`template`'s source (`script_template`'s, for every script) as a script carries it: without its docstring
+    (the script's own says what the template does), and each `from thunderfx_debug.scripts.<module> import ...` at
+    its top level replaced by the text of that module (`_inlined`; a module imported twice is inlined once), so that
+    the script needs nothing of thunderfx_debug. Any other import of the package is a ValueError: a script could not
+    run it."""
+    source = inspect.getsource(template)
+    where = posixpath.basename(template.__file__)
+    tree = ast.parse(source)
+    top_level = {id(node) for node in tree.body}
+    replaced: dict[int, tuple[int, str]] = {}  # first line (0-based) -> (line after the import, its replacement)
+    inlined: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        relative = getattr(node, "level", 0) > 0
+        if not relative and not any(m.partition(".")[0] == "thunderfx_debug" for m in modules):
+            continue
+        carried = (isinstance(node, ast.ImportFrom) and not relative and id(node) in top_level
+                   and (node.module or "").startswith(f"{CARRIED}."))
+        if not carried or any(alias.asname for alias in node.names):
+            raise ValueError(f"{where}:{node.lineno} imports {modules[0] or 'from its package'}: a script can carry "
+                             f"only `from {CARRIED}.<module> import name` at the template's top level")
+        module = importlib.import_module(node.module)
+        replaced[node.lineno - 1] = (node.end_lineno, "" if node.module in inlined else _inlined(module))
+        inlined.add(node.module)
+    lines = source.splitlines()
+    first = tree.body[0]
+    i = first.end_lineno if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else 0
+    out = []
+    while i < len(lines):
+        if i in replaced:
+            i, text = replaced[i]
+            out.append(text.rstrip("\n") + "\n" if text else "")
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out).strip() + "\n"
+
+
+def _inlined(module: types.ModuleType) -> str:
+    """The text of a module of `thunderfx_debug/scripts/` as a script carries it: its docstring as comments, then its
+    code, between lines that name the file, the version of thunderfx-debug it comes from and the file's SHA-256 (the
+    first 16 hex digits of `sha256sum` of the file), so that a reader can find the text it was written from."""
+    path = Path(module.__file__)
+    text = path.read_text()
+    tree = ast.parse(text)
+    first = tree.body[0]
+    lines = text.splitlines()
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines = lines[first.end_lineno:]
+    about = "".join(f"# {line}".rstrip() + "\n" for line in (ast.get_docstring(tree) or "").splitlines())
+    version = package_versions().get("thunderfx-debug") or "0+unknown"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    name = module.__name__.replace(".", "/") + ".py"
+    return (f"# ==== {name}, inlined from thunderfx-debug {version} (sha256 of the file {digest}) ====\n"
+            f"{about}\n" + "\n".join(lines).strip() + f"\n\n# ==== end of {name} ====\n")
+
+
 def _indent(code: str) -> str:
     return textwrap.indent(code, "    ")
 
@@ -490,7 +560,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         header
         + "\n# ==== What every thunderfx_debug repro script runs: inputs, the check, timing "
           "(thunderfx_debug/artifacts/repro/script_template.py) ====\n"
-        + _module_body(script_template)
+        + inlined_source(script_template)
         + support
         + "\n\n# ==== The piece ====\n"
         + (imports + "\n\n\n" if imports else "")

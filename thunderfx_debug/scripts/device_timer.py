@@ -1,21 +1,16 @@
-"""The one CUDA-event timer of the package: marks on the current stream, read without waiting unless asked, and
-device time of back-to-back calls queued behind a hold (a spin kernel), so that the events time the kernels rather
-than the host's launches.
+"""The one CUDA-event timer of the package and of every repro script: marks on the current stream, read without
+waiting unless asked, and device time of back-to-back calls queued behind a hold (a spin kernel), so that the events
+time the kernels rather than the host's launches.
 
-Used by the sampler's clock (`timing.CudaClock`) and its hold (`timing.DeviceHold`), by the capture of input
-statistics (`capture.observe`: a mark says when they are ready) and by flush-time triage (`triage.cuda_round`). The
-repro scripts carry a copy of the part between the markers below (`artifacts/repro/script_template.py`): they run
-where thunderfx_debug is not installed. `tests/test_device_timer.py` holds the two copies equal, in text and in
-what they do with a fake `torch.cuda`.
+Used by the sampler's clock (`recording/timing.CudaClock`) and its hold (`recording/timing.DeviceHold`), by the
+capture of input statistics (`recording/capture.observe`: a mark says when they are ready) and by flush-time triage
+(`flush/judging.cuda_round`); the repro writer inlines this text into each script, whose `--benchmark` times device
+work with it (see the package's docstring).
 
 `cuda` arguments default to `torch.cuda`; tests pass a fake one, so the logic runs on machines without a GPU.
 """
 
-from __future__ import annotations
-
 import torch
-
-# ---- the device timer: the same text in recording/device_timer.py and artifacts/repro/script_template.py ----------
 
 #: How long a hold lasts, in ms, whatever the host's time for the work behind it. At least 1 ms: a hold sized from a
 #: tiny host time would end before the host has queued the first kernels, and 1 ms is nothing to a sampled call or a
@@ -69,6 +64,3 @@ def held_device_ms(call, calls, host_ms, cuda=None):
         call()
     end = mark(cuda)
     return elapsed_ms(start, end, wait=True) / calls
-
-
-# ---- end of the device timer
