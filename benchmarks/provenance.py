@@ -8,7 +8,9 @@ line of that file that calls `torch.rsqrt`.
     python benchmarks/provenance.py --model llama --size tiny --device cpu --steps 2   # CPU: the torch.compile executor
 
 Prints, and writes with --json: per phase, the regions that name their lines (and the op groups, with fusion-level
-timing every call); each forward rsqrt region with the lines it names; the groups of regions that repeat the same
+timing every call); for the backward, apart, those that name the forward lines that made the saved values they read
+(`reads_saved_from`), those named by these alone, and those that name no line; each forward rsqrt region with the
+lines it names; the groups of regions that repeat the same
 lines and ops (one per layer: "the same lines in 4 regions"); and what the flush took, sources and all. Exit status 1
 where a forward rsqrt region does not name the rsqrt line, or no forward region fuses an rsqrt.
 """
@@ -27,6 +29,16 @@ import harness  # noqa: E402
 def rsqrt_lines(path: str) -> list[int]:
     """The lines of a file that call torch.rsqrt, read here (not by the tool)."""
     return [i for i, line in enumerate(Path(path).read_text().splitlines(), 1) if "torch.rsqrt(" in line]
+
+
+def named_counts(kind: str, pieces: list) -> dict[str, int]:
+    """How many of `pieces` name lines: by their own ops' lines (`sources`), by the lines that made the saved values
+    they read (`reads_saved_from`, backward pieces), by those alone, and by neither."""
+    return {kind: len(pieces),
+            f"{kind}_with_sources": sum(bool(p.sources) for p in pieces),
+            f"{kind}_reading_saved_values": sum(bool(p.reads_saved_from) for p in pieces),
+            f"{kind}_named_by_saved_values_only": sum(bool(p.reads_saved_from and not p.sources) for p in pieces),
+            f"{kind}_naming_no_line": sum(not (p.sources or p.reads_saved_from) for p in pieces)}
 
 
 def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path, executors: str | None) -> dict:
@@ -55,8 +67,7 @@ def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path
     for phase in ("forward", "backward"):
         chosen = [f for _, f in regions if f.phase.value == phase]
         groups = [g for _, s in splits for g in s.op_groups if g.phase.value == phase and g.symbol != "between ops"]
-        counts[phase] = {"regions": len(chosen), "regions_with_sources": sum(bool(f.sources) for f in chosen),
-                         "op_groups": len(groups), "op_groups_with_sources": sum(bool(g.sources) for g in groups)}
+        counts[phase] = {**named_counts("regions", chosen), **named_counts("op_groups", groups)}
     norms = []
     for path, fusion in regions:
         if fusion.phase.value == "forward" and "rsqrt" in fusion.ops:
@@ -98,6 +109,11 @@ def main(argv=None) -> int:
     for phase, c in results["counts"].items():
         print(f"  {phase}: {c['regions_with_sources']} of {c['regions']} regions name their lines, "
               f"{c['op_groups_with_sources']} of {c['op_groups']} op groups")
+        if phase == "backward":
+            for kind, label in (("regions", "regions"), ("op_groups", "op groups")):
+                print(f"    {label}: {c[f'{kind}_reading_saved_values']} name the lines that saved values they read, "
+                      f"{c[f'{kind}_named_by_saved_values_only']} by those alone; {c[f'{kind}_naming_no_line']} "
+                      "name no line")
     print(f"  splits: {results['splits_with_sources']} of {results['splits']} name their lines")
     print(f"  torch.rsqrt in {results['modeling_file']} at lines {results['rsqrt_lines']}")
     for norm in results["rsqrt_regions"]:
