@@ -76,7 +76,8 @@ def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path
             norms.append({"region": path, "executor": fusion.executor, "names_the_rsqrt_line": names_it,
                           "sources": list(fusion.sources[:6])})
     repeated = [{"regions": g.count, "phase": g.phase, "executor": g.executor, "ops": len(g.ops),
-                 "sources": list(g.sources[:4]), "ms_per_step": g.ms_per_step}
+                 "sources": list(g.sources[:4]), "reads_saved_from": list(g.reads_saved_from[:4]),
+                 "ms_per_step": g.ms_per_step}
                 for g in provenance.repeated_regions(report)]
     return {"model": model, "size": size, "device": device, "dtype": dtype, "steps": steps, "dump": str(rank_dir),
             "modeling_file": modeling, "rsqrt_lines": lines, "counts": counts, "rsqrt_regions": norms,
@@ -120,8 +121,9 @@ def main(argv=None) -> int:
         print(f"  {'ok  ' if norm['names_the_rsqrt_line'] else 'MISS'} {norm['region']} ({norm['executor']}): "
               + ", ".join(norm["sources"][:3]))
     for group in results["repeated"][:10]:
+        saved = f"; reads values saved at {', '.join(group['reads_saved_from'][:2])}" if group["reads_saved_from"] else ""
         print(f"  the same lines in {group['regions']} regions ({group['phase']}, {group['executor']}, "
-              f"{group['ops']} ops): " + ", ".join(group["sources"][:2]))
+              f"{group['ops']} ops): " + ", ".join(group["sources"][:2]) + saved)
     print("OK: every forward rsqrt region names the rsqrt line" if results["ok"] else
           "FAILED: a forward rsqrt region does not name the rsqrt line, or none fuses an rsqrt")
     harness.write_record(args.json, "provenance", results)
