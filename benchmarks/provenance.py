@@ -8,7 +8,9 @@ line of that file that calls `torch.rsqrt`.
     python benchmarks/provenance.py --model llama --size tiny --device cpu --steps 2   # CPU: the torch.compile executor
 
 Prints, and writes with --json: per phase, the regions that name their lines (and the op groups, with fusion-level
-timing every call); each forward rsqrt region with the lines it names; the groups of regions that repeat the same
+timing every call); for the backward, apart, those that name the forward lines that made the saved values they read
+(`reads_saved_from`), those named by these alone, and those that name no line; each forward rsqrt region with the
+lines it names; the groups of regions that repeat the same
 lines and ops (one per layer: "the same lines in 4 regions"); and what the flush took, sources and all. Exit status 1
 where a forward rsqrt region does not name the rsqrt line, or no forward region fuses an rsqrt.
 """
@@ -27,6 +29,16 @@ import harness  # noqa: E402
 def rsqrt_lines(path: str) -> list[int]:
     """The lines of a file that call torch.rsqrt, read here (not by the tool)."""
     return [i for i, line in enumerate(Path(path).read_text().splitlines(), 1) if "torch.rsqrt(" in line]
+
+
+def named_counts(kind: str, pieces: list) -> dict[str, int]:
+    """How many of `pieces` name lines: by their own ops' lines (`sources`), by the lines that made the saved values
+    they read (`reads_saved_from`, backward pieces), by those alone, and by neither."""
+    return {kind: len(pieces),
+            f"{kind}_with_sources": sum(bool(p.sources) for p in pieces),
+            f"{kind}_reading_saved_values": sum(bool(p.reads_saved_from) for p in pieces),
+            f"{kind}_named_by_saved_values_only": sum(bool(p.reads_saved_from and not p.sources) for p in pieces),
+            f"{kind}_naming_no_line": sum(not (p.sources or p.reads_saved_from) for p in pieces)}
 
 
 def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path, executors: str | None) -> dict:
@@ -55,8 +67,7 @@ def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path
     for phase in ("forward", "backward"):
         chosen = [f for _, f in regions if f.phase.value == phase]
         groups = [g for _, s in splits for g in s.op_groups if g.phase.value == phase and g.symbol != "between ops"]
-        counts[phase] = {"regions": len(chosen), "regions_with_sources": sum(bool(f.sources) for f in chosen),
-                         "op_groups": len(groups), "op_groups_with_sources": sum(bool(g.sources) for g in groups)}
+        counts[phase] = {**named_counts("regions", chosen), **named_counts("op_groups", groups)}
     norms = []
     for path, fusion in regions:
         if fusion.phase.value == "forward" and "rsqrt" in fusion.ops:
@@ -65,7 +76,8 @@ def check(model: str, size: str, device: str, dtype: str, steps: int, dump: Path
             norms.append({"region": path, "executor": fusion.executor, "names_the_rsqrt_line": names_it,
                           "sources": list(fusion.sources[:6])})
     repeated = [{"regions": g.count, "phase": g.phase, "executor": g.executor, "ops": len(g.ops),
-                 "sources": list(g.sources[:4]), "ms_per_step": g.ms_per_step}
+                 "sources": list(g.sources[:4]), "reads_saved_from": list(g.reads_saved_from[:4]),
+                 "ms_per_step": g.ms_per_step}
                 for g in provenance.repeated_regions(report)]
     return {"model": model, "size": size, "device": device, "dtype": dtype, "steps": steps, "dump": str(rank_dir),
             "modeling_file": modeling, "rsqrt_lines": lines, "counts": counts, "rsqrt_regions": norms,
@@ -98,14 +110,20 @@ def main(argv=None) -> int:
     for phase, c in results["counts"].items():
         print(f"  {phase}: {c['regions_with_sources']} of {c['regions']} regions name their lines, "
               f"{c['op_groups_with_sources']} of {c['op_groups']} op groups")
+        if phase == "backward":
+            for kind, label in (("regions", "regions"), ("op_groups", "op groups")):
+                print(f"    {label}: {c[f'{kind}_reading_saved_values']} name the lines that saved values they read, "
+                      f"{c[f'{kind}_named_by_saved_values_only']} by those alone; {c[f'{kind}_naming_no_line']} "
+                      "name no line")
     print(f"  splits: {results['splits_with_sources']} of {results['splits']} name their lines")
     print(f"  torch.rsqrt in {results['modeling_file']} at lines {results['rsqrt_lines']}")
     for norm in results["rsqrt_regions"]:
         print(f"  {'ok  ' if norm['names_the_rsqrt_line'] else 'MISS'} {norm['region']} ({norm['executor']}): "
               + ", ".join(norm["sources"][:3]))
     for group in results["repeated"][:10]:
+        saved = f"; reads values saved at {', '.join(group['reads_saved_from'][:2])}" if group["reads_saved_from"] else ""
         print(f"  the same lines in {group['regions']} regions ({group['phase']}, {group['executor']}, "
-              f"{group['ops']} ops): " + ", ".join(group["sources"][:2]))
+              f"{group['ops']} ops): " + ", ".join(group["sources"][:2]) + saved)
     print("OK: every forward rsqrt region names the rsqrt line" if results["ok"] else
           "FAILED: a forward rsqrt region does not name the rsqrt line, or none fuses an rsqrt")
     harness.write_record(args.json, "provenance", results)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import html.parser
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -20,7 +21,10 @@ import harness_path  # noqa: F401  (benchmarks/ on sys.path)
 import harness
 from conftest import cpu_executors_apart_at_matmuls, dump_fixtures
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.records import DumpError, GraphRecord, SourceExcerpt, SourceLine, Triage
+from thunderfx_debug.records import (
+    BETWEEN_OPS, READS_SAVED, DumpError, FusionRecord, GraphRecord, OpGroup, SourceExcerpt, SourceLine, Triage,
+    short_sources,
+)
 from thunderfx_debug.render import provenance
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_summary
@@ -184,6 +188,103 @@ def test_every_repro_script_names_where_in_the_model_its_piece_is(llama, modelin
     assert norm_scripts and all("# where in the model" in p.read_text() for p in norm_scripts)
 
 
+def _backward_pieces(report):
+    """(path, record) of every backward region and op group (but the time between ops) of a report."""
+    found = [(path, f) for path, f in _regions(report, "backward")]
+    found += [(f"{g.name}/{s.name} {o.label}", o) for g in report.graphs for s in g.splits for o in s.op_groups
+              if o.phase.value == "backward" and o.symbol != BETWEEN_OPS]
+    return found
+
+
+def _norm_lines(modeling_llama) -> set[int]:
+    """The lines of LlamaRMSNorm.forward, read here."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    body, first = inspect.getsourcelines(LlamaRMSNorm.forward)
+    assert inspect.getsourcefile(LlamaRMSNorm) == modeling_llama
+    return set(range(first, first + len(body)))
+
+
+def test_backward_pieces_without_lines_of_their_own_name_where_the_values_they_read_were_saved(llama, modeling_llama):
+    """Thunder 0.2.6 gives grad rules no location: the backward regions that reshape a norm's saved output for the
+    projections' weight gradients, and the backward matmuls, name no line of their own. What they read was saved by
+    RMSNorm's forward, whose lines are read here from the installed transformers."""
+    _, _, report = llama
+    norm = _norm_lines(modeling_llama)
+    [rsqrt_line] = lines_calling(modeling_llama, "torch.rsqrt(")
+
+    def reads_norm(piece) -> bool:
+        lines = [SourceLine.parse(text) for text in piece.reads_saved_from]
+        return any(line.file == modeling_llama and line.line in norm for line in lines)
+
+    backward = _backward_pieces(report)
+    bare = [(path, p) for path, p in backward if not p.sources]
+    assert bare
+    bare_regions = [p for path, p in bare if isinstance(p, FusionRecord)]
+    # an input norm and a post-attention norm per layer: their outputs feed the projections' weight gradients
+    assert sum(map(reads_norm, bare_regions)) >= 2 * LAYERS, [(path, p.reads_saved_from) for path, p in bare]
+    [matmuls] = [p for path, p in bare if isinstance(p, OpGroup) and p.symbol == "matmul"]
+    assert reads_norm(matmuls), matmuls.reads_saved_from
+    # the norms' own backward regions read the rsqrt the forward saved
+    rsqrt = str(SourceLine(modeling_llama, rsqrt_line, "forward"))
+    assert any(rsqrt in p.reads_saved_from for _, p in backward if "rsqrt" not in p.ops), backward
+    # every line a backward piece reads from is a line of its split's forward code
+    for graph in report.graphs:
+        for split in graph.splits:
+            for piece in (*split.fusions, *split.op_groups):
+                assert set(piece.reads_saved_from) <= set(split.sources), (split.name, piece)
+
+
+def test_forward_pieces_name_no_saved_values(llama):
+    _, rank_dir, report = llama
+    forward = _regions(report) + [(o.label, o) for g in report.graphs for s in g.splits for o in s.op_groups
+                                  if o.phase.value == "forward"]
+    assert forward and all(p.reads_saved_from == () for _, p in forward)
+    for graph in report.graphs:
+        data = json.loads((rank_dir / graph.name / "graph.json").read_text())
+        for split in data["splits"]:
+            for piece in (*split["fusions"], *split["op_groups"]):
+                if "reads_saved_from" in piece:  # written where there are some, like `sources`
+                    assert piece["phase"] == "backward" and piece["reads_saved_from"], piece
+
+
+def test_the_lines_of_saved_values_round_trip_and_show_in_the_summary_page_and_scripts(llama, modeling_llama):
+    _, rank_dir, report = llama
+    graph = next(g for g in report.graphs if any(f.reads_saved_from for _, f in g.fusions()))
+    data = json.loads((rank_dir / graph.name / "graph.json").read_text())
+    written = [f["reads_saved_from"] for s in data["splits"] for f in s["fusions"] if "reads_saved_from" in f]
+    assert written == [list(f.reads_saved_from) for _, f in graph.fusions() if f.reads_saved_from]
+    again = GraphRecord.from_json(graph.to_json(), "graph.json")  # its traces are files of their own: not compared
+    assert [(s.fusions, s.op_groups) for s in again.splits] == [(s.fusions, s.op_groups) for s in graph.splits]
+    split, region = next((s, f) for s, f in graph.fusions() if f.reads_saved_from and not f.sources)
+
+    # the summary: under the region's line, the saved values' lines, never as "from"
+    lines = render_summary(report).splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(f"  {split.name}: ")))
+    row = next(i for i in range(start, len(lines)) if lines[i].startswith(f"      {region.name} (backward, "))
+    assert lines[row + 1] == f"        {READS_SAVED} {short_sources(region.reads_saved_from)}"
+
+    # the page: the region's row links the lines to their code, kept in the dump
+    page = render_html({0: report})
+    index = provenance.SourceIndex(report)
+    first = region.reads_saved_from[0]
+    assert first in graph.source_excerpts
+    assert f'{READS_SAVED} <a href="#{index.anchors[first]}">' in page
+    assert " backward (reads a value saved here)" in page  # the code's lines say which pieces read them
+
+    # its scripts' headers list them apart from the lines of its own ops; forward regions' scripts have none
+    scripts = [rank_dir / path for label, path in region.files.items() if label.startswith("repro")]
+    assert scripts
+    for script in scripts:
+        header = script.read_text().split("# ====", 1)[0]
+        saved = header.split(f"# {READS_SAVED} ", 1)[1]
+        assert all(f"#     {line}\n" in saved for line in region.reads_saved_from[:12]), script.name
+        assert "# where in the model" not in header  # it has no lines of its own
+    forward_scripts = [rank_dir / path for _, f in _regions(report) for label, path in f.files.items()
+                       if label.startswith("repro")]
+    assert forward_scripts and not any(f"# {READS_SAVED}" in p.read_text() for p in forward_scripts)
+
+
 def test_the_tlparse_artifacts_carry_the_lines_too(llama):
     from thunderfx_debug.artifacts.torch_trace import structure_artifacts, trace_artifacts
 
@@ -234,7 +335,7 @@ def test_the_summary_names_the_lines_beside_a_deviating_piece_of_the_triage(llam
     lines = render_summary(changed).splitlines()
     row = next(i for i, line in enumerate(lines) if f"{graph.name}/{split.name}/{region.name} " in line
                and "lost per step" in line)
-    assert lines[row + 1].strip() == f"from {provenance.short_sources(region.sources)}"
+    assert lines[row + 1].strip() == f"from {short_sources(region.sources)}"
 
 
 def test_no_source_is_read_on_the_training_path(monkeypatch):
@@ -253,26 +354,35 @@ def test_no_source_is_read_on_the_training_path(monkeypatch):
     assert calls == []
     split = next(s for s in backend.report().graphs[0].splits if s.fusions)
     assert calls and split.fusions[0].sources and split.sources
+    assert any(f.reads_saved_from for f in split.fusions_in("backward"))
 
 
 def test_the_h200_benchmark_checks_a_tiny_llama_the_same_way_on_cpu(tmp_path):
     """benchmarks/provenance.py on CPU: its check of the rsqrt line and its figures, not the H200's."""
     import importlib.util
-    import json
 
     path = Path(__file__).parent.parent / "benchmarks" / "provenance.py"
     spec = importlib.util.spec_from_file_location("benchmark_provenance", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(["--steps", "2", "--dump", str(tmp_path / "dump"), "--json", str(tmp_path / "p.json")]) == 0
+    executors = ",".join(e.name for e in cpu_executors_apart_at_matmuls())  # regions per layer, matmuls apart
+    assert module.main(["--steps", "2", "--dump", str(tmp_path / "dump"), "--json", str(tmp_path / "p.json"),
+                        "--executors", executors]) == 0
     results = json.loads((tmp_path / "p.json").read_text())["results"]
     assert results["ok"] and results["rsqrt_regions"] and results["rsqrt_lines"]
-    assert results["counts"]["forward"]["regions_with_sources"] == results["counts"]["forward"]["regions"] > 0
+    forward, backward = results["counts"]["forward"], results["counts"]["backward"]
+    assert forward["regions_with_sources"] == forward["regions"] > 0
+    assert forward["regions_reading_saved_values"] == forward["op_groups_reading_saved_values"] == 0
+    for kind in ("regions", "op_groups"):  # each backward piece counted once: by its own lines, by saved values, or none
+        assert (backward[f"{kind}_with_sources"] + backward[f"{kind}_named_by_saved_values_only"]
+                + backward[f"{kind}_naming_no_line"]) == backward[kind] > 0
+        assert backward[f"{kind}_named_by_saved_values_only"] > 0
 
 
 def test_sources_round_trip_and_damage_names_the_field():
     graph = GraphRecord("graph0", 0, source_excerpts={"/m.py:3 f": SourceExcerpt(1, ("a = 1", "b = 2", "c = a + b"))})
-    assert GraphRecord.from_json(graph.to_json(), "graph.json") == graph
+    again = GraphRecord.from_json(graph.to_json(), "graph.json")  # its traces are files of their own: not compared
+    assert [(s.fusions, s.op_groups) for s in again.splits] == [(s.fusions, s.op_groups) for s in graph.splits]
     data = graph.to_json()
     data["source_excerpts"]["/m.py:3 f"]["lines"] = "a = 1"
     with pytest.raises(DumpError, match=r"graph.json.source_excerpts./m.py:3 f.lines: expected list"):
@@ -283,8 +393,10 @@ def test_dumps_written_before_sources_load_without_them():
     report = load_report(dump_fixtures() / "previous_format")
     pieces = [p for g in report.graphs for s in g.splits for p in (s, *s.fusions, *s.op_groups)]
     assert pieces and all(p.sources == () for p in pieces)
+    assert all(p.reads_saved_from == () for g in report.graphs for s in g.splits for p in (*s.fusions, *s.op_groups))
     assert all(g.source_excerpts == {} for g in report.graphs)
-    assert not any(line.strip().startswith("from ") for line in render_summary(report).splitlines())
+    summary = render_summary(report).splitlines()
+    assert not any(line.strip().startswith(("from ", READS_SAVED)) for line in summary)
     assert "Where the regions come from" not in render_html({0: report})
     # the fixtures the page's browser test renders have them (tests/test_html_browser.py)
     normal = load_report(dump_fixtures() / "normal")

@@ -15,6 +15,7 @@ from thunderfx_debug.recording.timing import SampleSeries
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.compile_events import SPANS
+from thunderfx_debug.thunder.provenance import TraceSources
 
 #: owner key ("graph0", "graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> {label: path in the dump}
 FileIndex = Mapping[str, Mapping[str, str]]
@@ -34,10 +35,12 @@ def _timing(series: SampleSeries | None):
     return None if series is None else series.timing()
 
 
-def _op_groups(split: SplitState, sources: dict[tuple[str, str, str], tuple[str, ...]]) -> tuple[OpGroup, ...]:
-    groups = [OpGroup(symbol, executor, phase, split.op_counts.get((phase, symbol, executor), 0), series.timing(),
-                      sources.get((phase, symbol, executor), ()))
-              for (phase, symbol, executor), series in split.op_series.items()]
+def _op_groups(split: SplitState, sources: TraceSources) -> tuple[OpGroup, ...]:
+    groups = []
+    for key, series in split.op_series.items():
+        phase, symbol, executor = key
+        groups.append(OpGroup(symbol, executor, phase, split.op_counts.get(key, 0), series.timing(),
+                              sources.op_groups.get(key, ()), sources.op_groups_reads_saved_from.get(key, ())))
     return tuple(sorted(groups, key=lambda g: (g.phase.value != "forward", -(g.timing.total_ms if g.timing else 0))))
 
 
@@ -63,6 +66,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             check=_check(split.region_checks.get(r.key)),
             triage=triage.get(f"{key}/{r.key}"),
             sources=snap.sources.regions.get(r.key, ()),
+            reads_saved_from=snap.sources.regions_reads_saved_from.get(r.key, ()),
         )
         for r in snap.regions
     )
@@ -84,7 +88,7 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         host_timing=_timing(split.host_forward),
         host_backward_timing=_timing(split.host_backward),
         thunder_overhead_timing=_timing(split.overhead),
-        op_groups=_op_groups(split, snap.sources.op_groups),
+        op_groups=_op_groups(split, snap.sources),
         compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
         check=_check(split.check),
         triage=triage.get(key),
@@ -94,9 +98,10 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
 
 
 def _sources_of(splits: tuple[SplitRecord, ...]) -> list[str]:
-    """Every source line the splits, their regions and op groups name."""
-    pieces = [*splits, *(f for s in splits for f in s.fusions), *(g for s in splits for g in s.op_groups)]
-    return [source for piece in pieces for source in piece.sources]
+    """Every source line the splits, their regions and op groups name (their own and their saved values')."""
+    pieces = [*(f for s in splits for f in s.fusions), *(g for s in splits for g in s.op_groups)]
+    return [*(source for s in splits for source in s.sources),
+            *(source for piece in pieces for source in (*piece.sources, *piece.reads_saved_from))]
 
 
 def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:

@@ -5,7 +5,7 @@ Dynamo's: in the graph's compile-id folder of tlparse's output (`-_0_0_0/` for c
     thunderfx_debug_graph0_thunder_0_fwd_trace_N.txt   the final Thunder traces of each thunder split (after the
     thunderfx_debug_graph0_thunder_0_bwd_trace_N.txt   graph's first call, when Thunder has built them)
     thunderfx_debug_graph0_thunder_0_fusions_N.json    its fusion regions: executor, phase, ops, inputs, outputs,
-                                                       sources
+                                                       sources, lines that made the saved values a backward one reads
     thunderfx_debug_graph0_timing_N.json               timing statistics of the graph, its splits and regions (flush)
     thunderfx_debug_graph0_check_N.json                the correctness checks, where any piece was checked (flush)
 
@@ -67,7 +67,8 @@ def trace_artifacts(graph: GraphRecord) -> list[TraceArtifact]:
         if split.fwd_trace is not None:
             fusions = [{"name": f.name, "executor": f.executor, "phase": f.phase.value, "ops": list(f.ops),
                         "inputs": list(f.inputs), "outputs": list(f.outputs),
-                        "input_meta": [m.describe() for m in f.input_meta], "sources": list(f.sources)}
+                        "input_meta": [m.describe() for m in f.input_meta], "sources": list(f.sources),
+                        "reads_saved_from": list(f.reads_saved_from)}
                        for f in split.fusions]
             artifacts.append((torch_trace.artifact_name(graph.name, split.name, "fusions"), fusions))
     return artifacts

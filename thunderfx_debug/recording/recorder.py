@@ -126,7 +126,8 @@ class SplitSnapshot:
     `input_meta` is what the split received on its first call where that was captured (with value statistics),
     else what Thunder's splitter recorded. `region_input_meta` and `region_captures` hold, by region key, the same
     for the fusion regions whose captured call agrees with the final trace (the others have only their trace's
-    proxies: `FusionRegion.input_meta`). `sources` are where the ops of its regions and op groups came from."""
+    proxies: `FusionRegion.input_meta`). `sources` are where the ops of its regions and op groups came from,
+    and where the saved values its backward ones read were made."""
 
     state: SplitState
     fwd_trace: Any = None
@@ -279,9 +280,8 @@ class Recorder:
             snap.regions = thunder_traces.fusion_regions(snap.fwd_trace, Phase.FORWARD)
             snap.regions += thunder_traces.fusion_regions(snap.bwd_trace, Phase.BACKWARD)
         with self.failures.guard(f"reading where the ops of {where} came from"):
-            snap.sources = thunder_provenance.trace_sources(
-                split.split.compiled, snap.regions,
-                ((Phase.FORWARD.value, snap.fwd_trace), (Phase.BACKWARD.value, snap.bwd_trace)))
+            snap.sources = thunder_provenance.trace_sources(split.split.compiled, snap.regions, snap.fwd_trace,
+                                                            snap.bwd_trace)
         for text in ("fwd_text", "bwd_text"):
             # Printed here, guarded, so that a trace that cannot be printed loses its text only, not the record of
             # its graph (which reads the text later).

@@ -8,7 +8,8 @@ that was wrong; both come from one codec driven by the records' fields and type 
 - `records.timing`: timing samples, disturbed calls, compile costs;
 - `records.memory`: what a piece held in memory (saved for its backward, peaks);
 - `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
-- `records.sources`: the lines of the model's code a piece's ops came from, and the code around them;
+- `records.sources`: the lines of the model's code a piece's ops came from (and, for a backward piece, those that
+  made the saved values it reads), and the code around them;
 - `records.layout`: the names of a dump's files (following Thunder's report module);
 - `records.stats`: the statistics of timings the diff's noise model and the flush-time triage share (Student's t,
   Yuen's test), pure Python.
@@ -20,7 +21,9 @@ from thunderfx_debug.records.pieces import (
     BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
     RankRecord, SplitKind, SplitReason, SplitRecord, storage_span,
 )
-from thunderfx_debug.records.sources import SourceExcerpt, SourceLine, short_path, short_sources
+from thunderfx_debug.records.sources import (
+    READS_SAVED, SourceExcerpt, SourceLine, origin_lines, short_path, short_sources,
+)
 from thunderfx_debug.records.timing import (
     ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, SampleTotals, Timing,
     TimingWindow, percentile,
@@ -28,9 +31,10 @@ from thunderfx_debug.records.timing import (
 from thunderfx_debug.records.verdicts import DEVIATION, MAX_CHECK_REASONS, Check, Minimized, Triage
 
 __all__ = [
-    "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "Check",
-    "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen", "DisturbedCall",
-    "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized",
-    "OpGroup", "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason",
-    "SplitRecord", "Timing", "TimingWindow", "Triage", "percentile", "short_path", "short_sources", "storage_span",
+    "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "READS_SAVED", "SCHEMA_VERSION",
+    "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen",
+    "DisturbedCall", "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory",
+    "Minimized", "OpGroup", "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind",
+    "SplitReason", "SplitRecord", "Timing", "TimingWindow", "Triage", "origin_lines", "percentile", "short_path",
+    "short_sources", "storage_span",
 ]

@@ -52,7 +52,9 @@ class OpGroup(JsonRecord):
     sampled call (`timing`). An op's time runs from its mark to the next mark, so the views, dels and unpacks that
     follow an op (they launch no kernel) count with it. `symbol` BETWEEN_OPS (executor "thunder") is the rest of the
     time outside the regions; the groups of a phase and its regions add up to the trace's time. `sources`: the lines
-    of the model's code its ops came from ("file:line function", most ops first; see `records.sources`)."""
+    of the model's code its ops came from ("file:line function", most ops first; see `records.sources`).
+    `reads_saved_from` (backward groups): the lines of the forward ops that produced the values saved for the
+    backward that its ops read, most reads first; where its ops were made, not where they came from."""
 
     symbol: str
     executor: str = json_field(missing="")  # older dumps may lack it
@@ -60,6 +62,7 @@ class OpGroup(JsonRecord):
     count: int = 0
     timing: Timing | None = None
     sources: tuple[str, ...] = json_field((), omit_default=True)
+    reads_saved_from: tuple[str, ...] = json_field((), omit_default=True)
 
     def __post_init__(self):
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -153,7 +156,9 @@ class FusionRecord(JsonRecord):
 
     `ops` are the symbols fused into the region in trace order; `inputs`/`outputs` are the trace names of its
     arguments and results, `input_meta` their metadata where known. `sources`: the lines of the model's code its ops
-    came from ("file:line function", most ops first; see `records.sources`).
+    came from ("file:line function", most ops first; see `records.sources`). `reads_saved_from` (backward regions):
+    the lines of the forward ops that produced the values saved for the backward that it reads, most reads first:
+    where the forward values it uses were made, not lines of its own ops (Thunder 0.2.6 gives its grad rules none).
     """
 
     name: str
@@ -169,6 +174,7 @@ class FusionRecord(JsonRecord):
     triage: Triage | None = json_field(None, omit_default=True)
     minimized: Minimized | None = json_field(None, omit_default=True)
     sources: tuple[str, ...] = json_field((), omit_default=True)
+    reads_saved_from: tuple[str, ...] = json_field((), omit_default=True)
 
     @property
     def qualified_name(self) -> str:
@@ -236,8 +242,8 @@ class GraphRecord(JsonRecord):
     for a graph called once per step, the wall time of a training step. `disturbed` lists the sampled calls that the
     headline statistics leave out (see `Disturbance`); their samples stay in every timing of the graph.
     `source_excerpts` holds, by source line ("file:line function"), the code around each line its pieces name in
-    their `sources`, read at flush (a file that could not be read has none). `memory` is what the graph held in
-    memory on its sampled calls, all its splits together (see `Memory`).
+    their `sources` and `reads_saved_from`, read at flush (a file that could not be read has none). `memory` is what
+    the graph held in memory on its sampled calls, all its splits together (see `Memory`).
     """
 
     name: str

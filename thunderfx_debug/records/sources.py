@@ -1,6 +1,7 @@
 """Where a piece's ops came from in the model's code: the source lines the records name ("file:line function", the
-form `graph.json` keeps in each piece's `sources`, most ops first) and the code around them, read at flush
-(`SourceExcerpt`), so that a report shows the model's code where that code is not.
+form `graph.json` keeps in each piece's `sources`, most ops first, and in a backward piece's `reads_saved_from`) and
+the code around them, read at flush (`SourceExcerpt`), so that a report shows the model's code where that code is
+not.
 
 Example:
     >>> text = "/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py:66 forward"
@@ -71,6 +72,22 @@ def short_sources(sources: tuple[str, ...] | list[str], limit: int = 3) -> str:
     shown = [line.short if line is not None else text for text, line in parsed]
     rest = len(sources) - limit
     return ", ".join(shown + ([f"+{rest} more"] if rest > 0 else []))
+
+
+#: How a backward piece's `reads_saved_from` is introduced wherever it is shown: lines of the forward, not its own.
+READS_SAVED = "reads values saved at"
+
+
+def origin_lines(sources: tuple[str, ...], reads_saved_from: tuple[str, ...] = ()) -> list[str]:
+    """What a summary says under a piece of where it is in the model: "from" its own lines, and the lines of the
+    forward that made the saved values it reads, each short (`short_sources`); nothing for what it has none of.
+
+    Example:
+        >>> origin_lines((), ("/a/b/m.py:66 forward",))
+        ['reads values saved at b/m.py:66 forward']
+    """
+    return ([f"from {short_sources(sources)}"] if sources else []) + (
+        [f"{READS_SAVED} {short_sources(reads_saved_from)}"] if reads_saved_from else [])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from thunderfx_debug.records import Check, RankRecord, SplitKind, short_sources
+from thunderfx_debug.records import Check, RankRecord, SplitKind, origin_lines
 from thunderfx_debug.render.text import plural
 
 #: Pieces listed by name in the text summary's section; the rest are counted.
@@ -39,7 +39,8 @@ _RUN_AS = {"nvfuser": "repro_nvfuser", "torchcompile": "repro_inductor"}
 class CheckedPiece:
     """A piece the check covers: `path` is "graph0/thunder_0" (a split) or "graph0/thunder_0/nvFusion0_forward" (a
     fusion region); `check` its record (None: no checked call ran it); `files` its record's files (the mismatch
-    script among them); `sources` the lines of the model's code its ops came from."""
+    script among them); `sources` the lines of the model's code its ops came from, `reads_saved_from` those of the
+    forward that made the saved values it reads (a backward region)."""
 
     path: str
     level: str  # "split" | "fusion"
@@ -47,6 +48,7 @@ class CheckedPiece:
     files: dict[str, str]
     sources: tuple[str, ...] = ()
     executor: str = ""  # a fusion region's ("nvfuser", "torchcompile"); "" for a split
+    reads_saved_from: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
@@ -110,7 +112,8 @@ def checked_pieces(report: RankRecord) -> list[CheckedPiece]:
             for fusion in split.fusions:
                 if level == "fusion" or fusion.check is not None:
                     pieces.append(CheckedPiece(f"{path}/{fusion.qualified_name}", "fusion", fusion.check,
-                                               dict(fusion.files), fusion.sources, fusion.executor))
+                                               dict(fusion.files), fusion.sources, fusion.executor,
+                                               fusion.reads_saved_from))
     return pieces
 
 
@@ -230,8 +233,7 @@ def render_correctness(report: RankRecord) -> list[str]:
     bad = [p for p in pieces if p.status == "mismatch"]
     for piece in bad[:MAX_LISTED]:
         lines.append(f"  MISMATCH {mismatch_line(piece)}")
-        if piece.sources:
-            lines.append(f"    from {short_sources(piece.sources)}")
+        lines += [f"    {text}" for text in origin_lines(piece.sources, piece.reads_saved_from)]
         script = next((path for label, path in piece.files.items() if "mismatch" in label), None)
         if script:
             lines.append(f"    script: {script}")

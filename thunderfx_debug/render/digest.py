@@ -90,7 +90,8 @@ class TimedPiece:
     """A timed piece of the run, flattened: a graph, a split, a fusion region or a split's time outside fusions,
     in one phase. `path` names it ("graph0/thunder_0/nvFusion0"), `executor` is what ran it (thunder, inductor,
     nvfuser, torchcompile, ...), `calls_per_step` how often it runs in a step, `sources` the lines of the model's
-    code its ops came from (splits, regions and op groups)."""
+    code its ops came from (splits, regions and op groups), `reads_saved_from` those of the forward that made the
+    saved values it reads (backward regions and op groups)."""
 
     level: PieceLevel
     graph: str
@@ -104,6 +105,7 @@ class TimedPiece:
     headline: Headline | None = None  # computed from `timing` where not given (see `headline`)
     count: int = 0  # how many ops an op group has
     sources: tuple[str, ...] = ()
+    reads_saved_from: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.headline is None:
@@ -144,10 +146,10 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
         per_step = graph.calls / steps if graph.calls else 1.0
         left_out = left_out_calls(graph)
 
-        def add(level, split, name, phase, executor, timing, files=None, count=0, sources=()):
+        def add(level, split, name, phase, executor, timing, files=None, count=0, sources=(), saved=()):
             if timing is not None and timing.count:
                 pieces.append(TimedPiece(level, graph.name, split, name, phase, executor, timing, per_step,
-                                         files or {}, headline(timing, left_out), count, sources))
+                                         files or {}, headline(timing, left_out), count, sources, saved))
 
         add(PieceLevel.GRAPH, None, graph.name, "forward", "thunderfx", graph.timing, graph.files)
         add(PieceLevel.GRAPH, None, graph.name, "backward", "thunderfx", graph.backward_timing, graph.files)
@@ -159,12 +161,12 @@ def timed_pieces(report: RankRecord) -> list[TimedPiece]:
                 sources=split.sources)
             for fusion in split.fusions:
                 add(PieceLevel.FUSION, split.name, fusion.name, fusion.phase.value, fusion.executor, fusion.timing,
-                    fusion.files, sources=fusion.sources)
+                    fusion.files, sources=fusion.sources, saved=fusion.reads_saved_from)
             for key, timing in sorted(split.outside_fusions_timing.items()):
                 add(PieceLevel.OUTSIDE_FUSIONS, split.name, split.name, outside_phase(key), executor, timing)
             for group in split.op_groups:
                 add(PieceLevel.OP_GROUP, split.name, group.label, group.phase.value, group.executor, group.timing,
-                    count=group.count, sources=group.sources)
+                    count=group.count, sources=group.sources, saved=group.reads_saved_from)
     return pieces
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from thunderfx_debug.records import layout
-from thunderfx_debug.records import Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
+from thunderfx_debug.records import READS_SAVED, Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
 from thunderfx_debug.render import accounting, correctness, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
@@ -207,8 +207,8 @@ def _timing_charts(report: RankRecord, sources: provenance.SourceIndex) -> str:
     top = digest.top_regions(report, 15)
     if top:
         wall = accounting.wall_step_ms(report)
-        rows = [[str(i), esc(p.label) + _from(p.sources, sources), esc(p.executor), ms(p.headline.median_ms),
-                 ms(p.headline.p10_ms), ms(p.headline.p90_ms), ms(p.ms_per_step),
+        rows = [[str(i), esc(p.label) + _from(p.sources, sources, p.reads_saved_from), esc(p.executor),
+                 ms(p.headline.median_ms), ms(p.headline.p10_ms), ms(p.headline.p90_ms), ms(p.ms_per_step),
                  "-" if s is None else f"{100 * s:.1f}%",
                  *([f"{100 * p.ms_per_step / wall:.1f}%"] if wall else []), esc(p.headline.flag or "")]
                 for i, (p, s) in enumerate(top, 1)]
@@ -259,9 +259,14 @@ def _time_over_the_run(pieces: list[digest.TimedPiece], clock: ClockKind | None)
     return html
 
 
-def _from(pieces_sources: tuple[str, ...], sources: provenance.SourceIndex) -> str:
-    """A piece's source lines under its name in a table cell, linked to their code (nothing for a piece without)."""
-    return f'<br><span class="muted">from {sources.links(pieces_sources)}</span>' if pieces_sources else ""
+def _from(pieces_sources: tuple[str, ...], sources: provenance.SourceIndex,
+          reads_saved_from: tuple[str, ...] = ()) -> str:
+    """A piece's source lines under its name in a table cell, and those that made the saved values it reads, linked
+    to their code (nothing for a piece without)."""
+    html = f'<br><span class="muted">from {sources.links(pieces_sources)}</span>' if pieces_sources else ""
+    if reads_saved_from:
+        html += f'<br><span class="muted">{esc(READS_SAVED)} {sources.links(reads_saved_from)}</span>'
+    return html
 
 
 def _graph(graph: GraphRecord, prefix: str | None, sources: provenance.SourceIndex) -> str:
@@ -288,8 +293,8 @@ def _graph(graph: GraphRecord, prefix: str | None, sources: provenance.SourceInd
         if s.kind is not SplitKind.THUNDER:
             continue
         html += f"<details><summary>{esc(s.name)}: {plural(len(s.fusions), 'fusion region')}, traces</summary>"
-        frows = [[esc(f.name) + _from(f.sources, sources), esc(f.phase.value), esc(f.executor), str(len(f.ops)),
-                  ms(_median(f.timing)),
+        frows = [[esc(f.name) + _from(f.sources, sources, f.reads_saved_from), esc(f.phase.value), esc(f.executor),
+                  str(len(f.ops)), ms(_median(f.timing)),
                   f"<details><summary>ops</summary><code>{esc(' '.join(f.ops))}</code></details>",
                   _links(f.files, prefix)] for f in s.fusions]
         html += _table(["region", "phase", "executor", "ops", "median ms", "fused ops", "repro"], frows, {3, 4})

@@ -1,7 +1,7 @@
-"""Where the pieces come from in the model's code (records' `sources`, `GraphRecord.source_excerpts`), rendered: the
-regions that repeat the same source lines and ops grouped (a model's layers: "the same lines in 24 regions"), each
-group counted once, for the summary and the HTML page; and, on the page, the code around each line the regions name,
-with links to it. Records in, text out.
+"""Where the pieces come from in the model's code (records' `sources` and backward pieces' `reads_saved_from`,
+`GraphRecord.source_excerpts`), rendered: the regions that repeat the same source lines and ops grouped (a model's
+layers: "the same lines in 24 regions"), each group counted once, for the summary and the HTML page; and, on the
+page, the code around each line the regions name, with links to it. Records in, text out.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from thunderfx_debug.records import RankRecord, SourceExcerpt, SourceLine, short_path, short_sources
+from thunderfx_debug.records import READS_SAVED, RankRecord, SourceExcerpt, SourceLine, origin_lines, short_path
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.svg import esc
 from thunderfx_debug.render.text import ms, plural
@@ -22,10 +22,10 @@ MAX_MEMBERS_NAMED = 6
 
 @dataclasses.dataclass(frozen=True)
 class RepeatedRegions:
-    """Fusion regions of one executor and phase with the same ops and the same source lines: the same code fused
-    alike in several places (the layers of a model, or one block's graph compiled again). `paths` name them
-    ("graph0/thunder_2/TorchCompile8"); `ms_per_step` is their time per step together where each was timed, else
-    None."""
+    """Fusion regions of one executor and phase with the same ops and the same source lines (their own, and those
+    that made the saved values they read): the same code fused alike in several places (the layers of a model, or
+    one block's graph compiled again). `paths` name them ("graph0/thunder_2/TorchCompile8"); `ms_per_step` is their
+    time per step together where each was timed, else None."""
 
     executor: str
     phase: str
@@ -33,6 +33,7 @@ class RepeatedRegions:
     sources: tuple[str, ...]
     paths: tuple[str, ...]
     ms_per_step: float | None
+    reads_saved_from: tuple[str, ...] = ()
 
     @property
     def count(self) -> int:
@@ -46,24 +47,24 @@ class RepeatedRegions:
 
 
 def repeated_regions(report: RankRecord) -> list[RepeatedRegions]:
-    """Every group of two or more regions with the same executor, phase, ops and sources (regions without sources
-    are in none), the costliest first, then the largest."""
+    """Every group of two or more regions with the same executor, phase, ops, sources and lines of saved values
+    (regions that name no line are in none), the costliest first, then the largest."""
     timed = {(p.path, p.phase): p.ms_per_step for p in digest.timed_pieces(report)
              if p.level is digest.PieceLevel.FUSION}
     groups: dict[tuple, list[str]] = {}
     for graph in report.graphs:
         for split in graph.splits:
             for fusion in split.fusions:
-                if fusion.sources:
-                    key = (fusion.executor, fusion.phase.value, fusion.ops, fusion.sources)
+                if fusion.sources or fusion.reads_saved_from:
+                    key = (fusion.executor, fusion.phase.value, fusion.ops, fusion.sources, fusion.reads_saved_from)
                     groups.setdefault(key, []).append(f"{graph.name}/{split.name}/{fusion.name}")
     found = []
-    for (executor, phase, ops, sources), paths in groups.items():
+    for (executor, phase, ops, sources, saved), paths in groups.items():
         if len(paths) < 2:
             continue
         times = [timed.get((path, phase)) for path in paths]
         total = sum(times) if all(t is not None for t in times) else None
-        found.append(RepeatedRegions(executor, phase, ops, sources, tuple(paths), total))
+        found.append(RepeatedRegions(executor, phase, ops, sources, tuple(paths), total, saved))
     return sorted(found, key=lambda g: (g.ms_per_step is None, -(g.ms_per_step or 0.0), -g.count, g.paths[0]))
 
 
@@ -85,7 +86,7 @@ def summary_lines(report: RankRecord) -> list[str]:
     lines = ["", "regions that repeat the same source lines and ops (a model's layers), each group once:"]
     for group in groups[:MAX_GROUPS]:
         lines.append(f"  {group.describe()}: {_named(list(group.paths))}")
-        lines.append(f"    from {short_sources(group.sources)}")
+        lines += [f"    {text}" for text in origin_lines(group.sources, group.reads_saved_from)]
     if len(groups) > MAX_GROUPS:
         lines.append(f"  ... and {len(groups) - MAX_GROUPS} more groups (the HTML page lists them all)")
     return lines
@@ -159,13 +160,16 @@ def _code_blocks(index: SourceIndex, named_by: Mapping[str, list[str]]) -> str:
 
 
 def _named_by(report: RankRecord) -> Mapping[str, list[str]]:
-    """Source line -> the pieces that name it (regions, op groups, splits), in report order."""
+    """Source line -> the pieces that name it (regions, op groups, splits), in report order; a backward piece that
+    reads a value saved there says so."""
     found: dict[str, list[str]] = {}
     for graph in report.graphs:
         for split in graph.splits:
             path = f"{graph.name}/{split.name}"
-            named = [(f"{path}/{f.name} {f.phase.value}", f.sources) for f in split.fusions]
-            named += [(f"{path} {g.label} {g.phase.value}", g.sources) for g in split.op_groups]
+            pieces = [(f"{path}/{f.name} {f.phase.value}", f) for f in split.fusions]
+            pieces += [(f"{path} {g.label} {g.phase.value}", g) for g in split.op_groups]
+            named = [(name, piece.sources) for name, piece in pieces]
+            named += [(f"{name} (reads a value saved here)", piece.reads_saved_from) for name, piece in pieces]
             named += [(path, split.sources)]
             for piece, sources in named:
                 for text in sources:
@@ -179,17 +183,27 @@ def html_section(report: RankRecord, index: SourceIndex) -> str:
     groups = repeated_regions(report)
     if not groups and not index.excerpts:
         return ""
+    reads_saved = any(p.reads_saved_from for g in report.graphs for s in g.splits for p in (*s.fusions, *s.op_groups))
     html = ("<h3>Where the regions come from</h3><p>The lines of the model's code whose ops each piece holds (most "
             "ops first), read from Dynamo's record of each op and Thunder's of each fused op, with the code around "
-            "them as it was at the flush.</p>")
+            "them as it was at the flush."
+            + (f" A backward piece also names, as &ldquo;{esc(READS_SAVED)}&rdquo;, the lines of the forward whose "
+               "ops made the values saved for the backward that it reads (most reads first): not lines of its own "
+               "ops." if reads_saved else "") + "</p>")
     if groups:
-        rows = "".join(
-            f"<tr><td class=\"num\">{g.count}</td><td>{esc(g.phase)}</td><td>{esc(g.executor)}</td>"
-            f"<td class=\"num\">{len(g.ops)}</td><td class=\"num\">{ms(g.ms_per_step)}</td>"
-            f"<td>{index.links(g.sources)}</td><td>{esc(_named(list(g.paths)))}</td></tr>" for g in groups)
+        saved = any(g.reads_saved_from for g in groups)  # a column only for dumps that record them
+
+        def row(g: RepeatedRegions) -> str:
+            return (f"<tr><td class=\"num\">{g.count}</td><td>{esc(g.phase)}</td><td>{esc(g.executor)}</td>"
+                    f"<td class=\"num\">{len(g.ops)}</td><td class=\"num\">{ms(g.ms_per_step)}</td>"
+                    f"<td>{index.links(g.sources)}</td>"
+                    + (f"<td>{index.links(g.reads_saved_from)}</td>" if saved else "")
+                    + f"<td>{esc(_named(list(g.paths)))}</td></tr>")
+
         html += ("<h4>Regions that repeat the same lines and ops</h4><table><tr><th>regions</th><th>phase</th>"
-                 "<th>executor</th><th>ops</th><th>ms per step together</th><th>from</th><th>which</th></tr>"
-                 + rows + "</table>")
+                 "<th>executor</th><th>ops</th><th>ms per step together</th><th>from</th>"
+                 + (f"<th>{esc(READS_SAVED)}</th>" if saved else "") + "<th>which</th></tr>"
+                 + "".join(row(g) for g in groups) + "</table>")
     if index.excerpts:
         html += "<h4>The code</h4>" + _code_blocks(index, _named_by(report))
     return html

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from thunderfx_debug.records import (
-    ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, short_sources,
+    ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
 )
 from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
@@ -290,9 +290,10 @@ def _top_region_lines(report: RankRecord) -> list[str]:
     for line, (piece, _) in zip(table[1:], top):
         lines.append("  " + line)
         group = alike.get((piece.path, piece.phase)) if piece.level is digest.PieceLevel.FUSION else None
-        if piece.sources:
-            lines.append(f"       from {short_sources(piece.sources)}"
-                         + (f"; {group.describe()}" if group is not None else ""))
+        origins = origin_lines(piece.sources, piece.reads_saved_from)
+        if origins and group is not None:
+            origins[-1] += f"; {group.describe()}"
+        lines += [f"       {text}" for text in origins]
     return lines
 
 
@@ -332,8 +333,7 @@ def render_graph(graph: GraphRecord) -> list[str]:
             line += (f", fusions: {len(split.fusions_in(Phase.FORWARD))} forward, "
                      f"{len(split.fusions_in(Phase.BACKWARD))} backward")
         lines.append(line)
-        if split.sources:
-            lines.append(f"    from {short_sources(split.sources)}")
+        lines += [f"    {text}" for text in origin_lines(split.sources)]
         lines += _phase_timing_lines(split, left_out, "    ")
         cost = _cost_line(split.compile_cost)
         if cost:
@@ -383,13 +383,14 @@ def _unremarkable(fusion) -> bool:
 
 
 def _fusion_lines(split, left_out) -> list[str]:
-    """A split's regions, each with its sources; the regions that repeat an earlier region's lines and ops (a
-    model's layers) in one line after it, unless their own check or triage says something of them."""
+    """A split's regions, each with its sources (and the lines that made the saved values it reads); the regions that
+    repeat an earlier region's lines and ops (a model's layers) in one line after it, unless their own check or
+    triage says something of them."""
     shown: list[tuple] = []  # (region, the alike regions told after it)
     followers: dict[tuple, list] = {}
     for fusion in split.fusions:
-        key = (fusion.executor, fusion.phase, fusion.ops, fusion.sources)
-        if fusion.sources and key in followers and _unremarkable(fusion):
+        key = (fusion.executor, fusion.phase, fusion.ops, fusion.sources, fusion.reads_saved_from)
+        if (fusion.sources or fusion.reads_saved_from) and key in followers and _unremarkable(fusion):
             followers[key].append(fusion)
             continue
         own: list = []
@@ -398,8 +399,7 @@ def _fusion_lines(split, left_out) -> list[str]:
     lines = []
     for fusion, alike in shown:
         lines.append(_fusion_line(fusion, left_out))
-        if fusion.sources:
-            lines.append(f"        from {short_sources(fusion.sources)}")
+        lines += [f"        {text}" for text in origin_lines(fusion.sources, fusion.reads_saved_from)]
         if alike:
             medians = [headline(f.timing, left_out).median_ms for f in alike if f.timing is not None and f.timing.count]
             span = (f", median {_ms(medians[0])}" if len(medians) == 1 else

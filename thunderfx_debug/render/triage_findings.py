@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import html as _html
 
-from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, short_sources
+from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, origin_lines
 from thunderfx_debug.render import accounting, digest, memory
 from thunderfx_debug.render.headline import MIN_SAMPLES, too_few_samples
 from thunderfx_debug.render.text import flagged, ms, plural
@@ -28,6 +28,7 @@ class TriagedPiece:
     triage: Triage
     scripts: tuple[str, ...]
     sources: tuple[str, ...] = ()  # the lines of the model's code its ops came from
+    reads_saved_from: tuple[str, ...] = ()  # a backward region's: the forward's lines that made what it reads
 
 
 def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
@@ -47,7 +48,8 @@ def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
                     pieces.append(TriagedPiece(f"{where}/{fusion.name} {fusion.phase.value}", "fusion",
                                                fusion.executor, where, fusion.triage,
                                                tuple(v for k, v in sorted(fusion.files.items())
-                                                     if k.startswith("repro")), fusion.sources))
+                                                     if k.startswith("repro")), fusion.sources,
+                                               fusion.reads_saved_from))
     return sorted(pieces, key=lambda p: (p.triage.error is not None, -p.triage.ms_per_step, p.path))
 
 
@@ -227,8 +229,8 @@ def summary_lines(report: RankRecord) -> list[str]:
                   if t.unlike_the_run else "")
         lost = flagged(ms(t.ms_per_step, unit=True), lost_flag(t))
         lines.append(f"  {i}. {p.path}: {_ratio(t)}, {lost} lost per step, {_verdict(t)}{unlike}")
-        if t.deviates and p.sources:
-            lines.append(f"     from {short_sources(p.sources)}")
+        if t.deviates:
+            lines += [f"     {text}" for text in origin_lines(p.sources, p.reads_saved_from)]
     lines += [f"  not judged: {p.path}: {p.triage.error.partition(chr(10))[0]}" for p in failed[:SUMMARY_TOP]]
     if len(failed) > SUMMARY_TOP:
         lines.append(f"  ... and {len(failed) - SUMMARY_TOP} more not judged (triage.md)")

@@ -21,7 +21,16 @@ puts the backward bound symbols of its grad rules into the joint trace while it 
 the return's location (none), not that of the forward bound symbol they differentiate: a backward region names the
 lines of those of its ops that were recomputed from the forward, and one made of grad rules alone names none.
 
-Sources are listed most ops first ("file:line function", `records.SourceLine`), ties in the order of the code.
+What a backward piece does name is where the values it reads were saved: the forward trace returns the values it saves
+for the backward (`(outputs, (saved tensors, saved others))`, `python_return` in `AugmentedForwardProcessor`), and
+the backward trace unpacks them under the same proxy names. So a saved value's name leads to the forward bound symbol
+that produced it (inside a fusion region, to the fused bound symbol) and that one's line: a backward piece's
+`reads_saved_from`, kept apart from its own `sources`. A piece reads a saved value directly or through views the
+backward made of it (a reshape in one region, read by a matmul outside it). A value saved as it came in (a parameter,
+an input of the split) was produced by no op and names nothing.
+
+Sources are listed most ops first ("file:line function", `records.SourceLine`), ties in the order of the code; saved
+values' lines most reads first.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.records import SourceLine
+from thunderfx_debug.records import Phase, SourceLine
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in (?P<function>.+?)\s*$', re.MULTILINE)
 #: Dynamo names the function that resumes a frame after a graph break "torch_dynamo_resume_in_<function>_at_<line>";
@@ -127,25 +136,102 @@ def split_line_map(thunder_module: Any) -> LineMap:
     return LineMap(thunder_module._model)
 
 
+def saved_sources(lines: LineMap, forward: Any) -> dict[str, SourceLine]:
+    """Each value a final forward trace saves for the backward, by proxy name, to the source of the forward bound
+    symbol that produced it (a fused one where a fusion region did); values no op produced are left out."""
+    # imports thunder: not on importing this module
+    from thunder.core.prims import PrimIDs
+
+    # Read: the forward trace's RETURN bound symbol, whose `args` are `(outputs, (saved tensors, saved others))`
+    # (0.2.6's autodiff.py builds it so; `core/transforms.py`'s `_update_forward_with_new_saved_for_backward` keeps it
+    # so when a pass changes what is saved), and each bound symbol's `flat_proxy_outs` (a fusion's: its
+    # `subsymbols`').
+    ret = next((b for b in reversed(forward.bound_symbols) if b.sym.id == PrimIDs.RETURN), None)
+    if ret is None or len(ret.args) < 2:
+        return {}
+    saved = {getattr(p, "name", None) for group in ret.args[1] for p in group} - {None}
+    found: dict[str, SourceLine] = {}
+    for bsym in forward.bound_symbols:
+        for producer in bsym.subsymbols if bsym.sym.is_fusion else (bsym,):
+            for out in producer.flat_proxy_outs:
+                if out.name in saved and out.name not in found:
+                    source = lines.bsym_source(producer)
+                    if source is not None:
+                        found[out.name] = source
+    return found
+
+
+def _views(backward: Any) -> dict[str, str]:
+    """Each value of a backward trace that a view or a copy made (a reshape or transpose, in a fusion region or not),
+    by name, to the name of the value it views: the same data, so a piece that reads it reads what that one holds
+    (a weight's gradient matmul reads a saved activation through the region that reshaped it)."""
+    # imports thunder: not on importing this module
+    from thunderfx_debug.thunder.instrument import VIEW_NAMES
+
+    # Read: each bound symbol's `sym.name`, `args[0]` (the viewed tensor of a reshape, transpose, broadcast, copy)
+    # and `flat_proxy_outs`; a fusion's `subsymbols`.
+    views: dict[str, str] = {}
+    for bsym in backward.bound_symbols:
+        for made in bsym.subsymbols if bsym.sym.is_fusion else (bsym,):
+            viewed = getattr(made.args[0], "name", None) if made.args else None
+            if viewed is not None and (made.sym.name in VIEW_NAMES or made.sym.name == "shallow_copy"):
+                views.update((out.name, viewed) for out in made.flat_proxy_outs)
+    return views
+
+
+class SavedReads:
+    """The sources of the saved values a backward bound symbol reads, directly or through views (`_views`)."""
+
+    def __init__(self, lines: LineMap, forward: Any, backward: Any):
+        self._saved = saved_sources(lines, forward)
+        self._views = _views(backward)
+
+    def _origin(self, name: str) -> SourceLine | None:
+        seen = set()
+        while name not in self._saved and name in self._views and name not in seen:
+            seen.add(name)
+            name = self._views[name]
+        return self._saved.get(name)
+
+    def of(self, bsym: Any) -> list[SourceLine | None]:
+        """One source per argument that is a proxy (None for those that hold no saved value)."""
+        names = (getattr(a, "name", None) for a in bsym.flat_args)
+        return [self._origin(name) for name in names if name is not None]
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceSources:
     """The sources of a thunder split's final traces: of each fusion region by its key ("nvFusion0_forward"), and of
-    each op group outside the regions by (phase, symbol, executor), as `records.OpGroup` groups them."""
+    each op group outside the regions by (phase, symbol, executor), as `records.OpGroup` groups them; and, for the
+    backward ones, the sources of the saved values they read (`saved_sources`), most reads first."""
 
     regions: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     op_groups: dict[tuple[str, str, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    regions_reads_saved_from: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    op_groups_reads_saved_from: dict[tuple[str, str, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
-def trace_sources(thunder_module: Any, regions: Iterable[Any], traces: Iterable[tuple[str, Any]]) -> TraceSources:
+def trace_sources(thunder_module: Any, regions: Iterable[Any], forward: Any, backward: Any) -> TraceSources:
     """The sources of a split's fusion regions (`thunder.traces.FusionRegion`s) and of the op groups of its final
-    `traces` ((phase, trace) pairs; a trace may be None)."""
+    `forward` and `backward` traces (either may be None), and of the saved values its backward pieces read."""
     from thunderfx_debug.thunder.instrument import is_op, op_executor  # imports thunder: not on importing this module
 
     lines = split_line_map(thunder_module)
+    regions = list(regions)
     by_region = {r.key: ranked(lines.bsym_source(sub) for sub in r.bsym.subsymbols) for r in regions}
     by_group: dict[tuple[str, str, str], list[SourceLine | None]] = {}
-    for phase, trace in traces:
+    for phase, trace in ((Phase.FORWARD.value, forward), (Phase.BACKWARD.value, backward)):
         for bsym in trace.bound_symbols if trace is not None else ():
             if is_op(bsym):
                 by_group.setdefault((phase, bsym.sym.name, op_executor(bsym)), []).append(lines.bsym_source(bsym))
-    return TraceSources(by_region, {key: ranked(found) for key, found in by_group.items()})
+    if forward is None or backward is None:
+        return TraceSources(by_region, {key: ranked(found) for key, found in by_group.items()})
+    saved = SavedReads(lines, forward, backward)
+    region_reads = {r.key: ranked(saved.of(r.bsym)) for r in regions if r.phase is Phase.BACKWARD}
+    group_reads: dict[tuple[str, str, str], list[SourceLine | None]] = {}
+    for bsym in backward.bound_symbols:
+        if is_op(bsym):
+            group_reads.setdefault((Phase.BACKWARD.value, bsym.sym.name, op_executor(bsym)), []).extend(saved.of(bsym))
+    return TraceSources(by_region, {key: ranked(found) for key, found in by_group.items()},
+                        {key: found for key, found in region_reads.items() if found},
+                        {key: found for key, reads in group_reads.items() if (found := ranked(reads))})

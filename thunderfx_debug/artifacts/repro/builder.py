@@ -305,6 +305,7 @@ class ScriptBuilder:
                 random_ops=thunder_scripts.region_random_ops(region.bsym),
                 needs_thunder=needs_thunder,
                 sources=split.sources.regions.get(region.key, ()),
+                reads_saved_from=split.sources.regions_reads_saved_from.get(region.key, ()),
             )
             strategies: list[writers.Strategy] = [writers.InductorRegion()]
             if region.executor == "nvfuser":

@@ -27,7 +27,7 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
-from thunderfx_debug.records import InputMeta
+from thunderfx_debug.records import READS_SAVED, InputMeta
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.manifest import package_versions
 from thunderfx_debug.thunder import script_support
@@ -64,6 +64,7 @@ class ReproSubject:
     random_ops: the names of the random ops in the piece.
     needs_thunder: the definitions call `import_thunder()` or other Thunder support.
     sources: the lines of the model's code its ops came from ("file:line function", most ops first).
+    reads_saved_from: a backward region's: the lines of the forward ops that made the saved values it reads.
     """
 
     key: str
@@ -83,6 +84,7 @@ class ReproSubject:
     random_ops: tuple[str, ...] = ()
     needs_thunder: bool = False
     sources: tuple[str, ...] = ()
+    reads_saved_from: tuple[str, ...] = ()
 
     @property
     def real(self) -> bool:
@@ -431,15 +433,24 @@ def _indent(code: str) -> str:
 SOURCES_LISTED = 12
 
 
-def _where_in_the_model(sources: tuple[str, ...]) -> str:
-    """The header's comment lines that say where in the model the piece is (none for a piece without sources).
-    Comments, not the docstring: a path is written as it is, whatever characters it holds."""
-    if not sources:
-        return ""
+def _listed(sources: tuple[str, ...]) -> str:
     listed = "".join(f"#     {source}\n" for source in sources[:SOURCES_LISTED])
     rest = len(sources) - SOURCES_LISTED
-    more = f"#     ... and {rest} more lines\n" if rest > 0 else ""
-    return f"# where in the model (the lines of its code this piece's ops came from, most ops first):\n{listed}{more}"
+    return listed + (f"#     ... and {rest} more lines\n" if rest > 0 else "")
+
+
+def _where_in_the_model(sources: tuple[str, ...], reads_saved_from: tuple[str, ...] = ()) -> str:
+    """The header's comment lines that say where in the model the piece is: its ops' lines, and for a backward
+    region the forward's lines that made the saved values it reads (none for a piece without either). Comments, not
+    the docstring: a path is written as it is, whatever characters it holds."""
+    text = ""
+    if sources:
+        text += ("# where in the model (the lines of its code this piece's ops came from, most ops first):\n"
+                 + _listed(sources))
+    if reads_saved_from:
+        text += (f"# {READS_SAVED} (the forward's lines whose ops made the values saved for the backward that this\n"
+                 "# piece reads, most reads first; not lines of its own ops):\n" + _listed(reads_saved_from))
+    return text
 
 
 def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str,
@@ -537,7 +548,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"Inputs: {textwrap.fill(note, 110, subsequent_indent='    ')}{random_note}\n"
         '"""\n'
         f"# versions: {versions}\n"
-        + _where_in_the_model(piece.sources)
+        + _where_in_the_model(piece.sources, piece.reads_saved_from)
     )
     main_call = (
         'if __name__ == "__main__":\n'
