@@ -313,3 +313,60 @@ def test_on_cuda_dropout_and_topk_regions_scripts_are_ok_or_not_comparable(tmp_p
                           env=SCRIPT_ENV)
         assert runs and all(r.outcome in ("OK", "NOT_COMPARABLE") for r in runs), \
             [(r.script.path, r.line) for r in runs if r.outcome not in ("OK", "NOT_COMPARABLE")]
+
+
+def test_picks_among_values_computed_from_bfloat16_are_judged_at_bfloat16s_tolerance():
+    """A router's float32 probabilities of bfloat16 logits: a backend that rounds a logit one bfloat16 step apart
+    picks the other of two experts whose logits were one step apart. Its indices, the expert ids they give and
+    the sort of those ids are no mismatch; indices that pick a far smaller probability are one."""
+    from thunderfx_debug.recording.compare import judge
+    from thunderfx_debug.scripts.judging_rule import Picks
+
+    def router(logits):
+        _, indices = logits.float().softmax(-1).topk(2, dim=-1)
+        expert_ids, permutation = indices.reshape(-1).sort()
+        return [indices, expert_ids, permutation]
+
+    torch.manual_seed(0)
+    logits = torch.randn(16, 4).to(torch.bfloat16)
+    logits[0] = torch.tensor([2.0, 1.0, 0.9921875, -1.0])  # the 2nd and 3rd one bfloat16 step apart
+    with Picks() as picks:
+        eager = router(logits)
+    apart = logits.clone()
+    apart[0, 2] = 1.0078125  # one step up: now above the 2nd
+    theirs = router(apart)
+    assert not torch.equal(theirs[0], eager[0])
+    labels = ["indices", "expert ids", "permutation"]
+    judged = judge(labels, theirs, eager, None, picks)
+    assert not any(j.mismatch for j in judged), [(j.label, j.ratio) for j in judged]
+    assert "pick other of tied values (topk)" in judged[0].label
+    assert "not compared" in judged[1].label and "not compared" in judged[2].label
+
+    with Picks() as picks:
+        eager = router(logits)
+    far = router(torch.where(torch.arange(4) == 3, logits + 9.0, logits))  # expert 3 everywhere: not a tie
+    assert judge(labels, far, eager, None, picks)[0].mismatch
+
+
+def test_thunders_gradient_through_an_in_place_division_by_a_value_needing_grad_is_a_true_mismatch(one_thread):
+    """Thunder 0.2.6 (CPU executors) differentiates `top /= top.sum()` (Mixtral's router renormalising its top-k
+    probabilities in place) wrongly: the check flags the gate's gradient, and autograd in float64, eager and
+    `thunder.jit` outside the tool agree that Thunder's is the one that is off."""
+    import thunder
+
+    backend = _train(lambda: Router(zero_gate=False), None, cpu_executors(), check="split", check_every=1)
+    check = _split_with(backend.report(), "topk").check
+    assert check.mismatches >= 1 and any("gate" in v for v in check.mismatched_values), check.to_json()
+
+    def gate_gradient(dtype, jit=False):
+        torch.manual_seed(0)
+        model = Router(zero_gate=False).to(dtype)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).to(dtype)
+        run = thunder.jit(model, executors=cpu_executors()) if jit else model
+        run(x)[0].backward()
+        return model.gate.weight.grad.double()
+
+    wide, eager, by_thunder = gate_gradient(torch.float64), gate_gradient(torch.float32), gate_gradient(torch.float32, True)
+    scale = float(wide.abs().max())
+    assert float((eager - wide).abs().max()) < 1e-5 * scale
+    assert float((by_thunder - wide).abs().max()) > 0.05 * scale
