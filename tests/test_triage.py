@@ -240,3 +240,31 @@ def test_the_runs_own_time_of_a_piece_leaves_out_its_cold_first_sample_as_the_he
     alone = flush_triage._beside_the_run(judged, (ClockKind.HOST, [30.0]))
     assert (alone.run_ms, alone.run_samples) == (30.0, 1)
     assert flush_triage._beside_the_run(judged, (ClockKind.CUDA, [1.0, 1.0])).run_ms is None  # another clock
+
+
+class AddsIntoItsIndices(torch.nn.Module):
+    """T5's relative-position bias in miniature: buckets added into in place (`relative_buckets += ...`), then
+    looked up in a table of 8 rows. Called twice on the same tensor, the second call adds again and indexes past
+    the table."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(8, 4)
+
+    def forward(self, buckets, shift):
+        buckets += shift
+        return self.table(buckets).sum()
+
+
+def test_a_split_that_writes_into_its_index_inputs_is_judged_from_the_values_the_run_passed_each_call(tmp_path,
+                                                                                                       one_thread):
+    torch.manual_seed(0)
+    backend = thunderfx_debug.ReportingBackend(dump_dir=tmp_path, triage="split", strict=True, executors=cpu_executors())
+    model = AddsIntoItsIndices()
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        compiled(torch.randint(0, 4, (16, 16)), torch.full((16, 16), 4)).backward()
+    backend.flush()
+    splits = [s for g in backend.report().graphs for s in g.splits if s.kind.value == "thunder"]
+    assert splits and all(s.triage is not None for s in splits)
+    assert all(s.triage.error is None for s in splits), [s.triage.error for s in splits]

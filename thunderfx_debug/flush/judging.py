@@ -165,10 +165,14 @@ class TrainingCall:
     """A training-like call of `fn(*args)`: its forward with grad, and the gradients of the inputs that require one
     (by `torch.autograd.grad`: nothing accumulates into `.grad`), each output receiving a gradient of ones laid out as
     the one it received in the run's backward (`grad_outputs`, per output leaf; an output that received none gets
-    none), else contiguous ones. The gradients are made at the first call and reused."""
+    none), else contiguous ones. The gradients are made at the first call and reused. `restore`: (input, its value
+    as the run passed it) of the inputs the piece writes into, copied back before each call, so that every call
+    starts from the run's values (T5 adds into its relative-position buckets in place: called again on the same
+    tensor, it would add again and index past its table); both sides of a comparison pay the same copies."""
 
-    def __init__(self, fn: Callable, args: Sequence[Any], grad_outputs: Sequence[Any] | None = None):
-        self._fn, self._args, self._layouts = fn, args, grad_outputs
+    def __init__(self, fn: Callable, args: Sequence[Any], grad_outputs: Sequence[Any] | None = None,
+                 restore: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()):
+        self._fn, self._args, self._layouts, self._restore = fn, args, grad_outputs, tuple(restore)
         self._wanted = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         self._gradients: dict[int, torch.Tensor] = {}
 
@@ -177,6 +181,10 @@ class TrainingCall:
 
     def forward(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The call's forward: the outputs that get a gradient, and their gradients."""
+        if self._restore:
+            with torch.no_grad():
+                for written, as_passed in self._restore:
+                    written.copy_(as_passed)
         outputs, gradients = [], []
         for i, output in enumerate(tree_leaves(self._fn(*self._args))):
             if not isinstance(output, torch.Tensor) or output.grad_fn is None:

@@ -38,6 +38,7 @@ from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, becau
 from thunderfx_debug.flush.piece_inputs import made_inputs
 from thunderfx_debug.records import Memory, Phase, Triage
 from thunderfx_debug.recording.check import kept_random_state
+from thunderfx_debug.recording.piece_facts import split_facts
 from thunderfx_debug.thunder import counterparts, rerun, torch_private
 from thunderfx_debug.thunder.compile_events import SPANS
 from thunderfx_debug.thunder.traces import fusion_regions
@@ -61,9 +62,13 @@ class _Split:
         self.compiled = rerun.jit_as_in_the_run(self.module, setup.options, setup.executors, setup.executor_modules,
                                                 setup.prologue_pruning)
         self.args, self.inputs = made_inputs(job.inputs, tensors.get(job.key, jobs.RunTensors()))
+        # The inputs the split writes into, as the run passed them: each call of either side starts from them.
+        self.restore = [(self.args[i], self.args[i].detach().clone())
+                        for i in split_facts(self.module).mutated_inputs
+                        if i < len(self.args) and isinstance(self.args[i], torch.Tensor)]
         autocast = tuple((device, enabled, getattr(torch, dtype)) for device, enabled, dtype in job.autocast)
         self.runs_as = RunsAs(job.grad_enabled, autocast)
-        self.call = TrainingCall(self.compiled, self.args, job.grad_outputs)
+        self.call = TrainingCall(self.compiled, self.args, job.grad_outputs, self.restore)
         failed = None
         with on_the_device(job), kept_random_state(self.args), self.runs_as:
             try:
@@ -142,7 +147,7 @@ def _split_verdict(split: _Split, step) -> Triage:
         inductor = torch_private.inductor_compile(split.module, split.args)
     except Exception as e:
         raise NotJudged(because("inductor could not compile the split", e)) from e
-    inductor_call = TrainingCall(inductor, split.args, job.grad_outputs)
+    inductor_call = TrainingCall(inductor, split.args, job.grad_outputs, split.restore)
     with on_the_device(job), kept_random_state(split.args), split.runs_as:
         judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()), "the split",
                             step)
