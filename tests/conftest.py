@@ -24,20 +24,11 @@ CUDA = torch.cuda.is_available()
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
-#: The suite's longest files (a minute or more each on 2 cores), collected first: `-n 2 --dist loadfile` hands files to
-#: the workers in collection order, and in alphabetical order these came last, one worker running the tail alone.
-LONGEST_FIRST = ("test_zoo.py", "test_zoo_t5.py", "test_zoo_moe.py", "test_check_zoo.py", "test_benchmarks.py",
-                 "test_triage_decoders.py", "test_triage_isolation.py", "test_repro.py", "test_provenance.py",
-                 "test_safety.py", "test_html_browser.py", "test_verify.py", "test_triage.py")
-
-
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "cuda" in item.keywords and not CUDA:
             item.add_marker(skip_cuda)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: in-file order kept
 
 
 @pytest.fixture(autouse=True)

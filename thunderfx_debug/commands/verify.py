@@ -16,7 +16,7 @@ Files written into DIR (the directory given):
 
 A dump is clean when every script is OK or NOT COMPARABLE (a random piece whose draws differ from eager's).
 Verdicts are written for the reader as the scripts print them ("NOT COMPARABLE", `shown`); verify.json keeps their
-tokens ("NOT_COMPARABLE"), as `result_line.outcome_of` reads them, for programs.
+tokens ("NOT_COMPARABLE"), as `scripts/result_line.outcome_of` reads them, for programs.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _log_path(root: Path, script: Script) -> Path:
 def verdict_of(script: Script, status: int | None, output: str, seconds: float, how: str, note: str,
                log: str) -> Verdict:
     """A script's verdict from its exit status and what it printed (its last RESULT line)."""
-    from thunderfx_debug.artifacts.repro.result_line import last_result, outcome_of
+    from thunderfx_debug.scripts.result_line import last_result, outcome_of
 
     found = last_result(output)
     outcome = {"timeout": "TIMEOUT", "not_run": "NOT_RUN"}.get(how) or outcome_of(status, output)

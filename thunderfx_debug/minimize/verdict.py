@@ -28,7 +28,7 @@ import dataclasses
 import re
 import signal
 
-from thunderfx_debug.artifacts.repro.result_line import last_result
+from thunderfx_debug.scripts.result_line import last_result
 
 #: What a trial counts as failing: the verdicts `thunderfx-debug minimize` shrinks.
 FAILING = ("MISMATCH", "CRASH", "KILLED")

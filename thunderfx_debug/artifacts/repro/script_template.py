@@ -26,7 +26,6 @@ A native abort (e.g. an inductor kernel's bounds assertion) ends the process wit
 import argparse
 import contextlib
 import dataclasses
-import enum
 import functools
 import json
 import math
@@ -40,6 +39,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.scripts.device_timer import held_device_ms
+from thunderfx_debug.scripts.result_line import Outcome, Verdict
 from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Picks, rounding_floor, to_float64,
                                                   tolerance, verdict)
 
@@ -47,47 +47,9 @@ from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Pick
 SEED = 0
 
 
-class Outcome(enum.IntEnum):
-    """What a script found; the value is its exit status."""
-
-    OK = 0
-    MISMATCH = 1
-    REFUSED = 3
-    CRASH = 4
-    NOT_COMPARABLE = 5
-    NOT_REBUILT = 6
-
-
-_MEANING = {
-    Outcome.OK: "the piece matches within the tolerance",
-    Outcome.MISMATCH: "a finding about {backend}, worth reporting upstream with this script",
-    Outcome.REFUSED: "the inputs this script built are not what the piece received in the run: a bug of "
-                     "thunderfx_debug's input rebuild, not of {backend}",
-    Outcome.CRASH: "{backend} raised on inputs that eager accepts",
-    Outcome.NOT_COMPARABLE: "the piece draws random numbers ({random_ops}), which {backend} and eager draw "
-                            "differently even from the same seed: values not comparable, nothing is claimed",
-    Outcome.NOT_REBUILT: "this script could not rebuild the piece as the run built it, so {backend} never ran it: a "
-                         "bug of thunderfx_debug's script (or of the printer of the backend's definition), no claim "
-                         "about {backend}",
-}
-
-
 #: What a NOT COMPARABLE verdict means where the values that differ follow a pick among tied values (`Picks`).
 TIED_MEANING = ("its values depend on which of tied values {backend} and eager picked, and they picked otherwise: "
                 "those values not compared, nothing is claimed")
-
-
-@dataclasses.dataclass
-class Verdict:
-    outcome: Outcome
-    detail: str = ""
-    meaning: str = ""  # instead of the outcome's usual meaning
-
-    def line(self, backend: str, random_ops=()) -> str:
-        meaning = (self.meaning or _MEANING[self.outcome]).format(backend=backend,
-                                                                  random_ops=", ".join(random_ops) or "random ops")
-        detail = f": {self.detail}" if self.detail else ""
-        return f"RESULT {self.outcome.name.replace('_', ' ')} (exit {self.outcome.value}){detail}; {meaning}"
 
 
 class Refused(Exception):
@@ -732,8 +694,8 @@ def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected
     if outside == "reproduces":
         print(Verdict(Outcome.MISMATCH, detail).line(backend))
     else:  # seen in the run only: what differed there (memory layout, other work in flight) is part of the finding
-        print(f"RESULT MISMATCH (exit {int(Outcome.MISMATCH)}): {detail}; seen in the run only, so report it with "
-              "the run's dump, not this script alone")
+        print(Verdict(Outcome.MISMATCH, detail, meaning="seen in the run only, so report it with the run's dump, not "
+                                                       "this script alone").line(backend))
     sys.stdout.flush()
     return int(Outcome.MISMATCH)
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from thunderfx_debug.artifacts.repro.result_line import last_result, outcome_of
+from thunderfx_debug.scripts.result_line import last_result, outcome_of
 
 #: Python code (after `import sys`) that makes thunderfx_debug unimportable: a finder first on `sys.meta_path`.
 REFUSE_THUNDERFX_DEBUG = r"""
