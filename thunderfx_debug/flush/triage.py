@@ -127,7 +127,8 @@ class Triager:
         announce(f"thunderfx_debug: {occasion} times {_count(len(pending), 'Thunder split')}"
                  + (f" and {_count(regions, 'fusion region')}" if regions else "")
                  + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
-                 + (f", about {estimate:.0f} s" if estimate is not None else "")
+                 + (f", at most about {estimate:.0f} s (a rough upper figure from the run's first calls, compiles "
+                    "included; the children's compiles often take far less)" if estimate is not None else "")
                  + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="thunderfx_debug_triage_") as root:
@@ -406,10 +407,11 @@ def _beside_the_run(triage: Triage, samples: tuple[Any, list[float]]) -> Triage:
 
 # ---- what the flush says --------------------------------------------------------------------------------------------
 def _estimate_s(splits: Sequence[SplitSnapshot], settings: TriageSettings) -> float | None:
-    """Seconds the triage of `splits` should take, from the run's own figures: Thunder compiling each split again and
-    inductor compiling it, each about as long as Thunder's first call of it took in the run (its compile; regions
-    about as long again), and the most rounds of both sides at the piece's median sampled call. None where the run
-    timed no first call."""
+    """A rough upper figure of the seconds the triage of `splits` takes, from the run's own figures: Thunder
+    compiling each split again and inductor compiling it, each about as long as Thunder's first call of it took in
+    the run (its compile; regions about as long again), and the most rounds of both sides at the piece's median
+    sampled call. None where the run timed no first call. The children's compiles often take far less (inductor's
+    kernels cached, no Dynamo), so the figure is said as an upper one."""
     total, known = 0.0, False
     calls = 2 * (settings.looks[-1] * settings.calls + 2)
     for split in splits:
