@@ -215,9 +215,9 @@ class Picks(TorchFunctionMode):
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        for x in tensors:
-            if x.is_floating_point() and (self._coarsest is None
-                                          or torch.finfo(x.dtype).eps > torch.finfo(self._coarsest).eps):
+        for x in tensors:  # finfo only for a dtype not seen last (an op's tensors mostly share one)
+            if x.dtype is not self._coarsest and x.is_floating_point() and (
+                    self._coarsest is None or torch.finfo(x.dtype).eps > torch.finfo(self._coarsest).eps):
                 self._coarsest = x.dtype
         if any(self.depends(x) for x in tensors):
             written = tree_leaves(args[0]) if name in _WRITES_FIRST_ARGUMENT or name.startswith("__i") else []
