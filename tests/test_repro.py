@@ -213,7 +213,8 @@ def _unfold_sum(x):
 def test_a_failing_split_gets_its_repro_before_the_error_propagates(tmp_path, on_error):
     backend = ReportingBackend(dump_dir=tmp_path, on_error=on_error, inputs="real", strict=True)  # repro: none
     compiled = torch.compile(_unfold_sum, backend=backend)
-    x = torch.randn(3, 4)
+    # Seeded: inductor sums in another order than eager, and an unseeded sum near zero fell outside allclose's rtol.
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
     if on_error == "raise":
         with pytest.raises(NotImplementedError, match="unfold"):
             compiled(x)

@@ -410,19 +410,12 @@ def _inlined(module: types.ModuleType) -> str:
     """The text of a module of `thunderfx_debug/scripts/` as a script carries it: its docstring as comments, then its
     code, between lines that name the file, the version of thunderfx-debug it comes from and the file's SHA-256 (the
     first 16 hex digits of `sha256sum` of the file), so that a reader can find the text it was written from."""
-    path = Path(module.__file__)
-    text = path.read_text()
-    tree = ast.parse(text)
-    first = tree.body[0]
-    lines = text.splitlines()
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        lines = lines[first.end_lineno:]
-    about = "".join(f"# {line}".rstrip() + "\n" for line in (ast.get_docstring(tree) or "").splitlines())
+    about = "".join(f"# {line}".rstrip() + "\n" for line in inspect.getdoc(module).splitlines())
     version = package_versions().get("thunderfx-debug") or "0+unknown"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:16]
     name = module.__name__.replace(".", "/") + ".py"
     return (f"# ==== {name}, inlined from thunderfx-debug {version} (sha256 of the file {digest}) ====\n"
-            f"{about}\n" + "\n".join(lines).strip() + f"\n\n# ==== end of {name} ====\n")
+            f"{about}\n{_module_body(module)}\n# ==== end of {name} ====\n")
 
 
 def _indent(code: str) -> str:
