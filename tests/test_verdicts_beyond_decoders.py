@@ -185,6 +185,28 @@ def test_indices_that_pick_other_of_tied_values_are_no_mismatch_and_the_tie_is_s
     assert re.search(r"its indices pick other of tied values \(topk\) at \d+ of 32 positions", run.stdout)
 
 
+def test_scripts_judged_against_the_runs_own_outputs_say_where_the_run_picked_otherwise_among_ties(tmp_path, one_thread):
+    """With the run's inputs and outputs kept (inputs=real), the scripts compare with what the run returned, which
+    picked among ties as the run's backend did: the eager script (which picks as eager does) says the tie, not a
+    MISMATCH; the Thunder script, run with the run's executor, picks as the run did, and its gradients, which follow
+    other picks than eager's, are not compared."""
+    import wrong_executors
+
+    executors = [wrong_executors.tie_breaking_topk_executor(), *cpu_executors()]
+    backend = _train(lambda: Router(zero_gate=True), tmp_path, executors, repro="split", inputs="real")
+    rank_dir = backend.flush()
+    split = _split_with(load_report(rank_dir), "topk")
+    env = _fresh_interpreter_env(tmp_path, "tie_breaking_topk_executor")
+    eager = run_script(rank_dir / split.files["repro_eager"], env=env, timeout_s=300)
+    assert "forward outputs vs the run's" in eager.stdout, eager.stdout[-3000:] + eager.stderr[-2000:]
+    assert eager.outcome == "NOT_COMPARABLE" and "tied values" in eager.result_line, eager.stdout[-3000:]
+    assert re.search(r"its indices pick other of tied values \(topk\) at \d+ of 32 positions", eager.stdout)
+    thunder = run_script(rank_dir / split.files["repro_thunder"], env=env, timeout_s=300)
+    assert re.search(r"forward outputs vs the run's: largest error 0\b.*: OK", thunder.stdout), thunder.stdout[-3000:]
+    assert thunder.outcome == "NOT_COMPARABLE", thunder.stdout[-3000:] + thunder.stderr[-2000:]
+    assert "the forward picked otherwise than eager among tied values" in thunder.stdout
+
+
 def test_indices_that_pick_other_values_are_a_mismatch(tmp_path, one_thread):
     import wrong_executors
 

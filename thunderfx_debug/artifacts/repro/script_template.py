@@ -433,11 +433,13 @@ def judge(actual, expected, eager_value=None, fp64_value=None, floor=0.0):
     return error, ratio
 
 
-def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients=False):
+def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients=False, run_outputs=False):
     """Prints the largest error between two lists of values; True when every one is within what is allowed (see
     `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64.
-    `picks`: eager's run (`expected`) under `Picks`; a value beyond what is allowed that `Picks.excuse` (or, for
-    `gradients`, `Picks.excuse_gradient`) excuses is said and not held against the piece."""
+    `picks`: eager's run (`eager`) under `Picks`; a value beyond what is allowed that `Picks.excuse` (or, for
+    `gradients`, `Picks.excuse_gradient`) excuses is said and not held against the piece. With `run_outputs`,
+    `expected` are the values the run returned, which picked among ties as the run's backend did: a value is
+    excused where it and the run's are each eager's or excused against eager's."""
     if len(actual) != len(expected):
         print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
         return False
@@ -453,8 +455,13 @@ def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients
         judged.append(judge(a, e, eager_value, fp64_value, floor))
     beyond = [i for i, (_, ratio) in enumerate(judged) if ratio > 1.0]
     excuses = {}
-    if picks is not None and beyond:
-        excuses = {i: picks.excuse_gradient() for i in beyond} if gradients else picks.excuses(actual, expected, beyond)
+    if picks is not None and (beyond or run_outputs):
+        if gradients:
+            excuses = {i: picks.excuse_gradient() for i in beyond}
+        elif run_outputs:
+            excuses = _excused_against_the_run(picks, actual, expected, eager, fp64, beyond)
+        else:
+            excuses = picks.excuses(actual, expected, beyond)
     worst_error, worst_ratio, index = 0.0, 0.0, None
     for i, (error, ratio) in enumerate(judged):
         if excuses.get(i):
@@ -474,6 +481,28 @@ def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients
           f"{worst_ratio:.2g} of what is allowed (rtol={rtol:g} * M + atol={atol:g} * min(1, M), M its largest "
           f"magnitude{slack}): {verdict_word}")
     return worst_ratio <= 1.0
+
+
+def _excused_against_the_run(picks, actual, returned, eager, fp64, beyond):
+    """Position -> why `actual[i]`, beyond what is allowed against the run's `returned[i]`, is no mismatch: each of
+    the two is within what is allowed of eager's value or excused against it by `picks` (the run's backend and this
+    one picked otherwise among tied values, or from values such a pick fed). Every value of `actual` is judged
+    against eager's, so that `picks` learns where this piece picked otherwise than eager even where it picked as
+    the run did (its gradients then follow other picks than eager's)."""
+    def off_eager(values):
+        return [i for i in range(min(len(values), len(eager)))
+                if judge(values[i], eager[i], eager[i], fp64[i] if fp64 is not None and i < len(fp64) else None,
+                         rounding_floor(getattr(eager[i], "dtype", None), 0.0))[1] > 1.0]
+    found = {}
+    ours, theirs = off_eager(actual), off_eager(returned)
+    ours_excused, theirs_excused = picks.excuses(actual, eager, ours), picks.excuses(returned, eager, theirs)
+    for i in beyond:
+        if (i in ours and i not in ours_excused) or (i in theirs and i not in theirs_excused):
+            continue
+        reason = ours_excused.get(i) or theirs_excused.get(i)
+        if reason:
+            found[i] = reason if i in ours_excused else f"the run's value: {reason}"
+    return found
 
 
 def _run_float64(eager, inputs, backward, like=None):
@@ -522,8 +551,12 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     """Runs the piece once and compares it: forward outputs with the run's (where saved) or with eager's, gradients
     with eager's; then checks that what it returned is unchanged after eager ran. Eager and a float64 eager run once
     each. Returns the verdict; exceptions of the piece itself become CRASH or REFUSED."""
+    # An eager piece judged against the run's values records its own picks (`Picks`): the run may have picked
+    # otherwise among ties.
+    picks = Picks() if is_eager and expected_outputs is not None else None
     try:
-        outputs, grads = run(fn, inputs, backward)
+        with (picks if picks is not None else contextlib.nullcontext()):
+            outputs, grads = run(fn, inputs, backward)
     except Exception as error:
         if is_eager:
             traceback.print_exc()
@@ -536,7 +569,6 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     # device are checked against them after eager has run, which catches memory written after the piece returned.
     returned_outputs, returned_grads = _host_copies(outputs), _host_copies(grads)
     reference = eager()
-    picks = None  # what eager's index ops picked, for values that pick among ties (`Picks`)
     if is_eager:
         eager_outputs, eager_grads = outputs, grads
     else:
@@ -552,7 +584,8 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
                                                                           like=eager_outputs)
     ok = True
     if expected_outputs is not None:
-        ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs)
+        ok &= compare("forward outputs vs the run's", returned_outputs, expected_outputs, eager_outputs, fp64_outputs,
+                      picks, run_outputs=True)
     else:
         ok &= compare("forward outputs vs eager", returned_outputs, eager_outputs, eager_outputs, fp64_outputs, picks)
     if not is_eager and (grads is not None or eager_grads is not None):
