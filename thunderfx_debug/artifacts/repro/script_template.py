@@ -50,6 +50,9 @@ SEED = 0
 #: What a NOT COMPARABLE verdict means where the values that differ follow a pick among tied values (`Picks`).
 TIED_MEANING = ("its values depend on which of tied values {backend} and eager picked, and they picked otherwise: "
                 "those values not compared, nothing is claimed")
+#: The same for an eager script judged against the values the run returned.
+TIED_WITH_THE_RUN_MEANING = ("its values depend on which of tied values the run and eager picked, and they picked "
+                             "otherwise: those values not compared, nothing is claimed")
 
 
 class Refused(Exception):
@@ -598,7 +601,8 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     if ok and picks is not None and picks.differed:
         not_compared = sorted({e for e in picks.differed if e.startswith("not compared")})
         if not_compared:
-            return Verdict(Outcome.NOT_COMPARABLE, "; ".join(not_compared), meaning=TIED_MEANING)
+            return Verdict(Outcome.NOT_COMPARABLE, "; ".join(not_compared),
+                           meaning=TIED_WITH_THE_RUN_MEANING if is_eager else TIED_MEANING)
         return Verdict(Outcome.OK, "; ".join(sorted(set(picks.differed))))
     if ok:
         return Verdict(Outcome.OK, "same random numbers as eager (reseeded), values compared" if random_ops else "")
