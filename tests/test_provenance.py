@@ -235,6 +235,18 @@ def test_backward_pieces_without_lines_of_their_own_name_where_the_values_they_r
                 assert set(piece.reads_saved_from) <= set(split.sources), (split.name, piece)
 
 
+def test_the_embeddings_backward_names_the_line_that_embeds_the_token_ids(llama, modeling_llama):
+    """The token ids are an input of the split, saved for the backward as they came (no forward op made them): the
+    embedding's backward names the forward line that read them, `self.embed_tokens(input_ids)`, read here."""
+    _, _, report = llama
+    [embed_line] = lines_calling(modeling_llama, "self.embed_tokens(input_ids)")
+    embedding = [p for _, p in _backward_pieces(report) if "embedding_backward" in getattr(p, "ops", ())
+                 or getattr(p, "symbol", "") == "embedding_backward"]
+    assert embedding, _backward_pieces(report)
+    assert all(str(SourceLine(modeling_llama, embed_line, "forward")) in p.reads_saved_from for p in embedding), \
+        [p.reads_saved_from for p in embedding]
+
+
 def test_forward_pieces_name_no_saved_values(llama):
     _, rank_dir, report = llama
     forward = _regions(report) + [(o.label, o) for g in report.graphs for s in g.splits for o in s.op_groups

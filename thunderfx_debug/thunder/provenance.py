@@ -138,7 +138,9 @@ def split_line_map(thunder_module: Any) -> LineMap:
 
 def saved_sources(lines: LineMap, forward: Any) -> dict[str, SourceLine]:
     """Each value a final forward trace saves for the backward, by proxy name, to the source of the forward bound
-    symbol that produced it (a fused one where a fusion region did); values no op produced are left out."""
+    symbol that produced it (a fused one where a fusion region did); a value no op produced (an input of the split,
+    saved as it came: an embedding's token ids) to the source of the first forward op that reads it, the line whose
+    backward needs it."""
     # imports thunder: not on importing this module
     from thunder.core.prims import PrimIDs
 
@@ -158,6 +160,14 @@ def saved_sources(lines: LineMap, forward: Any) -> dict[str, SourceLine]:
                     source = lines.bsym_source(producer)
                     if source is not None:
                         found[out.name] = source
+    unproduced = saved - set(found)
+    for bsym in forward.bound_symbols if unproduced else ():
+        for reader in bsym.subsymbols if bsym.sym.is_fusion else (bsym,):
+            read = {getattr(a, "name", None) for a in reader.flat_args} & unproduced
+            source = lines.bsym_source(reader) if read else None
+            if source is not None:
+                found.update((name, source) for name in read)
+                unproduced -= read
     return found
 
 
