@@ -247,7 +247,7 @@ def run(args, name: str, parallel: str, mode: str, rank: int, device, dump_dir: 
     import torch
 
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     torch._dynamo.reset()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

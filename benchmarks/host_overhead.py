@@ -148,7 +148,7 @@ _DUMPING: list = []
 
 def backend(name: str, workload: Workload, dump_dir: str):
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     options = workload.options
     if name in ("thunderfx", "thunderfx again"):

@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     import thunderfx_debug
     import torch
     from thunderfx_debug.render import memory as render_memory
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     cuda = args.device.startswith("cuda")
     by_hand = {}

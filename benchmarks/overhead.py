@@ -153,7 +153,7 @@ def clear_debug_environment() -> list[str]:
 
 def make_backend(name: str, args, dump_dir: str):
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     options = harness.thunder_options(args.device, args.executors)
     if name in ("plain", "plain again"):

@@ -89,7 +89,7 @@ def run_mode(model_name: str, mode: str, steps: int, tiny: bool, device: str, du
     elif mode == "inductor":
         compiler = "inductor"
     elif mode == "thunderfx":
-        from thunderfx_debug.thunder.compile import plain_thunder_compiler
+        from thunderfx_debug import plain_thunder_compiler
 
         compiler = plain_thunder_compiler(**options)
     elif mode == "reporting":

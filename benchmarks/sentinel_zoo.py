@@ -184,7 +184,7 @@ def grads_worker(job: dict) -> dict:
     torch = _setup(job)
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.recording import split_check
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     name, device = job["model"], job["device"]
     base, batch = harness.build(name, job["size"], device, _dtype(job))

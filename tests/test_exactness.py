@@ -7,7 +7,7 @@ import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend
-from thunderfx_debug.thunder.compile import plain_thunder_compiler
+from thunderfx_debug import plain_thunder_compiler
 
 STEPS = 12
 

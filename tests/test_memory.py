@@ -52,7 +52,7 @@ def saved_by_a_forward(model, forward) -> int:
 def llama(tmp_path_factory):
     """The tiny Llama: what plain ThunderCompiler's forward saves, and a ReportingBackend run of it (sampled every
     second call) with its dump."""
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

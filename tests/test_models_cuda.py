@@ -77,7 +77,7 @@ def _reporting(tmp_path):
 
 
 def _plain():
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     return plain_thunder_compiler()
 

@@ -15,7 +15,7 @@ from conftest import cpu_executors
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.flush import triage as flush_triage
 from thunderfx_debug.flush.judging import TriageSettings
-from thunderfx_debug.thunder.compile import plain_thunder_compiler
+from thunderfx_debug import plain_thunder_compiler
 
 STEPS_BEFORE, STEPS_AFTER = 3, 2
 

@@ -146,7 +146,7 @@ def test_a_split_writing_into_an_input_that_was_no_leaf_has_its_backward_checked
     assert check.mismatches == 2 and check.worst_output.startswith("gradient of input")
     # Independent of the sentinel: Thunder's gradients of the whole model (plain ThunderCompiler) against float64
     # eager are off where eager's own are within float32 rounding.
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     def gradients(dtype, backend=None):
         torch.manual_seed(0)

@@ -26,7 +26,7 @@ def _router_gradient_errors() -> tuple[float, float]:
     import harness_path  # noqa: F401
     import harness
 
-    from thunderfx_debug.thunder.compile import plain_thunder_compiler
+    from thunderfx_debug import plain_thunder_compiler
 
     model, batch = harness.build("mixtral", "tiny", "cpu", "float32")
 
