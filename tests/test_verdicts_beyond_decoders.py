@@ -185,7 +185,8 @@ def test_indices_that_pick_other_of_tied_values_are_no_mismatch_and_the_tie_is_s
     assert re.search(r"its indices pick other of tied values \(topk\) at \d+ of 32 positions", run.stdout)
 
 
-def test_scripts_judged_against_the_runs_own_outputs_say_where_the_run_picked_otherwise_among_ties(tmp_path, one_thread):
+def test_scripts_judged_against_the_runs_own_outputs_say_where_the_run_picked_otherwise_among_ties(
+        tmp_path, one_thread):
     """With the run's inputs and outputs kept (inputs=real), the scripts compare with what the run returned, which
     picked among ties as the run's backend did: the eager script (which picks as eager does) says the tie, not a
     MISMATCH; the Thunder script, run with the run's executor, picks as the run did, and its gradients, which follow
