@@ -144,7 +144,7 @@ def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict
 def verify_zoo(trained: dict[str, dict], dump: Path, args, env: dict[str, str]):
     """(model of each script, verdicts, seconds): every script of every trained model, in one pool of workers."""
     from thunderfx_debug.commands import verify
-    from thunderfx_debug.dump.files import load_report
+    from thunderfx_debug import load_report
 
     reports = {Path(f["dump"]): load_report(f["dump"]) for f in trained.values() if "error" not in f}
     scripts = verify.select(verify.scripts_of(reports, dump), args.only)
