@@ -14,17 +14,22 @@ from torch import nn
 
 
 class Router(nn.Module):
-    def __init__(self):
+    """Mixtral's router and expert mix in miniature: softmax over 4 experts, the top 2, renormalised in place
+    (`zero_gate`: every expert ties for every token; tests/test_verdicts_beyond_decoders.py uses it so)."""
+
+    def __init__(self, zero_gate: bool = False):
         super().__init__()
         self.gate = nn.Linear(8, 4, bias=False)
         self.experts = nn.Linear(8, 32)
+        if zero_gate:
+            nn.init.zeros_(self.gate.weight)
 
     def forward(self, x):
         probs = torch.softmax(self.gate(x), dim=-1)
-        values, indices = torch.topk(probs, 2, dim=-1)
-        values /= values.sum(dim=-1, keepdim=True)
-        mixed = self.experts(x).view(-1, 4, 8).gather(1, indices[..., None].expand(-1, -1, 8))
-        return (mixed * values[..., None]).sum(), indices
+        top_values, top_indices = torch.topk(probs, 2, dim=-1)
+        top_values /= top_values.sum(dim=-1, keepdim=True)
+        mixed = self.experts(x).view(-1, 4, 8).gather(1, top_indices[..., None].expand(-1, -1, 8))
+        return (mixed * top_values[..., None]).sum(), top_indices
 
 
 def gate_gradient(device, dtype, jit):

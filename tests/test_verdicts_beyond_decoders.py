@@ -25,7 +25,9 @@ import pytest
 import torch
 from torch import nn
 
+import harness_path  # noqa: F401  (benchmarks/ on sys.path)
 from conftest import cpu_executors, sitecustomize_source
+from inplace_division_gradient import Router  # the benchmark's, the yardstick of the gate's gradient
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro.standalone import run_script
 from thunderfx_debug.records import SplitKind
@@ -51,24 +53,6 @@ class Permuting(nn.Module):
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.numel())  # a random `perm` leaves `inv` holding whatever memory held
         return (g[perm][inv] * h).sum()
-
-
-class Router(nn.Module):
-    """Mixtral's router and expert mix in miniature: softmax over 4 experts, the top 2, renormalised in place."""
-
-    def __init__(self, zero_gate: bool):
-        super().__init__()
-        self.gate = nn.Linear(8, 4, bias=False)
-        self.experts = nn.Linear(8, 32)
-        if zero_gate:  # every expert ties for every token
-            nn.init.zeros_(self.gate.weight)
-
-    def forward(self, x):
-        probs = torch.softmax(self.gate(x), dim=-1)
-        top_values, top_indices = torch.topk(probs, 2, dim=-1)
-        top_values /= top_values.sum(dim=-1, keepdim=True)
-        mixed = self.experts(x).view(-1, 4, 8).gather(1, top_indices[..., None].expand(-1, -1, 8))
-        return (mixed * top_values[..., None]).sum(), top_indices
 
 
 def _train(make_model, dump: Path | None, executors, steps: int = 2, **options):

@@ -436,16 +436,9 @@ def judge(actual, expected, eager_value=None, fp64_value=None, floor=0.0):
     return error, ratio
 
 
-def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients=False, run_outputs=False):
-    """Prints the largest error between two lists of values; True when every one is within what is allowed (see
-    `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64.
-    `picks`: eager's run (`eager`) under `Picks`; a value beyond what is allowed that `Picks.excuse` (or, for
-    `gradients`, `Picks.excuse_gradient`) excuses is said and not held against the piece. With `run_outputs`,
-    `expected` are the values the run returned, which picked among ties as the run's backend did: a value is
-    excused where it and the run's are each eager's or excused against eager's."""
-    if len(actual) != len(expected):
-        print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
-        return False
+def _judged(actual, expected, eager=None, fp64=None):
+    """(error, ratio) of each value of `actual` against `expected` (`judge`), each with the rounding floor of the
+    largest magnitude among the values of its dtype in `expected`."""
     piece_scale = {}  # the largest magnitude among the values of each dtype, for `rounding_floor`
     for e in expected:
         if isinstance(e, torch.Tensor) and e.is_floating_point():
@@ -456,6 +449,20 @@ def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients
         fp64_value = fp64[i] if fp64 is not None and i < len(fp64) else None
         floor = rounding_floor(getattr(e, "dtype", None), piece_scale.get(getattr(e, "dtype", None), 0.0))
         judged.append(judge(a, e, eager_value, fp64_value, floor))
+    return judged
+
+
+def compare(what, actual, expected, eager=None, fp64=None, picks=None, gradients=False, run_outputs=False):
+    """Prints the largest error between two lists of values; True when every one is within what is allowed (see
+    `judge`). `eager` and `fp64` are eager's values for the same inputs in the piece's dtypes and in float64.
+    `picks`: eager's run (`eager`) under `Picks`; a value beyond what is allowed that `Picks.excuse` (or, for
+    `gradients`, `Picks.excuse_gradient`) excuses is said and not held against the piece. With `run_outputs`,
+    `expected` are the values the run returned, which picked among ties as the run's backend did: a value is
+    excused where it and the run's are each eager's or excused against eager's."""
+    if len(actual) != len(expected):
+        print(f"  {what}: {len(actual)} values, expected {len(expected)}: MISMATCH")
+        return False
+    judged = _judged(actual, expected, eager, fp64)
     beyond = [i for i, (_, ratio) in enumerate(judged) if ratio > 1.0]
     excuses = {}
     if picks is not None and (beyond or run_outputs):
@@ -493,9 +500,8 @@ def _excused_against_the_run(picks, actual, returned, eager, fp64, beyond):
     against eager's, so that `picks` learns where this piece picked otherwise than eager even where it picked as
     the run did (its gradients then follow other picks than eager's)."""
     def off_eager(values):
-        return [i for i in range(min(len(values), len(eager)))
-                if judge(values[i], eager[i], eager[i], fp64[i] if fp64 is not None and i < len(fp64) else None,
-                         rounding_floor(getattr(eager[i], "dtype", None), 0.0))[1] > 1.0]
+        return [i for i, (_, ratio) in enumerate(_judged(values, eager, eager, fp64)) if ratio > 1.0]
+
     found = {}
     ours, theirs = off_eager(actual), off_eager(returned)
     ours_excused, theirs_excused = picks.excuses(actual, eager, ours), picks.excuses(returned, eager, theirs)
