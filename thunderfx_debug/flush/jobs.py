@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -206,7 +207,7 @@ class Results:
 
     def step(self, piece: str, what: str, attempt: int) -> None:
         """`piece` starts `what` ("inductor's first call"), in the child of `attempt`."""
-        self._append({"piece": piece, "step": what, "attempt": attempt})
+        self._append({"piece": piece, "step": what, "attempt": attempt, "at": round(time.time(), 3)})  # wall clock
 
     def done(self, piece: str, triage: Triage) -> None:
         self._append({"piece": piece, "triage": triage.to_json()})

@@ -14,7 +14,8 @@ Where the children run: a process that has not initialised CUDA forks them from 
 every executor the run registered, a custom one of the training script's too; `minimize.child.forked`); a process
 that has cannot fork a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one
 split after another (`worker_pool`, the workers of `verify` and `bench`), several at once so that their compiles
-overlap, taking turns on the device (`triage_child.on_the_device`); there an executor of the user's is there when the
+overlap: they compile and make first calls side by side and time one at a time, nothing else on the device
+meanwhile (`triage_child.on_the_device`); there an executor of the user's is there when the
 module that registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing
 there is not judged, and says which executor and why.
 

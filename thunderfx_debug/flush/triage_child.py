@@ -114,12 +114,14 @@ def _layouts_against(args, metas) -> str:
 
 class on_the_device:
     """Holds the job's device lock (a file lock, `jobs.SplitJob.device_lock`) around work on the device, so that of
-    the children that run at once only one uses the GPU at a time: a piece timed while another child's kernels run
-    would be timed with them. Compiling without running (inductor's, at the same time) needs no lock; the lock goes
-    with a process that dies."""
+    the children that run at once none runs on the GPU while another times a piece: a piece timed while another
+    child's kernels run would be timed with them. Timing takes the lock alone (`exclusive`); compiling and first
+    calls (Thunder's compile at the split's first call, inductor's of a backward at its first) share it, so that the
+    children compile side by side instead of one after another, and none of it overlaps a timing. Compiling without
+    running (inductor's compile of a forward) needs no lock; the lock goes with a process that dies."""
 
-    def __init__(self, job: jobs.SplitJob):
-        self.path = job.device_lock
+    def __init__(self, job: jobs.SplitJob, exclusive: bool = False):
+        self.path, self.exclusive = job.device_lock, exclusive
 
     def __enter__(self) -> None:
         self._file = None
@@ -127,7 +129,7 @@ class on_the_device:
             import fcntl
 
             self._file = open(self.path, "a")  # noqa: SIM115 (closed in __exit__)
-            fcntl.flock(self._file, fcntl.LOCK_EX)
+            fcntl.flock(self._file, fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH)
 
     def __exit__(self, *exc: Any) -> None:
         if self._file is not None:
@@ -148,14 +150,16 @@ def _split_verdict(split: _Split, step) -> Triage:
     except Exception as e:
         raise NotJudged(because("inductor could not compile the split", e)) from e
     inductor_call = TrainingCall(inductor, split.args, job.grad_outputs, split.restore)
-    with on_the_device(job), kept_random_state(split.args), split.runs_as:
-        judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()), "the split",
-                            step)
-        step("measuring what each side holds in memory")
-        memory = {side: _memory(call) for side, call in (("thunder", split.call), ("inductor", inductor_call))}
+    with kept_random_state(split.args), split.runs_as:
+        with on_the_device(job):
+            judging.first_calls(split.call, inductor_call, split.compiled, list(split.regions.values()),
+                                "the split", step)
+            step("measuring what each side holds in memory")  # in this process's own allocator: shared is enough
+            memory = {side: _memory(call) for side, call in (("thunder", split.call), ("inductor", inductor_call))}
         step("timing the split")
-        triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
-                               split.inputs, time.perf_counter() - started)
+        with on_the_device(job, exclusive=True):
+            triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
+                                   split.inputs, time.perf_counter() - started)
     return dataclasses.replace(triage, thunder_memory=memory["thunder"], inductor_memory=memory["inductor"])
 
 
@@ -188,11 +192,13 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
     except Exception as e:
         raise NotJudged(because("the region's ops could not be made torch calls for inductor", e)) from e
     thunder_call, inductor_call = no_grad_call(thunder, args), no_grad_call(inductor, args)
-    with on_the_device(job), kept_random_state(args), RunsAs.inside_a_trace():
-        judging.first_calls(thunder_call, inductor_call, None, [region], "the region", step)
+    with kept_random_state(args), RunsAs.inside_a_trace():
+        with on_the_device(job):
+            judging.first_calls(thunder_call, inductor_call, None, [region], "the region", step)
         step("timing the region")
-        return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
-                             time.perf_counter() - started)
+        with on_the_device(job, exclusive=True):
+            return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
+                                 time.perf_counter() - started)
 
 
 #: folder -> the split compiled for it, in a worker process that runs a job's pieces one call after another.
