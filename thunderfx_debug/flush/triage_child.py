@@ -157,9 +157,10 @@ def _split_verdict(split: _Split, step) -> Triage:
             step("measuring what each side holds in memory")  # in this process's own allocator: shared is enough
             memory = {side: _memory(call) for side, call in (("thunder", split.call), ("inductor", inductor_call))}
         step("timing the split")
+        compile_s = time.perf_counter() - started  # not the wait for the device below (another child's compile)
         with on_the_device(job, exclusive=True):
             triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
-                                   split.inputs, time.perf_counter() - started)
+                                   split.inputs, compile_s)
     return dataclasses.replace(triage, thunder_memory=memory["thunder"], inductor_memory=memory["inductor"])
 
 
@@ -196,9 +197,10 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
         with on_the_device(job):
             judging.first_calls(thunder_call, inductor_call, None, [region], "the region", step)
         step("timing the region")
+        compile_s = time.perf_counter() - started
         with on_the_device(job, exclusive=True):
             return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
-                                 time.perf_counter() - started)
+                                 compile_s)
 
 
 #: folder -> the split compiled for it, in a worker process that runs a job's pieces one call after another.
