@@ -26,8 +26,9 @@ from conftest import cpu_executors, dump_fixtures, tiny_gpt, train
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import harness  # noqa: E402
 
-EVERY, WARMUP, STEPS = 2, 1, 4
-SAMPLED_CALLS = 2  # calls 2 and 4
+EVERY, WARMUP, STEPS = 1, 1, 4
+TIMED_CALLS = 3  # calls 2, 3 and 4: the first, second and third sampled calls
+SAMPLED_CALLS = 2  # of which memory measures the first two (`recording.memory.measures`)
 
 
 def saved_by_a_forward(model, forward) -> int:
@@ -50,8 +51,8 @@ def saved_by_a_forward(model, forward) -> int:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    """The tiny Llama: what plain ThunderCompiler's forward saves, and a ReportingBackend run of it (sampled every
-    second call) with its dump."""
+    """The tiny Llama: what plain ThunderCompiler's forward saves, and a ReportingBackend run of it (sampled on
+    every call after the first) with its dump."""
     from thunderfx_debug import plain_thunder_compiler
 
     threads = torch.get_num_threads()
@@ -91,6 +92,7 @@ def test_only_sampled_calls_measure_and_a_cpu_run_has_no_peaks(llama):
     _, report, _ = llama
     (graph,) = report.graphs
     pieces = [graph.memory, report.step_memory, *(s.memory for s in graph.splits)]
+    assert graph.timing.count == TIMED_CALLS  # the third sampled call is timed, and measures no memory
     assert all(m.calls == SAMPLED_CALLS for m in pieces)
     assert all(m.peak_bytes is None and m.peak_calls == 0 for m in pieces)
     assert all(m.saved_least_bytes == m.saved_bytes for m in pieces)  # the same on both sampled calls

@@ -21,6 +21,13 @@ or cleared here. A history that no longer holds a window (more events than it ke
 sizes are the bytes requested, so a peak can read up to the allocator's rounding (512 bytes per block) below what
 `max_memory_allocated` counts for the same allocations.
 
+Which sampled calls measure (`measures`): the first two, then the 4th, 8th and 16th, then every 16th. A piece's
+figures change little from one call to the next (the same code on inputs of the same shapes), while a measured step
+costs host time on the training path that an unsampled one does not (reading the allocator's counts at each phase's
+bounds and its history at the step's end, walking each piece's autograd graph: 5-20 ms on the H200 for a 4-layer
+decoder or MoE, about a step); a short run still measures its first sampled calls, and a long one pays for memory on
+one sampled call in 16.
+
 A backward that never comes (an evaluation call with grad on) leaves its window open until the graph's next call,
 which closes it without a peak (`MemoryMeter.cancel`): the history is never recorded across unsampled steps.
 """
@@ -28,6 +35,7 @@ which closes it without a peak (`MemoryMeter.cancel`): the history is never reco
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -42,6 +50,16 @@ from thunderfx_debug.thunder import torch_private
 #: Events the allocator's history keeps while this package records it (a sampled step of a 7B model allocates a few
 #: tens of thousands of times; an event costs about 100 bytes of host memory).
 MAX_EVENTS = 1 << 18
+
+
+def measures(sampled_index: int) -> bool:
+    """Whether the `sampled_index`-th sampled call (1-based) measures memory: 1, 2, 4, 8, 16, then every 16th.
+
+    Example:
+        >>> [i for i in range(1, 70) if measures(i)]
+        [1, 2, 4, 8, 16, 32, 48, 64]
+    """
+    return sampled_index > 0 and (sampled_index & (sampled_index - 1) == 0 or sampled_index % 16 == 0)
 
 
 class Counts(NamedTuple):
@@ -96,20 +114,35 @@ def peak_between(history: Sequence[int], now: Counts, start: Counts, end: Counts
         >>> peak_between([4, 6, -4, 1], now, start=Counts(1, 0, 4), end=now)
         6
     """
-    n = len(history)
-    total = now.allocs + now.frees
-    first, last = n - (total - start.allocs - start.frees), n - (total - end.allocs - end.frees)
-    if first < 0 or not first <= last <= n:
-        return None
-    stretch = history[first:last]
-    allocs = sum(1 for size in stretch if size > 0)
-    if allocs != end.allocs - start.allocs or len(stretch) - allocs != end.frees - start.frees:
-        return None  # events missing (a history that skips some)
-    running = peak = 0
-    for size in stretch:
-        running += size
-        peak = max(peak, running)
-    return peak
+    return HistoryPeaks(history, now).peak(start, end)
+
+
+class HistoryPeaks:
+    """One reading of the allocator's history, from which the peak of any window is a slice's maximum: running sums
+    and allocation counts are summed once (a step's history holds thousands of events; a sampled MoE step has a
+    hundred windows)."""
+
+    def __init__(self, history: Sequence[int], now: Counts):
+        self.n, self.total = len(history), now.allocs + now.frees
+        self.running = list(itertools.accumulate(history, initial=0))  # running[i]: the sum of the first i events
+        self.allocs = list(itertools.accumulate((size > 0 for size in history), initial=0))
+
+    def peak(self, start: Counts, end: Counts) -> int | None:
+        first = self.n - (self.total - start.allocs - start.frees)
+        last = self.n - (self.total - end.allocs - end.frees)
+        if first < 0 or not first <= last <= self.n:
+            return None
+        allocs = self.allocs[last] - self.allocs[first]
+        if allocs != end.allocs - start.allocs or (last - first) - allocs != end.frees - start.frees:
+            return None  # events missing (a history that skips some)
+        if last == first:
+            return 0
+        return max(0, max(self.running[first + 1:last + 1]) - self.running[first])
+
+    def whole_since(self, since: Counts, now: Counts) -> bool:
+        """Whether the history, recorded from counts `since` to `now`, holds every allocation and free between."""
+        allocs = self.allocs[-1]
+        return allocs == now.allocs - since.allocs and self.n - allocs == now.frees - since.frees
 
 
 @dataclasses.dataclass
@@ -190,10 +223,10 @@ class MemoryProbe:
         self._ours: Counts | None = None  # the counts when this probe started the history now being recorded
         self._step_start: Counts | None = None
         self._step_end: Counts | None = None
-        self._step_storages: dict[tuple[str, int], int] = {}
+        self._step_storages: dict[tuple[torch.device, int], int] = {}
         self._step_any = False
         # The parameters' storages of the graph call being measured, for the splits inside it (read once per call)
-        self.parameters: set[tuple[str, int]] | None = None
+        self.parameters: set[tuple[torch.device, int]] | None = None
 
     def for_device(self, device: torch.device) -> None:
         """Peaks for pieces on `device` (CUDA): the first CUDA device seen is the one measured."""
@@ -275,7 +308,7 @@ class MemoryProbe:
         """The expected window opened (after `open`) or will not come."""
         self._leave()
 
-    def add_step(self, storages: dict[tuple[str, int], int]) -> None:
+    def add_step(self, storages: dict[tuple[torch.device, int], int]) -> None:
         """A graph's saved storages, into the step's."""
         self._step_storages.update(storages)
 
@@ -289,15 +322,15 @@ class MemoryProbe:
         step_start, step_end, self._step_start, self._step_end = self._step_start, self._step_end, None, None
         storages, self._step_storages = self._step_storages, {}
         any_window, self._step_any = self._step_any, False
-        history: list[int] | None = None
+        history: HistoryPeaks | None = None
         now = None
         ours, self._ours = self._ours, None
         try:
             with self.failures.guard("reading the allocator's history of a sampled step"):
                 if self.allocator is not None and any(w.start is not None for w in windows):
                     now = self.allocator.counts()
-                    history = self.allocator.history()
-                    if ours is not None and not _whole(history, ours, now):
+                    history = HistoryPeaks(self.allocator.history(), now)
+                    if ours is not None and not history.whole_since(ours, now):
                         # Another thread allocated between a count and its event, or the history dropped some:
                         # the bounds cannot be placed on it.
                         history = None
@@ -311,23 +344,18 @@ class MemoryProbe:
         for window in windows:
             peak = None
             if history is not None and window.start is not None and window.end is not None:
-                peak = peak_between(history, now, window.start, window.end)
+                peak = history.peak(window.start, window.end)
             with self.failures.guard("storing a peak of a sampled call"):
                 window.sink(peak)
         if any_window:
             self.step.add_saved(sum(storages.values()))
         if history is not None and step_start is not None and step_end is not None:
-            peak = peak_between(history, now, step_start, step_end)
+            peak = history.peak(step_start, step_end)
             self.step.add_peak(Phase.FORWARD, peak)  # the step as one phase
 
 
-def _whole(history: Sequence[int], since: Counts, now: Counts) -> bool:
-    """Whether `history`, recorded from counts `since` to `now`, holds every allocation and free between."""
-    allocs = sum(1 for size in history if size > 0)
-    return allocs == now.allocs - since.allocs and len(history) - allocs == now.frees - since.frees
-
-
-def saved_storages(saved: Sequence[Any], parameters: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def saved_storages(saved: Sequence[Any],
+                   parameters: set[tuple[torch.device, int]]) -> dict[tuple[torch.device, int], int]:
     """(device, data pointer) -> bytes of the distinct storages of the `saved` tensors, `parameters` left out."""
     storages = {}
     for tensor in saved:
@@ -337,18 +365,19 @@ def saved_storages(saved: Sequence[Any], parameters: set[tuple[str, int]]) -> di
             storage = tensor.untyped_storage()
         except Exception:  # noqa: BLE001  (a tensor without a storage of its own: a subclass, sparse, nested)
             continue
-        key = (str(tensor.device), storage.data_ptr())
-        if key not in parameters and storage.data_ptr():
+        pointer = storage.data_ptr()
+        key = (tensor.device, pointer)  # the device itself: its str() costs more than the rest of the loop
+        if pointer and key not in parameters:
             storages[key] = storage.nbytes()
     return storages
 
 
-def parameter_storages(args: Sequence[Any], constants: Sequence[torch.Tensor]) -> set[tuple[str, int]]:
+def parameter_storages(args: Sequence[Any], constants: Sequence[torch.Tensor]) -> set[tuple[torch.device, int]]:
     """The storages of the parameters among a call's inputs and of the module's own (`constants`)."""
     keys = set()
     for value in (*args, *constants):
         if isinstance(value, torch.nn.Parameter):
-            keys.add((str(value.device), value.untyped_storage().data_ptr()))
+            keys.add((value.device, value.untyped_storage().data_ptr()))
     return keys
 
 

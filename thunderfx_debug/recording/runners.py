@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from thunderfx_debug.recording.memory import measures as memory_measures
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from thunderfx_debug.recording.periodic import PeriodicFlush
     from thunderfx_debug.recording.recorder import GraphState, SplitState
     from thunderfx_debug.recording.split_check import SplitCheck
+
+
+def _measures_memory(meter: object | None, sampling: Sampling, call: int) -> bool:
+    """Whether sampled call `call` measures memory (`memory.measures`: not every sampled call does)."""
+    return meter is not None and memory_measures(sampling.index(call))
 
 
 class GraphErrorHandler(Protocol):
@@ -144,7 +150,7 @@ class SplitRunner(torch.nn.Module):
         graph = self._graph
         try:
             if (self._sampler is not None or self._memory is not None) and self._sampling.is_sampled(graph.calls):
-                out = (self._sample(*args) if self._memory is None
+                out = (self._sample(*args) if not _measures_memory(self._memory, self._sampling, graph.calls)
                        else self._memory.run(self._sample, args, graph.calls))
             else:
                 out = self._inner(*args)
@@ -252,7 +258,7 @@ class GraphRunner:
         try:
             if (self._sampler is not None or self._memory is not None) and self._sampling.is_sampled(state.calls):
                 self._period_start = (state.calls, time.perf_counter_ns())
-                out = (self._sample(*args) if self._memory is None
+                out = (self._sample(*args) if not _measures_memory(self._memory, self._sampling, state.calls)
                        else self._memory.graph.run(self._sample, args, state.calls))
             else:
                 out = self.split_gm(*args)

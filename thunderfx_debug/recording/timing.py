@@ -124,6 +124,10 @@ class Sampling:
     def is_sampled(self, call: int) -> bool:
         return self.enabled and call > self.warmup and (call - self.warmup - 1) % self.every == 0
 
+    def index(self, call: int) -> int:
+        """How many sampled calls there have been up to sampled call `call`, itself included (1 for the first)."""
+        return (call - self.warmup - 1) // self.every + 1
+
     def next_sampled(self, after: int) -> int:
         """The first sampled call after call `after` (NEVER when timing is off)."""
         if not self.enabled:
