@@ -11,7 +11,7 @@ Per rank and case (model x parallelism), in this order:
   1. reporting: ReportingBackend with its dump (`--out`/<model>_<parallel>/rank<R>/), fusion-level timing and the
      correctness check (`--check`, where this version of thunderfx_debug has it); steps timed on the host (with a
      device synchronisation per step on CUDA), then the flush timed;
-  2. plain: the same training under plain ThunderCompiler (`thunderfx_debug.thunder.compile.plain_thunder_compiler`,
+  2. plain: the same training under plain ThunderCompiler (`thunderfx_debug.plain_thunder_compiler`,
      with the lazy inductor fallback that a Hugging Face Llama needs under Thunder 0.2.6), from the same seeds, and
      its losses compared with (1)'s step by step (`--no-plain` skips it).
 Rank 0 then reads every rank's dump back and writes `side_by_side.txt` (`thunderfx-debug summary` of the case's

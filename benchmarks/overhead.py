@@ -11,7 +11,7 @@ Models (`--model`, a comma list, measured one after the other, the JSON rewritte
   mixtral  a Mixtral-style mixture of experts of the same size, 4 experts, 2 per token: many more splits.
 Configurations (`--configurations`), each compiled on its own copy of the model (same initial weights, same batch,
 AdamW):
-  plain          thunderfx_debug.thunder.compile.plain_thunder_compiler(lazy_inductor_fallback=True): the baseline
+  plain          thunderfx_debug.plain_thunder_compiler(lazy_inductor_fallback=True): the baseline
   plain again    a second plain one, compiled the same way: its ratio is the noise floor
   defaults       ReportingBackend(): graph timing every 50 calls after 5
   timing=fusion  ReportingBackend(timing="fusion", timing_every=50)
