@@ -73,6 +73,18 @@ class TimingBesideChecks:
         return self.sampling.is_sampled(call) or (
             call > 1 and self.schedule.is_checked(call - 1) and self.sampling.is_sampled(call - 1))
 
+    def index(self, call: int) -> int:
+        """How many of the timing's own samples there have been up to sampled call `call` (a sample moved to the
+        call after a checked one counts as the one it was moved from).
+
+        Example:
+            >>> from thunderfx_debug.recording.timing import Sampling
+            >>> both = TimingBesideChecks(Sampling(every=5, warmup=0), CheckSchedule(5))
+            >>> [both.index(call) for call in (2, 7, 12)]
+            [1, 2, 3]
+        """
+        return self.sampling.index(call if self.sampling.is_sampled(call) else call - 1)
+
     #: How many of the timing's own samples `next_sampled` looks through before it says never (each one checked
     #: and so is the call after it: checks on every call).
     SEARCH = 64
