@@ -173,23 +173,15 @@ def make_backend(name: str, args, dump_dir: str):
 
 def special_steps(backend) -> Callable[[int], str]:
     """A function of a step's number (1-based, the graphs' call number: each graph runs once per step) that says
-    whether a ReportingBackend samples or checks on it ("sampled", "checked", or "" for an ordinary step)."""
-    config = getattr(backend, "config", None)
-    if config is None:
+    whether a ReportingBackend samples or checks on it ("sampled", "checked", or "" for an ordinary step), as the
+    backend itself says (`is_sampled`, `is_checked`)."""
+    if not hasattr(backend, "is_sampled"):
         return lambda step: ""
-    from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
-    from thunderfx_debug.recording.timing import Sampling
-    from thunderfx_debug.settings.config import CheckLevel, TimingLevel
-
-    sampling = Sampling(config.timing_every, config.timing_warmup, enabled=config.timing >= TimingLevel.GRAPH)
-    schedule = CheckSchedule(config.check_every) if config.check > CheckLevel.OFF else None
-    if schedule is not None:
-        sampling = TimingBesideChecks(sampling, schedule)
 
     def kind(step: int) -> str:
-        if schedule is not None and schedule.is_checked(step):
+        if backend.is_checked(step):
             return "checked"
-        return "sampled" if sampling.is_sampled(step) else ""
+        return "sampled" if backend.is_sampled(step) else ""
 
     return kind
 

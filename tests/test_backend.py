@@ -87,6 +87,16 @@ def test_graph_timing_samples_on_the_sampled_calls(run):
         assert all(s.timing is None for s in graph.splits)  # split timing is off at THUNDERFX_DEBUG_TIMING=graph
 
 
+def test_the_backend_says_which_calls_it_sampled_as_its_runners_sampled_them(run):
+    backend, report, _ = run
+    for graph in report.graphs:
+        assert graph.timing.calls == tuple(c for c in range(1, STEPS + 1) if backend.is_sampled(c))
+    assert not any(backend.is_checked(c) for c in range(1, 50))  # the sentinel is off
+    checking = ReportingBackend(check="fusion", check_every=5, timing_every=5, timing_warmup=0)
+    assert [c for c in range(1, 12) if checking.is_checked(c)] == [1, 6, 11]
+    assert [c for c in range(1, 12) if checking.is_sampled(c)] == [2, 7]  # a sample due on a checked call moves on
+
+
 def test_summary_says_what_happened(run):
     _, report, _ = run
     text = str(report)

@@ -42,6 +42,16 @@ def _host_series(state: GraphState) -> tuple[SampleSeries | None, SampleSeries |
     return host_series(), host_series()
 
 
+def call_schedules(config: Config) -> tuple[Sampling | TimingBesideChecks, CheckSchedule | None]:
+    """Which graph calls the runners time (and measure memory on, `memory.measures`) and which they check: the
+    one place these are decided from the settings (the runners', and `ReportingBackend.is_sampled` / `is_checked`)."""
+    sampling = Sampling(config.timing_every, config.timing_warmup, enabled=config.timing >= TimingLevel.GRAPH)
+    if config.check <= CheckLevel.OFF:
+        return sampling, None
+    schedule = CheckSchedule(config.check_every)
+    return TimingBesideChecks(sampling, schedule), schedule  # a checked call is not timed (its check would be)
+
+
 def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
                capture: InputCapture | None, on_error: GraphErrorHandler,
                after_first_call: Callable[[GraphState], None] | None = None,
@@ -56,14 +66,12 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
     level = config.timing
-    sampling = Sampling(config.timing_every, config.timing_warmup, enabled=level >= TimingLevel.GRAPH)
     timed = level >= TimingLevel.GRAPH
-    schedule, evidence = None, None
-    if config.check > CheckLevel.OFF:
-        schedule = CheckSchedule(config.check_every)
+    sampling, schedule = call_schedules(config)
+    evidence = None
+    if schedule is not None:
         isolation = isolation if isolation is not None else CheckIsolation()
         evidence = EvidenceKeeper(config.inputs_max_mb, failures)
-        sampling = TimingBesideChecks(sampling, schedule)  # a checked call is not timed (its check would be)
     hold = None
     if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
         # Fusion-level timing on CUDA holds the device back on sampled calls, so that region marks time kernels

@@ -30,7 +30,7 @@ from thunderfx_debug.recording.fallback import GraphFailureHandler
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
-from thunderfx_debug.recording.wrap import wrap_graph
+from thunderfx_debug.recording.wrap import call_schedules, wrap_graph
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.dump.runs import this_run
@@ -128,6 +128,20 @@ class ReportingBackend(ThunderCompiler):
             chain_sigterm(self._on_sigterm)
         if self.config.dump_dir is not None or self._torch_trace is not None:
             _flush_at_exit(self)
+
+    # ---- which calls do more than run ------------------------------------------------------------------------------
+    def is_sampled(self, call: int) -> bool:
+        """Whether a graph's `call`-th call (1-based; in a training loop, the step's number) is timed, and its memory
+        measured where `recording.memory.measures` says so: a step that costs more host time than the others (to
+        leave out of your own step timing, or to know which steps a profile shows)."""
+        sampling, _ = call_schedules(self.config)
+        return sampling.is_sampled(call)
+
+    def is_checked(self, call: int) -> bool:
+        """Whether a graph's `call`-th call is checked by the correctness sentinel (THUNDERFX_DEBUG_CHECK): its
+        pieces run again against their float64 references on the training thread, a step many times as long."""
+        _, schedule = call_schedules(self.config)
+        return schedule is not None and schedule.is_checked(call)
 
     # ---- rank -----------------------------------------------------------------------------------------------------
     @property
