@@ -1,0 +1,182 @@
+"""What a sampled step costs on the host, part by part, on the wall clock: ReportingBackend's defaults.
+
+    source .gpu/setup.sh && python benchmarks/sampled_step_parts.py --model llama --json sampled_step_llama.json
+    python benchmarks/sampled_step_parts.py --steps 120     # CPU: the tiny Llama
+
+`benchmarks/overhead.py --profile` files cProfile's times under the parts of the training path; cProfile adds about a
+microsecond to every call, which inflates a sampled step's many small calls. Here the functions a sampled call runs
+(the memory meter's allocator reads and autograd walks, the samplers' clock marks, hooks and host readings) are
+wrapped with `perf_counter_ns` accumulators instead, and nothing else is profiled. The model trains `--steps` steps
+after a warm-up; per step, its host time (no synchronisation inside the step: on a host-bound step that is the step's
+cost) and each part's time. Figures: the median ordinary step, each sampled step and the step after it, and each
+part's mean time on sampled steps with and without memory measured (`recording.memory.measures`). Parts nest (a
+backward hook's time includes the history it reads), so they do not add up to the step. On CUDA it also times the
+allocator calls alone: one `torch.cuda.memory_stats` reading, a snapshot without and with one step's history.
+
+The wrappers reach into the package's recording modules by name: this is a diagnostic of their internals, like
+`path_parts.PARTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on torch 2.13)
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import overhead  # noqa: E402
+
+#: (module, owner attribute or None, function name, label) of what is timed.
+WRAPPED = (
+    ("memory", "CudaAllocator", "counts", "allocator counts"),
+    ("memory", "CudaAllocator", "history", "allocator history (snapshot)"),
+    ("memory", "CudaAllocator", "record", "allocator history on/off"),
+    ("memory", None, "saved_storages", "saved storages"),
+    ("memory", None, "parameter_storages", "parameter storages"),
+    ("memory", "HistoryPeaks", "__init__", "history sums"),
+    ("memory", "HistoryPeaks", "peak", "window peaks"),
+    ("memory", None, "backward_nodes", "autograd walk (memory)"),
+    ("sampler", None, "backward_nodes", "autograd walk (sampler)"),
+    ("memory", "MemoryProbe", "push", "saved-tensor hooks on"),
+    ("memory", "MemoryProbe", "pop", "saved-tensor hooks off"),
+    ("memory", "BackwardWindow", "_on_start", "memory backward start hook"),
+    ("memory", "BackwardWindow", "_on_node_done", "memory backward end hook (reads the step)"),
+    ("sampler", "BackwardMarks", "_on_start", "sampler backward start hook"),
+    ("sampler", "BackwardMarks", "_on_node_done", "sampler backward end hook"),
+    ("timing", "SampleSeries", "resolve", "resolving earlier samples"),
+    ("timing", "CudaClock", "mark", "CUDA event marks"),
+    ("host", "HostWatch", "begin", "host readings (begin)"),
+    ("host", "HostWatch", "end", "host readings (end)"),
+    ("runners", "ThunderOverhead", "read", "Thunder's host time read"),
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--model", default="llama", choices=overhead.MODELS)
+    parser.add_argument("--steps", type=int, default=200, help="measured steps (default 200: 4 sampled)")
+    parser.add_argument("--warmup", type=int, default=8, help="steps before the measurement (default 8)")
+    parser.add_argument("--json", type=Path, default=None, help="write the record here")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        parser.error("--steps and --warmup must be at least 1")
+    return args
+
+
+def install(times: dict[str, list[int]]) -> None:
+    """Wraps every function of WRAPPED so that its calls add their time and count to `times[label]`."""
+    from thunderfx_debug.recording import host, memory, runners, sampler, timing
+
+    modules = {"memory": memory, "sampler": sampler, "timing": timing, "host": host, "runners": runners}
+    for module_name, owner_name, name, label in WRAPPED:
+        owner = modules[module_name] if owner_name is None else getattr(modules[module_name], owner_name)
+        function = getattr(owner, name)
+
+        def wrapped(*args, _function=function, _label=label, **kwargs):
+            started = time.perf_counter_ns()
+            try:
+                return _function(*args, **kwargs)
+            finally:
+                entry = times[_label]
+                entry[0] += time.perf_counter_ns() - started
+                entry[1] += 1
+
+        setattr(owner, name, wrapped)
+
+
+def allocator_costs(trainer) -> dict:
+    """Microseconds of the allocator calls alone (CUDA)."""
+    from thunderfx_debug.recording.memory import MAX_EVENTS
+    from thunderfx_debug.thunder import torch_private
+
+    def cost(fn, calls):
+        started = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter_ns() - started) / calls / 1e3
+
+    device = torch.cuda.current_device()
+    found = {"memory_stats_us": cost(lambda: torch_private.allocator_counts(device), 200),
+             "snapshot_without_history_us": cost(torch.cuda.memory._snapshot, 20)}
+    torch_private.record_allocator_history(True, MAX_EVENTS)
+    try:
+        trainer.step()
+        found["snapshot_with_one_steps_history_us"] = cost(torch.cuda.memory._snapshot, 5)
+        found["events_in_one_step"] = len(torch_private.allocator_history(device))
+    finally:
+        torch_private.record_allocator_history(False, MAX_EVENTS)
+    torch.cuda.synchronize()
+    return found
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from thunderfx_debug import ReportingBackend
+
+    cuda = torch.cuda.is_available()
+    overhead.clear_debug_environment()
+    size = overhead.CUDA_SIZE if cuda else harness.SIZES["tiny"]
+    device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    model, batch = harness.build(args.model, size, device, dtype, seed=0)
+    backend = ReportingBackend(**harness.thunder_options(device))
+    trainer = harness.Trainer(model, backend, [batch], lr=1e-4)
+    for _ in range(args.warmup):
+        trainer.step()
+    trainer.clock.sync()
+    times: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    install(times)
+    steps = []
+    for _ in range(args.steps):
+        before = {label: entry[0] for label, entry in times.items()}
+        call = trainer.steps_done + 1
+        started = time.perf_counter_ns()
+        trainer.step()
+        host_ns = time.perf_counter_ns() - started
+        parts = {label: entry[0] - before.get(label, 0) for label, entry in times.items()}
+        steps.append({"call": call, "sampled": backend.is_sampled(call), "host_us": host_ns / 1e3,
+                      "parts_us": {label: ns / 1e3 for label, ns in parts.items() if ns}})
+        if call % 10 == 0:
+            trainer.clock.sync()  # keeps the host from running ahead of the device by more than a few steps
+    sampled = [s for s in steps if s["sampled"]]
+    for step in sampled:  # memory is measured on a schedule of its own among the sampled calls
+        step["memory"] = "saved-tensor hooks on" in step["parts_us"]
+    after = [s for s in steps if s["call"] - 1 in {p["call"] for p in sampled}]
+    ordinary = [s for s in steps if not s["sampled"] and s not in after]
+    results = {
+        "model": args.model, "device": device, "steps": args.steps,
+        "ordinary_step_us_median": statistics.median(s["host_us"] for s in ordinary) if ordinary else None,
+        "sampled_steps": sampled,
+        "steps_after_sampled_us": [s["host_us"] for s in after],
+        "calls_per_sampled_step": {label: entry[1] / max(1, len(sampled)) for label, entry in times.items()},
+    }
+    for memory, kind in ((True, "with memory"), (False, "without memory")):
+        chosen = [s for s in sampled if s["memory"] is memory]
+        labels = sorted({label for s in chosen for label in s["parts_us"]})
+        results[f"parts_us_mean_sampled_{kind.replace(' ', '_')}"] = {
+            label: sum(s["parts_us"].get(label, 0.0) for s in chosen) / len(chosen) for label in labels}
+    if cuda:
+        results["allocator"] = allocator_costs(trainer)
+    print(f"{args.model} on {device}: ordinary step {results['ordinary_step_us_median']:.0f} us of host time (median)")
+    for step in sampled:
+        memory = ", memory measured" if step["memory"] else ""
+        print(f"  sampled step {step['call']}: {step['host_us']:.0f} us{memory}")
+    for kind in ("with_memory", "without_memory"):
+        parts = results[f"parts_us_mean_sampled_{kind}"]
+        if parts:
+            print(f"  parts of a sampled step {kind.replace('_', ' ')} (mean us):")
+        for label, us in sorted(parts.items(), key=lambda item: -item[1]):
+            print(f"    {label:45s} {us:9.1f}")
+    harness.write_record(args.json, "sampled_step_parts", results, argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
