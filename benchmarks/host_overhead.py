@@ -120,7 +120,9 @@ class Workload:
     def call(self, fn, x):
         """One call as the workload makes it (compiles on its first run)."""
         if self.cuda:
-            fn(x).sum().backward()
+            out = fn(x)
+            # A compiled function returns its tensor, a split graph called directly the tuple of its outputs.
+            (out[0] if isinstance(out, (tuple, list)) else out).sum().backward()
         else:
             fn(x)
 
