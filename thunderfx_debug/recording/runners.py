@@ -10,10 +10,10 @@ the backward (see `sampler`). The first call of a graph and of each split is tim
 backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs
 when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call of a thunder split
 also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
-first call, which is always checked, includes it). Sampled calls also measure what each piece holds in memory
-(`memory`: saved-tensor hooks around the forward, windows on the allocator's history on CUDA), outside the timing
-marks, at every timing level from `graph` on; the graph's call after a sampled one closes the backward windows that
-never ended.
+first call, which is always checked, includes it). Some sampled calls (`memory.measures`: the first two, then ever
+rarer) also measure what each piece holds in memory (`memory`: saved-tensor hooks around the forward, windows on the
+allocator's history on CUDA), outside the timing marks, at every timing level from `graph` on; the graph's call
+after a sampled one closes the backward windows that never ended.
 """
 
 from __future__ import annotations
