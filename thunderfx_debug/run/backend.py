@@ -84,6 +84,7 @@ class ReportingBackend(ThunderCompiler):
         if dump_dir is not None:
             own["dump_dir"] = dump_dir
         self.config: Config = load_config(own)
+        self._schedules = call_schedules(self.config)  # which calls time and check (`is_sampled`, `is_checked`)
         # Options for Thunder are Thunder's to read, at its first compile: a near miss of one of ours is certain
         # enough to refuse now; others are named after the first call if nothing read them (`_check_options`).
         self._unchecked_options = set(options) - jit_arguments() - THUNDERFX_OWN_OPTIONS
@@ -134,13 +135,13 @@ class ReportingBackend(ThunderCompiler):
         """Whether a graph's `call`-th call (1-based; in a training loop, the step's number) is timed, and its memory
         measured where `recording.memory.measures` says so: a step that costs more host time than the others (to
         leave out of your own step timing, or to know which steps a profile shows)."""
-        sampling, _ = call_schedules(self.config)
+        sampling, _ = self._schedules
         return sampling.is_sampled(call)
 
     def is_checked(self, call: int) -> bool:
         """Whether a graph's `call`-th call is checked by the correctness sentinel (THUNDERFX_DEBUG_CHECK): its
         pieces run again against their float64 references on the training thread, a step many times as long."""
-        _, schedule = call_schedules(self.config)
+        _, schedule = self._schedules
         return schedule is not None and schedule.is_checked(call)
 
     # ---- rank -----------------------------------------------------------------------------------------------------
