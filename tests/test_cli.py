@@ -177,6 +177,7 @@ def test_every_command_given_no_dump_says_what_to_pass(tmp_path, capsys, command
 
 @pytest.mark.parametrize("argv, expected", [
     (["bench", str(NORMAL), "--tolerance", "lots"], "not a fraction"),
+    (["bench", str(NORMAL), "--deviation", "0.9"], "a time ratio > 1"),
     (["bench", str(NORMAL), "--gpus", "0,0"], "distinct GPU indices"),
     (["demo", "--steps", "0"], "not a whole number of at least 1"),
     (["summary"], "required: dir"),

@@ -432,14 +432,14 @@ def triage_plan() -> list[bench.Comparison]:
 def test_triage_ranks_by_time_lost_per_step():
     comparisons = triage_plan()
     results = {s: bench.read_result(RESULTS / bench.result_name(s), s) for s in bench.scripts_of(comparisons)}
-    ranked = bench.rank(comparisons, results, tolerance=0.10)
+    ranked = bench.rank(comparisons, results, deviation=1.1)
     by_path = {r.comparison.path: r for r in ranked}
     # nvFusion3 backward: 0.30 vs 0.20 ms, run twice per step -> 0.2 ms lost per step, more than nvFusion0's 0.15.
     assert by_path["graph0/thunder_0/nvFusion3 backward"].loss_ms == pytest.approx(0.2)
     assert by_path["graph0/thunder_0/nvFusion0 forward"].loss_ms == pytest.approx(0.15)
     losses = [r.comparison.path for r in ranked if r.error is None and r.beyond and r.loss_ms > 0]
     assert losses[:3] == ["graph0/thunder_0", "graph0/thunder_0/nvFusion3 backward", "graph0/thunder_0/nvFusion0 forward"]
-    # nvFusion1 is 5% slower: within the tolerance. nvFusion2's inductor script failed (no result file).
+    # nvFusion1 is 5% slower: within the deviation. nvFusion2's inductor script failed (no result file).
     assert not by_path["graph0/thunder_0/nvFusion1 forward"].beyond
     assert by_path["graph0/thunder_0/nvFusion2 backward"].error and ranked[-1].error
     assert by_path["graph0/thunder_2"].loss_ms < 0 and by_path["graph0/thunder_2"].beyond  # a gain
@@ -447,18 +447,34 @@ def test_triage_ranks_by_time_lost_per_step():
     assert explained.split_loss_ms == pytest.approx(0.5)
     assert explained.regions_beyond_loss_ms == pytest.approx(0.35)
 
-    text = render_bench_report(ranked, 0.10, "fixture", script_prefix="rank0/")
+    text = render_bench_report(ranked, 1.1, "fixture", script_prefix="rank0/")
     listed = text.split("## Where ThunderFX loses time")[1].split("## Where ThunderFX gains")[0]
     assert "nvFusion3" in listed and "nvFusion0" in listed and "nvFusion1" not in listed
     assert "rank0/graph0/graph0_thunder_0/fusions/graph0_thunder_0_nvFusion3_backward_repro_nvfuser.py" in listed
-    assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions beyond tolerance
+    assert "70%" in text  # 0.35 of the split's 0.5 ms per step explained by regions that deviate
     outside = explained.split_loss_ms - explained.regions_loss_ms  # what the split loses outside its regions
     assert f"| 70% | {outside:.3f} | - |" in text  # no run timing given
-    text = render_bench_report(ranked, 0.10, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
+    text = render_bench_report(ranked, 1.1, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
     assert f"| 70% | {outside:.3f} | 1.250 |" in text
-    # With a 60% tolerance the fusion regions (at most 1.5x) are all within it.
-    wide = bench.rank(comparisons, results, tolerance=0.6)
+    # Beyond 1.6x either way: the fusion regions (at most 1.5x) are all within it.
+    wide = bench.rank(comparisons, results, deviation=1.6)
     assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
+
+
+def test_bench_judges_a_time_ratio_as_the_flush_time_triage_does():
+    """One rule (`records.deviation_outcome`): bench's point ratio of two medians deviates exactly where the triage's
+    interval, shrunk to that ratio, does; by default at the triage's own threshold."""
+    from thunderfx_debug.flush import judging
+    from thunderfx_debug.records import DEVIATION
+
+    (split,) = [c for c in triage_plan() if c.path == "graph0/thunder_0"]
+    verdicts = []
+    for ratio in (0.5, 0.8, 0.85, 1.0, 1.15, 1.25, 3.0):
+        ranked = bench.Ranked(split, ours_ms=ratio, theirs_ms=1.0)
+        triage = judging.verdict([ratio] * 7, [1.0] * 7, DEVIATION)
+        assert ranked.deviation == DEVIATION and ranked.beyond == triage["deviates"], ratio
+        verdicts.append(ranked.beyond)
+    assert verdicts == [True, True, False, False, False, True, True]
 
 
 def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
@@ -479,7 +495,7 @@ def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
     assert region.clock == "device" and region.ratio == pytest.approx(0.055 / 0.040)
     assert region.loss_ms > 0 and region.beyond  # on the wall clock it would have been a 3x gain
     assert by_path[split.path].clock == "wall" and by_path[split.path].ratio == pytest.approx(2.0)
-    text = render_bench_report(list(by_path.values()), 0.10, "fixture")
+    text = render_bench_report(list(by_path.values()), 1.1, "fixture")
     assert "| device |" in text and "| wall |" in text
 
     out = tmp_path / "negative.json"

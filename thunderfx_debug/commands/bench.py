@@ -24,10 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from thunderfx_debug.records import RankRecord, SplitKind, layout
+from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, deviation_outcome, layout
 from thunderfx_debug.render import digest
-
-DEFAULT_TOLERANCE = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,14 +275,15 @@ def scripts_of(comparisons: Iterable[Comparison]) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Ranked:
     """A compared piece: ms per call of ours and inductor's, ratio ours/theirs (above 1: ThunderFX is slower),
-    `loss_ms` the time ThunderFX loses per step there (negative: it gains), `beyond` whether |ratio - 1| exceeds
-    the tolerance; `error` when a script failed (then no figures)."""
+    `loss_ms` the time ThunderFX loses per step there (negative: it gains), `beyond` whether the ratio deviates
+    beyond `deviation` either way, by the flush-time triage's rule (`records.deviation_outcome`; here a point ratio
+    of two medians, without an interval); `error` when a script failed (then no figures)."""
 
     comparison: Comparison
     ours_ms: float | None
     theirs_ms: float | None
     error: str | None = None
-    tolerance: float = DEFAULT_TOLERANCE
+    deviation: float = DEVIATION
     notes: tuple[str, ...] = ()  # scripts that measured but exited non-zero (self-check mismatches)
     clock: str = "wall"  # "device" where both scripts measured their kernels' GPU time, which is then compared
 
@@ -302,7 +301,7 @@ class Ranked:
 
     @property
     def beyond(self) -> bool:
-        return self.ratio is not None and abs(self.ratio - 1) > self.tolerance
+        return self.ratio is not None and deviation_outcome(self.ratio, self.ratio, self.deviation) == "deviates"
 
 
 def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, float | None, str]:
@@ -322,7 +321,7 @@ def _total(ours: ScriptResult, theirs: ScriptResult) -> tuple[float | None, floa
 
 
 def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
-         tolerance: float = DEFAULT_TOLERANCE) -> list[Ranked]:
+         deviation: float = DEVIATION) -> list[Ranked]:
     """The compared pieces, those where ThunderFX loses most per step first, failures last."""
     ranked = []
     for c in comparisons:
@@ -331,7 +330,7 @@ def rank(comparisons: Iterable[Comparison], results: Mapping[str, ScriptResult],
         error = "; ".join(f"{Path(r.script).name}: {r.error}" for r in (ours, theirs) if r.error) or None
         ours_ms, theirs_ms, clock = (None, None, "wall") if error else _total(ours, theirs)
         notes = tuple(f"{Path(r.script).name}: {r.note}" for r in (ours, theirs) if r.note)
-        ranked.append(Ranked(c, ours_ms, theirs_ms, error, tolerance, notes, clock))
+        ranked.append(Ranked(c, ours_ms, theirs_ms, error, deviation, notes, clock))
     return sorted(ranked, key=lambda r: (r.error is not None, -r.loss_ms, r.comparison.path))
 
 
@@ -346,7 +345,7 @@ class Explained:
 
 
 def explain(ranked: Iterable[Ranked]) -> list[Explained]:
-    """How much of each split's gap its fusion regions account for (all of them, and those beyond tolerance)."""
+    """How much of each split's gap its fusion regions account for (all of them, and those that deviate)."""
     by_split: dict[str, dict[str, float | None]] = {}
     for r in ranked:
         entry = by_split.setdefault(r.comparison.split, {"split": None, "regions": 0.0, "beyond": 0.0})

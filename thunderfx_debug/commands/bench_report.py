@@ -1,5 +1,6 @@
-"""The triage report of `thunderfx-debug bench` (markdown): the regions where ThunderFX loses time against inductor
-beyond a tolerance, ranked by the time lost per step, with the repro scripts worth handing to the compiler team."""
+"""The triage report of `thunderfx-debug bench` (markdown): the pieces whose time under ThunderFX deviates from
+inductor's (by the flush-time triage's rule), ranked by the time lost per step, with the repro scripts worth handing
+to the compiler team."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ HEADER = ("| # | piece | level | ThunderFX runs it with | ThunderFX ms | inducto
           "| calls per step | clock |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
-def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, script_prefix: str = "",
+def render_bench_report(ranked: Sequence[Ranked], deviation: float, title: str, script_prefix: str = "",
                   outside_in_run: Mapping[str, float] | None = None) -> str:
     """Markdown. `script_prefix` is prepended to the scripts' dump-relative paths (their location seen from the
     report file); `outside_in_run` is `bench.outside_in_run` of the dump (the run's time outside each split's
@@ -41,8 +42,11 @@ def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, 
         f"{plural(len(ok), 'piece')} compared ("
         f"{plural(sum(r.comparison.level is PieceLevel.FUSION for r in ok), 'nvFusion region')} against inductor, "
         f"{plural(sum(r.comparison.level is PieceLevel.SPLIT for r in ok), 'Thunder split')} against inductor), "
-        f"{len(failed)} could not be measured. Tolerance: ThunderFX within {tolerance:.0%} of inductor counts as "
-        "even; only pieces beyond it are listed. Times are ms per call from the repro scripts' `--benchmark`; "
+        f"{len(failed)} could not be measured. A piece deviates where ThunderFX's time is beyond {deviation:g}x "
+        "inductor's either way (THUNDERFX_DEBUG_DEVIATION, the rule of the flush-time triage); only those are listed. "
+        "Each side's time is one script's median, so a ratio here has no interval: one near the threshold may be "
+        "noise, which the triage's interleaved rounds (THUNDERFX_DEBUG_TRIAGE) decide. "
+        "Times are ms per call from the repro scripts' `--benchmark`; "
         "\"lost ms per step\" is (ThunderFX - inductor) x calls per step, calls per step from the dump's records. "
         "Clock \"device\" is the GPU's time for the piece's kernels (calls queued behind a sleep kernel, timed with "
         "CUDA events); \"wall\" is what a standalone call costs, host included, which for a small region is mostly "
@@ -60,7 +64,7 @@ def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, 
                          f"`python {script_prefix}{c.ours_script} --benchmark` against "
                          f"`python {script_prefix}{c.theirs_script} --benchmark`")
     else:
-        lines.append(f"No piece is more than {tolerance:.0%} slower under ThunderFX than under inductor.")
+        lines.append(f"No piece is slower under ThunderFX than {deviation:g}x its time under inductor.")
     if gains:
         lines += ["", "## Where ThunderFX gains time", "", HEADER, *(_row(i, r) for i, r in enumerate(gains, 1))]
     explained = [e for e in explain(ranked) if e.split_loss_ms is not None and e.regions_loss_ms]
@@ -70,7 +74,7 @@ def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, 
                   "outside nvFusion regions (matmuls, attention, other executors' regions) and between them. \"the run "
                   "spent outside them\" is the training run's own device time there per step (fusion-level timing), "
                   "for scale.", "",
-                  "| split | split lost ms per step | its regions | its regions beyond tolerance | explained "
+                  "| split | split lost ms per step | its regions | its regions that deviate | explained "
                   "| outside its regions | the run spent outside them |",
                   "|---|---|---|---|---|---|---|"]
         for e in explained:
@@ -84,7 +88,7 @@ def render_bench_report(ranked: Sequence[Ranked], tolerance: float, title: str, 
                   "Their times are used above; a mismatch against eager is worth a report of its own.", ""]
         lines += [f"- {_md(r.comparison.path)}: " + "; ".join(_md(n) for n in r.notes) for r in checked]
     within = len(ok) - len(losses) - len(gains)
-    lines += ["", f"{plural(within, 'piece is', 'pieces are')} within tolerance and not listed."]
+    lines += ["", f"{plural(within, 'piece is', 'pieces are')} within {deviation:g}x and not listed."]
     if failed:
         lines += ["", "## Not measured", ""]
         lines += [f"- {_md(r.comparison.path)}: {_md(r.error)}" for r in failed]

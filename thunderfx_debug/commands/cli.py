@@ -276,12 +276,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 from thunderfx_debug.commands.bench_worker import run_per_device
 
                 results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
-    ranked = bench.rank(comparisons, results, args.tolerance)
+    deviation = _bench_deviation(args)
+    ranked = bench.rank(comparisons, results, deviation)
     out = Path(args.output) if args.output else rank_dir / BENCH_REPORT
     # Scripts as the user who ran bench types them: relative to the current directory where the dump lies below
     # it, else absolute (the same text goes to the terminal and into the report).
     prefix = _typed_path(rank_dir) + "/"
-    text = render_bench_report(ranked, args.tolerance, title=str(rank_dir), script_prefix=prefix,
+    text = render_bench_report(ranked, deviation, title=str(rank_dir), script_prefix=prefix,
                          outside_in_run=bench.outside_in_run(report))
     _write(out, text, "triage report")
     print(text, end="")
@@ -429,6 +430,35 @@ def _devices(indices: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(visible[i] if visible else str(i) for i in indices)
 
 
+def _bench_deviation(args: argparse.Namespace) -> float:
+    """The ratio beyond which bench lists a piece: --deviation, --tolerance F as 1 + F, else
+    THUNDERFX_DEBUG_DEVIATION, else its default: the flush-time triage's threshold, so that both judge alike."""
+    if args.deviation is not None and args.tolerance is not None:
+        raise UsageError("--deviation and --tolerance say the same thing; give one (--tolerance F is --deviation 1+F)")
+    if args.deviation is not None:
+        return args.deviation
+    if args.tolerance is not None:
+        return 1 + args.tolerance
+    from thunderfx_debug.records import DEVIATION
+    from thunderfx_debug.settings.config import ratio_above_one
+
+    text = os.environ.get("THUNDERFX_DEBUG_DEVIATION", "").strip()
+    try:
+        return ratio_above_one(text) if text else DEVIATION
+    except ValueError as e:
+        raise UsageError(f"THUNDERFX_DEBUG_DEVIATION={text!r}: {e}; or give --deviation") from None
+
+
+def _deviation(text: str) -> float:
+    """A time ratio > 1: "1.2"."""
+    from thunderfx_debug.settings.config import ratio_above_one
+
+    try:
+        return ratio_above_one(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
 def _fraction(text: str) -> float:
     """A tolerance as a fraction: "0.1", "10%"."""
     try:
@@ -525,12 +555,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Runs the dump's fusion scripts (_repro_nvfuser.py against _repro_inductor.py) and Thunder split "
                     "scripts (_repro_thunder.py against _repro_inductor.py) with --benchmark --json, ranks the pieces "
                     "by the time ThunderFX loses per step, and writes a markdown triage report listing the pieces "
-                    "beyond the tolerance with their repro scripts. Needs CUDA, thunder and nvFuser.")
+                    "whose time deviates (the flush-time triage's rule) with their repro scripts. Needs CUDA, "
+                    "thunder and nvFuser.")
     bench.add_argument("dir", help=DIR_HELP)
     bench.add_argument("--rank", type=_rank, help="the rank whose scripts to run (default: the lowest)")
-    bench.add_argument("--tolerance", type=_fraction, default=0.10,
-                       help="report pieces whose ThunderFX time differs from inductor's by more than this "
-                            "(default: 0.10, i.e. 10%%)")
+    bench.add_argument("--deviation", type=_deviation, default=None,
+                       help="list the pieces whose ThunderFX/inductor time ratio lies beyond this either way, as the "
+                            "flush-time triage judges (default: THUNDERFX_DEBUG_DEVIATION, else 1.2)")
+    bench.add_argument("--tolerance", type=_fraction, default=None,
+                       help="the same as --deviation 1+TOLERANCE (a fraction: 0.1 or 10%%)")
     bench.add_argument("-o", "--output",
                        help="the report to write (default: <rank dir>/bench.md; the flush-time triage writes triage.md)")
     bench.add_argument("--results-dir", help="where the scripts write their JSON results (default: <rank dir>/bench)")

@@ -36,7 +36,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import stats
 from thunderfx_debug.artifacts.repro import script_template
 from thunderfx_debug.settings.config import TriageLevel
-from thunderfx_debug.records import DEVIATION, ClockKind, Memory, Triage
+from thunderfx_debug.records import DEVIATION, ClockKind, Memory, Triage, deviation_outcome
 from thunderfx_debug.scripts import device_timer
 from thunderfx_debug.recording.memory import parameter_storages, saved_storages
 from thunderfx_debug.recording.check import AutocastState
@@ -116,7 +116,7 @@ def verdict(thunder_ms: Sequence[float], inductor_ms: Sequence[float], deviation
     return {
         "thunder_ms": statistics.median(thunder_ms), "inductor_ms": statistics.median(inductor_ms),
         "ratio": math.exp(difference), "ratio_low": low, "ratio_high": high,
-        "deviates": low > deviation or high < 1 / deviation, "rounds": len(thunder_ms),
+        "deviates": deviation_outcome(low, high, deviation) == "deviates", "rounds": len(thunder_ms),
     }
 
 
@@ -128,7 +128,7 @@ def decided(figures: Mapping[str, Any], deviation: float) -> bool:
         ...     {"ratio_low": 1.1, "ratio_high": 1.3, "deviates": False}, 1.2)
         (True, False)
     """
-    return figures["deviates"] or (figures["ratio_low"] >= 1 / deviation and figures["ratio_high"] <= deviation)
+    return figures["deviates"] or deviation_outcome(figures["ratio_low"], figures["ratio_high"], deviation) == "within"
 
 
 def timed(thunder: Callable[[], Any], inductor: Callable[[], Any], timer: RoundTimer, deviation: float,

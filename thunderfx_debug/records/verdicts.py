@@ -13,6 +13,24 @@ from thunderfx_debug.records.timing import ClockKind
 #: default, and the deviation of a triage record that does not say its own.
 DEVIATION = 1.2
 
+def deviation_outcome(low: float, high: float, deviation: float) -> str:
+    """Where a Thunder/inductor time ratio, or its interval [`low`, `high`], lies against `deviation`
+    (THUNDERFX_DEBUG_DEVIATION): "deviates" (wholly beyond it either way: above `deviation` or below its inverse),
+    "within" (wholly inside [1/`deviation`, `deviation`]), else "undecided". The one rule by which the flush-time
+    triage (an interval over rounds), `thunderfx-debug bench` (a point ratio: `low` = `high`) and the triage's
+    comparison with the run's own time judge a ratio.
+
+    Example:
+        >>> deviation_outcome(1.25, 1.25, 1.2), deviation_outcome(0.9, 1.1, 1.2), deviation_outcome(1.1, 1.3, 1.2)
+        ('deviates', 'within', 'undecided')
+        >>> deviation_outcome(0.5, 0.8, 1.2)  # faster beyond it: deviates too
+        'deviates'
+    """
+    if low > deviation or high < 1 / deviation:
+        return "deviates"
+    return "within" if 1 / deviation <= low and high <= deviation else "undecided"
+
+
 #: Reasons a check keeps at most (distinct ones; the first reasons are the informative ones).
 MAX_CHECK_REASONS = 8
 
@@ -150,7 +168,7 @@ class Triage(JsonRecord):
         either way, with at least `RUN_SAMPLES_TO_COMPARE` samples of the run: its figures may not hold for the run."""
         ratio = self.against_the_run
         return (ratio is not None and self.run_samples >= RUN_SAMPLES_TO_COMPARE
-                and not 1 / self.deviation <= ratio <= self.deviation)
+                and deviation_outcome(ratio, ratio, self.deviation) == "deviates")
 
     @property
     def outcome(self) -> str:
@@ -166,7 +184,7 @@ class Triage(JsonRecord):
             return "not judged"
         if self.deviates:
             return "deviates"
-        inside = 1 / self.deviation <= (self.ratio_low or 0) and (self.ratio_high or float("inf")) <= self.deviation
+        inside = deviation_outcome(self.ratio_low or 0, self.ratio_high or float("inf"), self.deviation) == "within"
         return "within" if inside else "undecided"
 
     @property

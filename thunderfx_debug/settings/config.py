@@ -180,7 +180,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _ratio_above_one(text: str) -> float:
+def ratio_above_one(text: str) -> float:
     try:
         value = float(text.strip())
     except ValueError:
@@ -245,7 +245,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "check": ("THUNDERFX_DEBUG_CHECK", _choice({c.name.lower(): c for c in CheckLevel})),
     "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
     "triage": ("THUNDERFX_DEBUG_TRIAGE", _choice({t.name.lower(): t for t in TriageLevel})),
-    "deviation": ("THUNDERFX_DEBUG_DEVIATION", _ratio_above_one),
+    "deviation": ("THUNDERFX_DEBUG_DEVIATION", ratio_above_one),
     "triage_timeout": ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", _budget_seconds),
     "minimize": ("THUNDERFX_DEBUG_MINIMIZE", _parse_bool),
     "minimize_budget": ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", _budget_seconds),
