@@ -28,13 +28,15 @@ from thunderfx_debug.records.timing import (
     ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, SampleTotals, Timing,
     TimingWindow, percentile,
 )
-from thunderfx_debug.records.verdicts import DEVIATION, MAX_CHECK_REASONS, Check, Minimized, Triage, deviation_outcome
+from thunderfx_debug.records.verdicts import (
+    DEVIATION, MAX_CHECK_REASONS, Check, Minimized, Triage, deviation_outcome,
+)
 
 __all__ = [
     "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "READS_SAVED", "SCHEMA_VERSION",
     "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen",
     "DisturbedCall", "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory",
     "Minimized", "OpGroup", "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind",
-    "SplitReason", "SplitRecord", "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines", "percentile", "short_path",
-    "short_sources", "storage_span",
+    "SplitReason", "SplitRecord", "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines",
+    "percentile", "short_path", "short_sources", "storage_span",
 ]
