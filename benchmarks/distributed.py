@@ -234,7 +234,7 @@ def executors_for(choice: str, device, model: str) -> list | None:
 
 def check_setting(choice: str) -> str | None:
     """The check to ask ReportingBackend for (None: this thunderfx_debug has none and none was asked for)."""
-    from thunderfx_debug.settings.config import OWN_OPTIONS
+    from internals import OWN_OPTIONS
 
     if "check" not in OWN_OPTIONS:
         if choice not in ("auto", "off"):
@@ -308,15 +308,14 @@ def compare_losses(reporting: list[float], plain: list[float]) -> dict:
 def side_by_side(case_dir: Path) -> dict:
     """Reads the case's dumps back, writes side_by_side.txt and report.html beside them; the figures of the view."""
     from thunderfx_debug import load_reports
-    from thunderfx_debug.dump.files import write_file_atomically
     from thunderfx_debug.render import digest, ranks
     from thunderfx_debug.render.html import render_html
     from thunderfx_debug.render.summary import render_ranks
 
     reports = load_reports(case_dir)
-    write_file_atomically(case_dir / "side_by_side.txt", render_ranks(reports))
-    write_file_atomically(case_dir / "report.html", render_html(reports, {r: f"rank{r}/" for r in reports},
-                                                                title=f"ThunderFX report: {case_dir.name}"))
+    (case_dir / "side_by_side.txt").write_text(render_ranks(reports))
+    (case_dir / "report.html").write_text(render_html(reports, {r: f"rank{r}/" for r in reports},
+                                                      title=f"ThunderFX report: {case_dir.name}"))
     steps = ranks.rank_steps(reports)
     spread = ranks.spread(steps)
     figures = {

@@ -198,7 +198,7 @@ def compare(report, ranges: dict[str, list[float]], spans: dict[str, list[float]
 def bracket_cost(device: str) -> float:
     """The calibrated cost of one region's bracket of marks (`timing.bracket_cost_ms`), on the clock the backend
     used: CUDA events behind a device hold, or the host clock on CPU. A tiny in-place add stands for a region."""
-    from thunderfx_debug.recording.timing import CudaClock, DeviceHold, HostClock, bracket_cost_ms
+    from internals import CudaClock, DeviceHold, HostClock, bracket_cost_ms
 
     x = torch.zeros(1, device=device)
     if device.startswith("cuda"):

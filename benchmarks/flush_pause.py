@@ -78,9 +78,7 @@ def check_cost_ns(rounds: int, calls: int = 200_000) -> dict:
     """GraphRunner's time per call with a never-due periodic flush minus without one, on a graph of nothing."""
     from types import SimpleNamespace
 
-    from thunderfx_debug.recording.periodic import PeriodicFlush
-    from thunderfx_debug.recording.runners import GraphRunner
-    from thunderfx_debug.recording.timing import Sampling
+    from internals import GraphRunner, PeriodicFlush, Sampling
 
     def runner(periodic):
         return GraphRunner(SimpleNamespace(calls=0), lambda *args: None, Sampling(1, 0, enabled=False), None, None,

@@ -259,7 +259,7 @@ def unarmed_mark_ns(marks: int = 300, repeat: int = 2000) -> float:
     against the same function without the calls (best of 7)."""
     import timeit
 
-    from thunderfx_debug.recording.timing import HostClock, RegionTimer
+    from internals import HostClock, RegionTimer
 
     mark = RegionTimer(HostClock(), series={}).mark_op
     body = "\n".join("    mark('linear', 'torch')" for _ in range(marks))
@@ -323,10 +323,7 @@ def runners_alone(rounds: int, calls: int = 20_000) -> dict:
     import timeit
     from types import SimpleNamespace
 
-    from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
-    from thunderfx_debug.recording.host import host_series
-    from thunderfx_debug.recording.runners import GraphRunner, SplitRunner
-    from thunderfx_debug.recording.timing import Sampling
+    from internals import CheckSchedule, GraphRunner, Sampling, SplitRunner, TimingBesideChecks, host_series
 
     class Unsampled:
         """Stands for the graph's sampler; the schedules below never pick a call."""

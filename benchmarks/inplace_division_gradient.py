@@ -33,11 +33,11 @@ class Router(nn.Module):
 
 
 def gate_gradient(device, dtype, jit):
-    # the one workaround `import thunder` needs on torch >= 2.12 (its docstring names the upstream issue); nothing
-    # else of the package is used
-    from thunderfx_debug.thunder.script_support import import_thunder
+    # the one workaround `import thunder` needs on torch >= 2.13 (lightning-thunder#2829); nothing else of the
+    # package is used
+    import thunderfx_debug  # noqa: F401
+    import thunder
 
-    thunder = import_thunder()
     torch.manual_seed(0)
     model = Router().to(device, dtype)
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1)).to(device, dtype)

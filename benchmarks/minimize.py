@@ -100,7 +100,7 @@ def train(args: argparse.Namespace) -> None:
 
 def _tiny_environment(folder: Path) -> dict[str, str]:
     """Processes that register the tests' wrong executor at start (a sitecustomize, without thunderfx_debug)."""
-    from thunderfx_debug.thunder import script_support
+    from internals import script_support
 
     site = folder / "site"
     site.mkdir(parents=True, exist_ok=True)
@@ -128,9 +128,7 @@ def _flagged(rank_dir: Path, region: str):
 
 
 def _by_command(rank_dir: Path, fusion, budget: float, env: dict[str, str]) -> dict:
-    from thunderfx_debug.minimize.offline import NotAScript, minimize_script
-    from thunderfx_debug.minimize.piece import NotMinimized
-    from thunderfx_debug.minimize.trials import TrialRunner
+    from internals import NotAScript, NotMinimized, TrialRunner, minimize_script
 
     label = next((k for k in fusion.files if k.startswith("repro_mismatch_")), None)
     if label is None:
@@ -170,7 +168,7 @@ def train_in_child(args, env: dict[str, str]) -> tuple[subprocess.CompletedProce
 def check_minimal(script: Path, found: dict, fusion, args, env: dict[str, str]) -> dict:
     """The minimal script run alone in a fresh interpreter: its verdict, seconds, whether it imports Thunder, and
     `ok` (at most --max-ops ops, the full piece's verdict, no Thunder import in an nvFuser region's script)."""
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from internals import run_script
 
     run = run_script(script, env=env, timeout_s=600)
     imports_thunder = bool(re.search(r"^\s*(import thunder|from thunder|thunder = import_thunder\(\))",

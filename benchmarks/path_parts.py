@@ -23,10 +23,14 @@ from __future__ import annotations
 import inspect
 import pstats
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import thunderfx_debug
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import internals  # noqa: E402
 
 PACKAGE = str(Path(thunderfx_debug.__file__).resolve().parent)
 
@@ -68,10 +72,8 @@ def _relative(filename: str) -> str | None:
 
 def _class_lines(module_path: str) -> dict[int, str]:
     """First line of every function and method of a package module -> the class it belongs to ("" for none)."""
-    import importlib
-
     name = "thunderfx_debug." + module_path.removesuffix(".py").replace("/", ".")
-    module = importlib.import_module(name)
+    module = internals.package_module(module_path)
     lines: dict[int, str] = {}
     for attribute in vars(module).values():
         if inspect.isclass(attribute) and attribute.__module__ == name:

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     import thunderfx_debug  # noqa: F401  (first: the workaround `import thunder` needs on this torch)
     from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from internals import run_script
 
     args.out.mkdir(parents=True, exist_ok=True)
     model, batch = harness.build(args.model, "realistic", "cuda", "bfloat16")

@@ -13,8 +13,8 @@ part's mean time on sampled steps with and without memory measured (`recording.m
 backward hook's time includes the history it reads), so they do not add up to the step. On CUDA it also times the
 allocator calls alone: one `torch.cuda.memory_stats` reading, a snapshot without and with one step's history.
 
-The wrappers reach into the package's recording modules by name: this is a diagnostic of their internals, like
-`path_parts.PARTS`.
+The wrappers reach into the package's recording modules by name (`internals.time_calls` installs them): this is a
+diagnostic of their internals, like `path_parts.PARTS`.
 """
 
 from __future__ import annotations
@@ -71,31 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def install(times: dict[str, list[int]]) -> None:
-    """Wraps every function of WRAPPED so that its calls add their time and count to `times[label]`."""
-    from thunderfx_debug.recording import host, memory, runners, sampler, timing
-
-    modules = {"memory": memory, "sampler": sampler, "timing": timing, "host": host, "runners": runners}
-    for module_name, owner_name, name, label in WRAPPED:
-        owner = modules[module_name] if owner_name is None else getattr(modules[module_name], owner_name)
-        function = getattr(owner, name)
-
-        def wrapped(*args, _function=function, _label=label, **kwargs):
-            started = time.perf_counter_ns()
-            try:
-                return _function(*args, **kwargs)
-            finally:
-                entry = times[_label]
-                entry[0] += time.perf_counter_ns() - started
-                entry[1] += 1
-
-        setattr(owner, name, wrapped)
-
-
 def allocator_costs(trainer) -> dict:
     """Microseconds of the allocator calls alone (CUDA)."""
-    from thunderfx_debug.recording.memory import MAX_EVENTS
-    from thunderfx_debug.thunder import torch_private
+    from internals import MAX_EVENTS, torch_private
 
     def cost(fn, calls):
         started = time.perf_counter_ns()
@@ -120,6 +98,7 @@ def allocator_costs(trainer) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from thunderfx_debug import ReportingBackend
+    from internals import time_calls
 
     cuda = torch.cuda.is_available()
     overhead.clear_debug_environment()
@@ -132,7 +111,7 @@ def main(argv=None) -> int:
         trainer.step()
     trainer.clock.sync()
     times: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    install(times)
+    time_calls(WRAPPED, times)
     steps = []
     for _ in range(args.steps):
         before = {label: entry[0] for label, entry in times.items()}

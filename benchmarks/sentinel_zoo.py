@@ -183,8 +183,8 @@ def _node_wrappers_persist(torch) -> bool:
 def grads_worker(job: dict) -> dict:
     torch = _setup(job)
     from thunderfx_debug import ReportingBackend
-    from thunderfx_debug.recording import split_check
     from thunderfx_debug import plain_thunder_compiler
+    from internals import watching_backward_captures
 
     name, device = job["model"], job["device"]
     base, batch = harness.build(name, job["size"], device, _dtype(job))
@@ -212,23 +212,16 @@ def grads_worker(job: dict) -> dict:
                                                                                           **options))
     torch._dynamo.reset()
     captures = []
-    check = split_check.BackwardCheck.check
 
-    def spy(self):  # the capture diagnostic: what the sentinel captured, before it compares it
-        verified = self.verified(list(self.wanted))
-        for i in self.wanted:
-            kept, captured = self.inputs[i], self.captured(i)
-            captures.append({"input": f"{self.owner.label} {self.owner.describe_input(i)}",
-                             "verified": i in verified,
-                             "ptr": kept.data_ptr() if isinstance(kept, torch.Tensor) else None,
-                             "captured": None if captured is None else captured.detach().double().cpu()})
-        return check(self)
+    def note(label, verified, kept, captured):  # the capture diagnostic: what the sentinel captured, before it judges
+        captures.append({"input": label, "verified": verified,
+                         "ptr": kept.data_ptr() if isinstance(kept, torch.Tensor) else None,
+                         "captured": None if captured is None else captured.detach().double().cpu()})
 
-    split_check.BackwardCheck.check = spy
     reported = copy.deepcopy(base)
     backend = ReportingBackend(check="fusion", check_every=1, **options)
-    independent["reporting"] = one_step(reported, backend)
-    split_check.BackwardCheck.check = check
+    with watching_backward_captures(note):
+        independent["reporting"] = one_step(reported, backend)
     report = backend.report()
     result["sentinel"] = _checks(report)
     result["reporting_failures"] = [f["what"] + ": " + f["error"] for f in backend.recorder.failures.failures[:10]]

@@ -143,7 +143,7 @@ def _train_all(models: list[str], args, dump: Path, env: dict[str, str]) -> dict
 
 def verify_zoo(trained: dict[str, dict], dump: Path, args, env: dict[str, str]):
     """(model of each script, verdicts, seconds): every script of every trained model, in one pool of workers."""
-    from thunderfx_debug.commands import verify
+    from internals import verify
     from thunderfx_debug import load_report
 
     reports = {Path(f["dump"]): load_report(f["dump"]) for f in trained.values() if "error" not in f}
@@ -167,7 +167,7 @@ def verify_zoo(trained: dict[str, dict], dump: Path, args, env: dict[str, str]):
 
 def single(verdicts, runs: int, env: dict[str, str]) -> dict | None:
     """Wall seconds of one fusion script run alone `runs` times in a fresh interpreter (imports included)."""
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from internals import run_script
 
     candidates = ([v for v in verdicts if v.script.kind == "fusion_nvfuser" and v.outcome == "OK"]
                   or [v for v in verdicts if v.script.kind.startswith("fusion_") and v.outcome == "OK"])

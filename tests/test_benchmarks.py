@@ -1,10 +1,13 @@
 """The benchmark scripts' own logic on CPU, with real Thunder runs: what they match, check and refuse. Their figures
-come from the H200 (benchmarks/RESULTS.md); nothing here is timed."""
+come from the H200 (benchmarks/RESULTS.md); nothing here is timed. And what they take of the package: its public
+names, the rest through benchmarks/internals.py only."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -302,3 +305,252 @@ def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_t
     assert {"saved-tensor hooks on", "autograd walk (memory)", "autograd walk (sampler)"} <= set(with_memory)
     assert "autograd walk (sampler)" in results["parts_us_mean_sampled_without_memory"]
     assert "saved-tensor hooks on" not in results["parts_us_mean_sampled_without_memory"]
+
+
+# ---- the benchmarks and the package's public names ----------------------------------------------------------------
+
+#: The package's public modules besides its own names (`thunderfx_debug.__all__`), each with its submodules, as
+#: docs/architecture.md ("The public names") defines them; in them, a name that starts with "_" is not public.
+PUBLIC_MODULES = ("thunderfx_debug.records", "thunderfx_debug.render", "thunderfx_debug.commands.models")
+#: Modules under a public one that are not public.
+NOT_PUBLIC = ("thunderfx_debug.render.progress",)
+#: The one benchmark module that hands the package's inside to the benchmarks that measure it.
+INTERNALS = "internals"
+_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _public(dotted: str) -> bool:
+    """Whether `dotted` ("thunderfx_debug.render.memory.render_memory") is a public name of the package, or no name
+    of the package at all."""
+    import thunderfx_debug
+
+    parts = dotted.split(".")
+    if parts[0] != "thunderfx_debug" or len(parts) == 1:
+        return True
+    if any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[1:]):
+        return False
+    if parts[1] in thunderfx_debug.__all__ or parts[1].startswith("__"):  # a module's own __file__, __name__
+        return True
+    if any(dotted == m or dotted.startswith(f"{m}.") for m in NOT_PUBLIC):
+        return False
+    return any(dotted == m or dotted.startswith(f"{m}.") for m in PUBLIC_MODULES)
+
+
+def _chain(node: ast.AST) -> tuple[ast.Name | None, list[str], bool]:
+    """The name an expression such as `a.b(c)[0].d` starts from, its attributes after that name up to the first call
+    or subscript, and whether it is attributes only (`a.b.d`: a module, a class, a function as imported)."""
+    attributes, pure = [], True
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            attributes.append(node.attr)
+            node = node.value
+        else:
+            attributes, pure = [], False
+            node = node.func if isinstance(node, ast.Call) else node.value
+    return (node if isinstance(node, ast.Name) else None), list(reversed(attributes)), pure
+
+
+class _Scope:
+    """The names of one function (or class, or the module) that hold something of the package: `imported` (name ->
+    the dotted path it was imported as, from the package or from benchmarks/internals.py) and `made` (names bound to
+    what an expression over such names gave: a backend, a runner, a module picked from a dict of them)."""
+
+    def __init__(self, node: ast.AST, parent: _Scope | None):
+        self.node, self.parent = node, parent
+        self.imported: dict[str, str] = {}
+        self.made: set[str] = set()
+        self.local: set[str] = set()
+
+    def own_nodes(self):
+        """The nodes of this scope, not those of the functions and classes inside it (their names are its own)."""
+        stack = list(ast.iter_child_nodes(self.node))
+        while stack:
+            node = stack.pop()
+            yield node
+            if not isinstance(node, _SCOPES):
+                stack.extend(ast.iter_child_nodes(node))
+
+    def origin(self, name: str) -> str | None:
+        """"imported:<path>", "made", or None for a name that holds nothing of the package."""
+        if name in self.local:
+            if name in self.imported:
+                return f"imported:{self.imported[name]}"
+            return "made" if name in self.made else None
+        return self.parent.origin(name) if self.parent is not None else None
+
+    def bind(self) -> None:
+        bindings = []  # (target, value): the names of the target hold what the value gave
+        for node in self.own_nodes():
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.partition(".")[0] in ("thunderfx_debug", INTERNALS):
+                        name = alias.asname or alias.name.partition(".")[0]
+                        self.imported[name] = alias.name if alias.asname else name
+                    self.local.add(alias.asname or alias.name.partition(".")[0])
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (node.module or "").partition(".")[0] in ("thunderfx_debug", INTERNALS) and not node.level:
+                        self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    self.local.add(alias.asname or alias.name)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.local.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.local.add(node.id)
+            elif isinstance(node, ast.Assign):
+                bindings += [(target, node.value) for target in node.targets]
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                bindings.append((node.target, node.value))
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                bindings.append((node.target, node.iter))
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                bindings.append((node.optional_vars, node.context_expr))
+        changed = True
+        while changed:
+            changed = False
+            for target, value in bindings:
+                if self.holds_package(value):
+                    names = {n.id for n in ast.walk(target)
+                             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - self.made
+                    self.made |= names
+                    changed = changed or bool(names)
+
+    def holds_package(self, expression: ast.AST) -> bool:
+        return any(self.origin(n.id) for n in ast.walk(expression) if isinstance(n, ast.Name))
+
+
+def _reaches(source: str) -> list[str]:
+    """Where a benchmark's source goes past the package's public names: "line: what" for every import (inside
+    functions too, and by `importlib.import_module` or `__import__`) of a name that is not public, every attribute
+    read through an imported module of the package that is not public, every assignment (or `setattr`, `delattr`,
+    `del`) to an attribute of the package's modules, classes and functions as imported (a patch of the package), and
+    to an attribute whose name starts with "_" of an object made from them."""
+    tree = ast.parse(source)
+    scopes = []
+
+    def make(node: ast.AST, parent: _Scope | None) -> None:
+        scope = _Scope(node, parent)
+        scope.bind()
+        scopes.append(scope)
+        for child in scope.own_nodes():
+            if isinstance(child, _SCOPES):
+                make(child, scope)
+
+    make(tree, None)
+    found = []
+
+    def patched(scope: _Scope, line: int, target: ast.AST, attribute: str | None) -> None:
+        root, attributes, pure = _chain(target)
+        origin = scope.origin(root.id) if root is not None else None
+        if origin is None:
+            return
+        what = f"{ast.unparse(target)}.{attribute or '<computed>'}"
+        if pure and origin.startswith("imported:"):
+            found.append(f"{line}: assigns {what}, which patches the package")
+        elif attribute is None or attribute.startswith("_"):
+            found.append(f"{line}: assigns {what}, a private attribute of an object of the package")
+
+    for scope in scopes:
+        inner = {id(n.value) for n in scope.own_nodes() if isinstance(n, ast.Attribute)}
+        for node in scope.own_nodes():
+            if isinstance(node, ast.Import):
+                found += [f"{node.lineno}: imports {a.name}, which is not public" for a in node.names
+                          if not _public(a.name)]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found += [f"{node.lineno}: imports {node.module}.{a.name}, which is not public" for a in node.names
+                          if not _public(f"{node.module}.{a.name}")]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and id(node) not in inner:
+                root, attributes, pure = _chain(node)
+                origin = scope.origin(root.id) if root is not None else None
+                imported = origin.removeprefix("imported:") if origin is not None else ""
+                if pure and imported.startswith("thunderfx_debug") and _public(imported):  # else its import is found
+                    dotted = ".".join([imported, *attributes])
+                    if not _public(dotted):
+                        found.append(f"{node.lineno}: reads {dotted}, which is not public")
+            elif isinstance(node, ast.Call):
+                root, attributes, _ = _chain(node.func)
+                name = ".".join([root.id, *attributes]) if root is not None else ""
+                if name in ("importlib.import_module", "__import__", "import_module") and node.args:
+                    module = node.args[0]
+                    if not (isinstance(module, ast.Constant) and isinstance(module.value, str)):
+                        found.append(f"{node.lineno}: imports a module by a name computed at run time")
+                    elif not _public(module.value):
+                        found.append(f"{node.lineno}: imports {module.value}, which is not public")
+                elif name in ("setattr", "delattr") and len(node.args) >= 2:
+                    attribute = node.args[1]
+                    patched(scope, node.lineno, node.args[0], attribute.value if isinstance(attribute, ast.Constant)
+                            and isinstance(attribute.value, str) else None)
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for target in targets:
+                    for part in ast.walk(target):
+                        if isinstance(part, ast.Attribute) and not isinstance(part.ctx, ast.Load):
+                            patched(scope, node.lineno, part.value, part.attr)
+    return sorted(set(found), key=lambda f: (int(f.partition(":")[0]), f))
+
+
+def test_benchmarks_import_only_the_public_names_of_the_package_and_patch_none_of_it():
+    """Every benchmark but benchmarks/internals.py reads the package through its public names only (see
+    docs/architecture.md, "The public names"), and none patches it; what measures the package's inside takes it from
+    benchmarks/internals.py, which says why."""
+    found = {path.name: _reaches(path.read_text()) for path in sorted(BENCHMARKS.glob("*.py"))
+             if path.stem != INTERNALS}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+
+
+def test_the_public_names_check_finds_deferred_imports_reads_and_patches():
+    # The test above must be able to fail, on each kind of reach.
+    source = ("import importlib\nimport thunderfx_debug\nfrom thunderfx_debug import load_report, Report\n"
+              "from thunderfx_debug.render import memory, progress\nfrom thunderfx_debug.commands.models import GPT\n"
+              "import internals\n"
+              "def f(name):\n"
+              "    from thunderfx_debug.recording.timing import CudaClock\n"
+              "    import thunderfx_debug.recording.split_check as split_check\n"
+              "    thunderfx_debug.records.SourceLine, thunderfx_debug.run.backend, memory._private\n"
+              "    importlib.import_module('thunderfx_debug.minimize.trials'), importlib.import_module(name)\n"
+              "    split_check.BackwardCheck.check = print\n"
+              "    setattr(internals.split_check.BackwardCheck, 'check', print)\n"
+              "    model = GPT(None)\n"
+              "    model.blocks[0]._hooks = {}\n"
+              "    model.head.weight = None\n"
+              "    owners = {'memory': internals.memory}\n"
+              "    for owner in owners.values():\n"
+              "        setattr(owner, name, print)\n"
+              "    config = object()\n"
+              "    config._attn_implementation = 'eager'\n")
+    assert _reaches(source) == [
+        "4: imports thunderfx_debug.render.progress, which is not public",
+        "8: imports thunderfx_debug.recording.timing.CudaClock, which is not public",
+        "9: imports thunderfx_debug.recording.split_check, which is not public",
+        "10: reads thunderfx_debug.render.memory._private, which is not public",
+        "10: reads thunderfx_debug.run.backend, which is not public",
+        "11: imports a module by a name computed at run time",
+        "11: imports thunderfx_debug.minimize.trials, which is not public",
+        "12: assigns split_check.BackwardCheck.check, which patches the package",
+        "13: assigns internals.split_check.BackwardCheck.check, which patches the package",
+        "15: assigns model.blocks[0]._hooks, a private attribute of an object of the package",
+        "19: assigns owner.<computed>, a private attribute of an object of the package",
+    ]
+
+
+def test_the_public_names_are_those_the_architecture_doc_defines():
+    """docs/architecture.md's "The public names" names the modules the check above takes as public, the one it
+    excepts, and every name of `thunderfx_debug.__all__`."""
+    import thunderfx_debug
+
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    section = text.split("## The public names\n", 1)[1].split("\n## ", 1)[0]
+    spans = set(re.findall(r"`([^`]+)`", section))
+    assert {s for s in spans if s.startswith("thunderfx_debug.")} == {"thunderfx_debug.__all__", *PUBLIC_MODULES,
+                                                                      *NOT_PUBLIC}
+    assert set(thunderfx_debug.__all__) <= spans
+
+
+def test_internals_says_why_for_each_name_it_hands_out_and_hands_out_nothing_public():
+    internals = _load(INTERNALS)
+    tree = ast.parse((BENCHMARKS / f"{INTERNALS}.py").read_text())
+    functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    explained = set(re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)`", internals.__doc__))
+    assert [name for name in [*internals.HANDED_OUT, *functions] if name not in explained] == []
+    for name, (module, attribute) in internals.HANDED_OUT.items():
+        assert not _public(module if attribute is None else f"{module}.{attribute}"), f"{name} is public: import it"
+        assert getattr(internals, name) is not None
