@@ -11,7 +11,7 @@ THUNDERFX_DEBUG_TRIAGE_TIMEOUT gives the piece it was in that verdict, with what
 split it had not started go on in a fresh child, and the next split too.
 
 Where the children run: a process that has not initialised CUDA forks them from itself, one at a time (they have
-every executor the run registered, a custom one of the training script's too; `minimize.child.forked`); a process
+every executor the run registered, a custom one of the training script's too; `children.forked`); a process
 that has cannot fork a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one
 split after another (`worker_pool`, the workers of `verify` and `bench`), several at once so that their compiles
 overlap: they compile and make first calls side by side and time one at a time, nothing else on the device
@@ -50,7 +50,7 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.settings.config import TriageLevel
-from thunderfx_debug.flush import graph_codec, jobs, triage_child, worker_pool
+from thunderfx_debug.flush import children, graph_codec, jobs, triage_child, worker_pool
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
@@ -238,7 +238,7 @@ def forks(settings: TriageSettings) -> bool:
     """Whether the children are forks of this process (see the module docstring)."""
     if settings.processes != "auto":
         return settings.processes == "fork"
-    return hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized())
+    return children.can_fork()
 
 
 def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) -> dict[Path, list[Attempt]]:
@@ -307,14 +307,12 @@ def _died_in_shared_step(job: jobs.SplitJob, folder: Path) -> bool:
 
 
 def _forked(folder: Path, attempt: int, log: Path, settings: TriageSettings) -> Attempt:
-    """A child forked from this process runs the job (`minimize.child.run_function`: its output into `log`, Dynamo
+    """A child forked from this process runs the job (`children.run_function`: its output into `log`, Dynamo
     and inductor as a fresh process has them, one intra-op thread)."""
-    from thunderfx_debug.minimize import child
-
     job, _, _ = jobs.read(folder)
     limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
-    status = child.forked(child.run_function, ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]),
-                          limit)
+    status = children.forked(children.run_function,
+                             ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]), limit)
     return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
 
 

@@ -55,17 +55,14 @@ class MinimizeJob:
 def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tuple | None]:
     """Minimizes `job` in a child process (a fork where this process has not initialised CUDA, else a fresh
     interpreter); (the reduction, ((script name, text), (inputs name, bytes)) or None)."""
-    import torch
-
-    from thunderfx_debug.flush import worker_pool
-    from thunderfx_debug.minimize import child
+    from thunderfx_debug.flush import children, worker_pool
 
     (folder / JOB).write_bytes(pickle.dumps(job))
     limit = job.budget_s + SLACK_S
     log = folder / LOG
-    if hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        status = child.forked(child.run_function, ("thunderfx_debug.minimize.flush_child:run", str(log), [folder]),
-                              limit)
+    if children.can_fork():
+        status = children.forked(children.run_function,
+                                 ("thunderfx_debug.minimize.flush_child:run", str(log), [folder]), limit)
     else:
         status = worker_pool.run_process([sys.executable, "-m", "thunderfx_debug.minimize.flush_child", str(folder)],
                                        log, dict(os.environ), limit)

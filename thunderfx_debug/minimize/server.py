@@ -25,7 +25,7 @@ def serve() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
     import torch
 
-    from thunderfx_debug.minimize import child
+    from thunderfx_debug.flush import children
 
     if not torch.cuda.is_available() and importlib.util.find_spec("thunder") is not None:
         from thunderfx_debug.thunder.script_support import import_thunder
@@ -35,10 +35,10 @@ def serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "script" in request:
-            target, args = child.run_script, (request["script"], request["log"], request["argv"])
+            target, args = children.run_script, (request["script"], request["log"], request["argv"])
         else:
-            target, args = child.run_function, (request["call"], request["log"], request["args"])
-        returncode = child.forked(target, args, request["timeout"])
+            target, args = children.run_function, (request["call"], request["log"], request["args"])
+        returncode = children.forked(target, args, request["timeout"])
         print(ANSWER + json.dumps({"returncode": returncode}), flush=True)
 
 

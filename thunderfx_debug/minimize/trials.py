@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from thunderfx_debug.minimize import child
+from thunderfx_debug.flush import children
 from thunderfx_debug.minimize.server import ANSWER
 from thunderfx_debug.minimize.verdict import ScriptVerdict, read_run
 
@@ -75,10 +75,7 @@ class TrialRunner:
     def in_this_process(cls) -> TrialRunner:
         """Children that are copies of this process where it can fork them (no CUDA initialised here), else
         children of a fresh server."""
-        import torch
-
-        initialised = torch.cuda.is_available() and torch.cuda.is_initialized()
-        return cls("fork" if hasattr(os, "fork") and not initialised else "server")
+        return cls("fork" if children.can_fork() else "server")
 
     def __enter__(self) -> TrialRunner:
         return self
@@ -122,7 +119,7 @@ class TrialRunner:
     def _run(self, request: dict, target, args, timeout_s: float) -> tuple[int | None, float]:
         started = time.perf_counter()
         if self.method == "fork":
-            returncode = child.forked(target, args, timeout_s)
+            returncode = children.forked(target, args, timeout_s)
         else:
             server = self._started_server()
             try:
@@ -138,7 +135,7 @@ class TrialRunner:
         script = script.resolve()
         with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_trial_", suffix=".log") as log:
             returncode, seconds = self._run({"script": str(script), "log": log.name, "argv": list(argv)},
-                                            child.run_script, (str(script), log.name, list(argv)), timeout_s)
+                                            children.run_script, (str(script), log.name, list(argv)), timeout_s)
             output = Path(log.name).read_text(errors="replace")
         return read_run(returncode, output, seconds)
 
@@ -146,6 +143,6 @@ class TrialRunner:
         """Calls `module:function(*args)` in a child; (whether it returned, what it printed)."""
         with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_step_", suffix=".log") as log:
             returncode, _ = self._run({"call": target, "log": log.name, "args": list(args)},
-                                      child.run_function, (target, log.name, list(args)), timeout_s)
+                                      children.run_function, (target, log.name, list(args)), timeout_s)
             output = Path(log.name).read_text(errors="replace")
         return returncode == 0, output

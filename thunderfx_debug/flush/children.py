@@ -1,7 +1,13 @@
-"""What runs in a trial's child process: a script as `python script.py` would run it (its own folder, its own
-argv, `__main__`), its output into a log file, its exit status as the process's. Kept free of heavy imports, so
-that the parent can name these functions as targets; the child has torch and Thunder loaded already (a fork of the
-training process, or of the server that imported them once: `server`)."""
+"""Children forked from a process that has not initialised CUDA: `forked` runs a target in one, and the targets
+(`run_script`: a script as `python script.py` would run it, in its own folder with its own argv as `__main__`;
+`run_function`: `module:function(*args)`) send its output into a log file and end it with their exit status.
+
+One of the package's two ways to run a piece in a process of its own, the other being `worker_pool` (fresh
+interpreters). A fork starts at once, with torch, Thunder and every executor the parent registered already loaded
+(a custom one of the training script's too): the triage's children in a process without CUDA, and the minimizer's
+trials, forked by a server that imported torch and Thunder once (`minimize.server`). A process that initialised
+CUDA cannot fork a child that uses it, so there `worker_pool`'s fresh interpreters run the pieces instead. Kept free
+of heavy imports, so that the parent can name these functions as targets."""
 
 from __future__ import annotations
 
@@ -72,6 +78,14 @@ def run_function(target: str, log: str, args: list) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def can_fork() -> bool:
+    """Whether this process may run a piece in a forked child: it has `os.fork` and has not initialised CUDA (a
+    forked child cannot use its parent's CUDA context, nor make one of its own)."""
+    import torch
+
+    return hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def forked(target, args, timeout_s: float) -> int | None:
