@@ -15,7 +15,7 @@ from thunderfx_debug.records import stats
 from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, SplitRecord, Timing
 from thunderfx_debug.render import noise
 from thunderfx_debug.render.diff import diff_reports, render_diff
-from thunderfx_debug.render.noise import Verdict, judge
+from thunderfx_debug.render.noise import ChangeOutcome, judge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _record(samples: list[list[float]]) -> RankRecord:
     return RankRecord(graphs=(graph,))
 
 
-def _verdicts(a: list[list[float]], b: list[list[float]]) -> list[Verdict]:
+def _verdicts(a: list[list[float]], b: list[list[float]]) -> list[ChangeOutcome]:
     """The diff's verdict on each piece (the splits, in order): records in, as `thunderfx-debug diff` reads them."""
     changes = {t.path: t.change.verdict for t in diff_reports(_record(a), _record(b)).timings}
     return [changes[f"graph0/thunder_{k}"] for k in range(len(a))]
@@ -105,9 +105,9 @@ def test_a_piece_one_and_a_half_times_slower_is_found_and_nothing_else(machine, 
         slow = rng.randrange(pieces)
         verdicts = _verdicts(fake_run(rng, base, calls, machine), fake_run(rng, base, calls, machine, slower={slow: 1.5}))
         # A miss is said to be too noisy to judge, never passed as "within noise" (or "faster").
-        assert verdicts[slow] in (Verdict.SLOWER, Verdict.TOO_NOISY), verdicts[slow]
-        found += verdicts[slow] is Verdict.SLOWER
-        assert not any(v in (Verdict.SLOWER, Verdict.FASTER) for i, v in enumerate(verdicts) if i != slow)
+        assert verdicts[slow] in (ChangeOutcome.SLOWER, ChangeOutcome.TOO_NOISY), verdicts[slow]
+        found += verdicts[slow] is ChangeOutcome.SLOWER
+        assert not any(v in (ChangeOutcome.SLOWER, ChangeOutcome.FASTER) for i, v in enumerate(verdicts) if i != slow)
     assert found >= power * trials, found
 
 
@@ -128,8 +128,8 @@ def test_what_cannot_be_judged_says_why():
     wild = [1.0, 4.0, 0.3, 2.5, 0.5, 6.0, 0.2, 3.0]
     result = judge([(steady, steady[:3]), (wild, [x * 1.4 for x in wild[::-1]]), (steady, None),
                     (steady, steady[::-1])])
-    assert [c.verdict for c in result.changes] == [Verdict.TOO_FEW, Verdict.TOO_NOISY, Verdict.NOT_COMPARABLE,
-                                                   Verdict.WITHIN_NOISE]
+    assert [c.verdict for c in result.changes] == [ChangeOutcome.TOO_FEW, ChangeOutcome.TOO_NOISY,
+                                                   ChangeOutcome.NOT_COMPARABLE, ChangeOutcome.WITHIN_NOISE]
     assert result.changes[1].resolution > noise.NOISY_RESOLUTION
     assert result.shift is None  # too few pieces to estimate one
 
@@ -140,9 +140,9 @@ def test_changes_below_the_minimum_effect_are_not_changes():
     b = [1.05 * (1.0 + 0.001 * rng.random()) for _ in range(200)]
     (change,) = judge([(a, b)]).changes
     assert change.ratio == pytest.approx(1.05, rel=1e-3)  # real, measured precisely, and not news
-    assert change.verdict is Verdict.WITHIN_NOISE
+    assert change.verdict is ChangeOutcome.WITHIN_NOISE
     (change,) = judge([(a, [1.12 * x for x in a])]).changes
-    assert change.verdict is Verdict.SLOWER
+    assert change.verdict is ChangeOutcome.SLOWER
 
 
 def test_yuen_ignores_a_few_outliers_that_move_a_plain_mean():
@@ -151,7 +151,7 @@ def test_yuen_ignores_a_few_outliers_that_move_a_plain_mean():
     difference, error, _ = stats.yuen([math.log(x) for x in a], [math.log(x) for x in b])
     assert abs(difference) < 0.01
     (change,) = judge([(a, b)]).changes
-    assert change.verdict is Verdict.WITHIN_NOISE
+    assert change.verdict is ChangeOutcome.WITHIN_NOISE
 
 
 def test_diff_of_identical_fake_runs_flags_nothing_and_a_slowdown_is_named():
@@ -162,7 +162,8 @@ def test_diff_of_identical_fake_runs_flags_nothing_and_a_slowdown_is_named():
     assert same.significant_timings == []
     assert "no piece changed beyond noise" in render_diff(same)
     slowed = diff_reports(a, _record(fake_run(rng, base, 15, GPU, slower={7: 1.5})))
-    assert [(t.path, t.change.verdict) for t in slowed.significant_timings] == [("graph0/thunder_7", Verdict.SLOWER)]
+    assert [(t.path, t.change.verdict) for t in slowed.significant_timings] == [
+        ("graph0/thunder_7", ChangeOutcome.SLOWER)]
     text = render_diff(slowed)
     assert "graph0/thunder_7 forward" in text and "SLOWER" in text and "device time (cuda clock)" in text
 
@@ -193,7 +194,8 @@ def test_a_piece_judged_against_the_shift_says_so_where_its_own_ratio_reads_othe
     b = _scaled(fake_run(rng, base, 20, GPU), {4: 1 / 1.6}, 1 / 2.5)
     d = diff_reports(_record(a), _record(b))
     [flagged] = d.significant_timings
-    assert flagged.path == "graph0/thunder_4" and flagged.change.verdict is Verdict.SLOWER and flagged.change.ratio < 1
+    assert flagged.path == "graph0/thunder_4" and flagged.change.verdict is ChangeOutcome.SLOWER
+    assert flagged.change.ratio < 1
     line = next(line for line in render_diff(d).splitlines() if "graph0/thunder_4 forward" in line)
     assert "SLOWER THAN THE RUN AS A WHOLE" in line and "x the run-wide shift of 0.4" in line, line
     assert "B 2.5x faster" in render_diff(d)

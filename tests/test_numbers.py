@@ -21,7 +21,7 @@ from thunderfx_debug.render import accounting, digest, triage_findings
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.headline import MIN_SAMPLES
 from thunderfx_debug.render.html import render_html
-from thunderfx_debug.render.noise import Verdict
+from thunderfx_debug.render.noise import ChangeOutcome
 
 STEPS, EVERY, WARMUP = 8, 3, 1
 SAMPLED = (2, 5, 8)
@@ -282,9 +282,9 @@ def test_a_piece_made_one_and_a_half_times_slower_is_flagged_where_the_samples_c
     change = next(t.change for t in diff_reports(first, slowed).timings
                   if (t.level, t.path, t.phase) == (best.level, best.path, best.phase))
     if best.change.resolution <= 1.3:  # precise enough that a 1.5x change cannot hide
-        assert change.verdict is Verdict.SLOWER, change
+        assert change.verdict is ChangeOutcome.SLOWER, change
     else:
-        assert change.verdict in (Verdict.SLOWER, Verdict.TOO_NOISY), change
+        assert change.verdict in (ChangeOutcome.SLOWER, ChangeOutcome.TOO_NOISY), change
 
 
 def _scaled(report, graph_name, split_name, phase, factor):

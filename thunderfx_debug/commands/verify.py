@@ -58,7 +58,7 @@ class Script:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class ScriptOutcome:
     """What one script said: its outcome (OK, MISMATCH, REFUSED, CRASH, NOT_COMPARABLE, NOT_REBUILT; KILLED by a
     signal, TIMEOUT, NO_RESULT: it ended without a RESULT line), the line, its exit status, wall seconds, how it
     ran."""
@@ -164,18 +164,18 @@ def _log_path(root: Path, script: Script) -> Path:
 
 
 def verdict_of(script: Script, status: int | None, output: str, seconds: float, how: str, note: str,
-               log: str) -> Verdict:
+               log: str) -> ScriptOutcome:
     """A script's verdict from its exit status and what it printed (its last RESULT line)."""
     from thunderfx_debug.scripts.result_line import last_result, outcome_of
 
     found = last_result(output)
     outcome = {"timeout": "TIMEOUT", "not_run": "NOT_RUN"}.get(how) or outcome_of(status, output)
-    return Verdict(script, outcome, found.line if found is not None else "", status, seconds, how, note, log)
+    return ScriptOutcome(script, outcome, found.line if found is not None else "", status, seconds, how, note, log)
 
 
 def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[str], timeout_s: float,
-        on_done: Callable[[Verdict], None] | None = None, deadline: float | None = None,
-        env: Mapping[str, str] | None = None) -> list[Verdict]:
+        on_done: Callable[[ScriptOutcome], None] | None = None, deadline: float | None = None,
+        env: Mapping[str, str] | None = None) -> list[ScriptOutcome]:
     """Runs `scripts` in `workers` long-lived workers (on `devices` in turn, or on CPU) and returns their verdicts;
     logs and caches go under `root` (see the module docstring). Past `deadline` (time.monotonic()) no script starts
     (NOT_RUN: for lent machines with a time limit). `env`: the environment to start from (default: ours)."""
@@ -197,7 +197,7 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
         return Finished(job, done.returncode, time.perf_counter() - started, "alone",
                         "" if done.returncode is not None else f"killed after {timeout_s:g} s")
 
-    def verdict(finished: Finished) -> Verdict:
+    def verdict(finished: Finished) -> ScriptOutcome:
         script = by_file[finished.job.script]
         try:
             output = finished.job.log.read_text(errors="replace")
@@ -229,7 +229,7 @@ def shown(outcome: str) -> str:
 NAMED_FAILURES = 3
 
 
-def clean_sentence(failures: Sequence[Verdict]) -> str:
+def clean_sentence(failures: Sequence[ScriptOutcome]) -> str:
     """verify.md's verdict on the dump: "A dump is clean when every script is OK or NOT COMPARABLE: 1 is not
     (MISMATCH: rank0/graph0/..._repro_thunder.py)."; beyond NAMED_FAILURES scripts, counts by verdict."""
     rule = "A dump is clean when every script is OK or NOT COMPARABLE: "
@@ -245,11 +245,11 @@ def clean_sentence(failures: Sequence[Verdict]) -> str:
     return rule + f"{len(failures)} {verb} not ({which})."
 
 
-def clean(verdicts: Iterable[Verdict]) -> bool:
+def clean(verdicts: Iterable[ScriptOutcome]) -> bool:
     return all(v.outcome in CLEAN for v in verdicts)
 
 
-def counts(verdicts: Iterable[Verdict]) -> dict[str, dict[str, int]]:
+def counts(verdicts: Iterable[ScriptOutcome]) -> dict[str, dict[str, int]]:
     """kind -> verdict -> scripts."""
     table: dict[str, Counter] = {}
     for v in verdicts:
@@ -258,7 +258,7 @@ def counts(verdicts: Iterable[Verdict]) -> dict[str, dict[str, int]]:
             for kind, c in sorted(table.items())}
 
 
-def verify_json(verdicts: Sequence[Verdict], meta: Mapping) -> str:
+def verify_json(verdicts: Sequence[ScriptOutcome], meta: Mapping) -> str:
     return json.dumps({**meta, "clean": clean(verdicts), "counts": counts(verdicts),
                        "scripts": [v.to_json() for v in verdicts]}, indent=1) + "\n"
 
@@ -272,7 +272,7 @@ def rerun_command(script: Script) -> str:
     return f"python {shlex.quote(str(script.file) if shown.startswith('..') else shown)}"
 
 
-def verify_md(verdicts: Sequence[Verdict], root: Path, meta: Mapping) -> str:
+def verify_md(verdicts: Sequence[ScriptOutcome], root: Path, meta: Mapping) -> str:
     """The failures first, each with its RESULT line (or why there is none) and the command that reruns it, then the
     counts per kind and verdict."""
     total = Counter(v.outcome for v in verdicts)

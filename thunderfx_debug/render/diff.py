@@ -16,7 +16,7 @@ from thunderfx_debug.records import RankRecord, SplitRecord, Timing
 from thunderfx_debug.render import correctness, digest
 from thunderfx_debug.render import memory as render_memory
 from thunderfx_debug.render.headline import COLD_SAMPLES, MIN_SAMPLES
-from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, NOISY_RESOLUTION, Change, Verdict, judge
+from thunderfx_debug.render.noise import ALPHA, MIN_EFFECT, NOISY_RESOLUTION, Change, ChangeOutcome, judge
 from thunderfx_debug.render.text import ms, plural
 
 
@@ -188,7 +188,7 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     words = " and ".join(sorted(_clock_words(c) for c in clocks)) or "time"
     lines += ["", f"timing ({words}; headline medians in ms; ratio B/A above 1 means B is slower):"]
     verdicts = Counter(t.change.verdict for t in d.timings)
-    judged = verdicts[Verdict.WITHIN_NOISE] + verdicts[Verdict.SLOWER] + verdicts[Verdict.FASTER]
+    judged = verdicts[ChangeOutcome.WITHIN_NOISE] + verdicts[ChangeOutcome.SLOWER] + verdicts[ChangeOutcome.FASTER]
     if compiled_a and compiled_b:
         line = (f"  time in the compiled graphs per step: {ms(compiled_a)} -> {ms(compiled_b)} ms, "
                 f"{_ratio_words(compiled_b / compiled_a)}")
@@ -212,11 +212,12 @@ def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bo
     for t in shown:
         lines.append("  " + _timing_line(t, d.shift))
     if not show_all:
-        counted = [f"{verdicts[v]} {v.value}" for v in (Verdict.WITHIN_NOISE, Verdict.TOO_NOISY, Verdict.TOO_FEW,
-                                                        Verdict.NOT_COMPARABLE) if verdicts[v]]
+        others = (ChangeOutcome.WITHIN_NOISE, ChangeOutcome.TOO_NOISY, ChangeOutcome.TOO_FEW,
+                  ChangeOutcome.NOT_COMPARABLE)
+        counted = [f"{verdicts[v]} {v.value}" for v in others if verdicts[v]]
         if counted:
             lines.append(f"  {'other ' if shown else ''}timed pieces: {', '.join(counted)} (--all lists them)")
-    if verdicts[Verdict.TOO_FEW]:
+    if verdicts[ChangeOutcome.TOO_FEW]:
         lines.append(f"  (too few samples: fewer than {MIN_SAMPLES} headline samples in a run; sample more often, "
                      "THUNDERFX_DEBUG_TIMING_EVERY, or train longer)")
     lines += [
@@ -275,7 +276,7 @@ def _timing_line(t: TimingChange, shift: float | None = None) -> str:
         details.append(f"{change.relative_ratio:.3f}x the run-wide shift of {shift:.3f}")
     if change.p_value is not None:
         details.append(f"p={change.p_value:.2g} before correction")
-    if change.resolution is not None and change.verdict is not Verdict.WITHIN_NOISE:
+    if change.resolution is not None and change.verdict is not ChangeOutcome.WITHIN_NOISE:
         details.append(f"could tell {change.resolution:.2f}x" if change.resolution <= RESOLUTION_SHOWN
                        else f"could not tell a {RESOLUTION_SHOWN:.0f}x change from noise")
     label = f"{t.path} {t.phase}" + (" (outside fusions)" if t.level is digest.PieceLevel.OUTSIDE_FUSIONS else "")

@@ -50,7 +50,9 @@ MIN_PIECES_FOR_SHIFT = 8
 SHIFT_REPORTED = 0.05
 
 
-class Verdict(str, enum.Enum):
+class ChangeOutcome(str, enum.Enum):
+    """What the diff found of one piece's time from run A to run B."""
+
     SLOWER = "slower"
     FASTER = "faster"
     WITHIN_NOISE = "within noise"
@@ -72,11 +74,11 @@ class Change:
     relative_ratio: float | None
     p_value: float | None
     resolution: float | None
-    verdict: Verdict
+    verdict: ChangeOutcome
 
     @property
     def significant(self) -> bool:
-        return self.verdict in (Verdict.SLOWER, Verdict.FASTER)
+        return self.verdict in (ChangeOutcome.SLOWER, ChangeOutcome.FASTER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,20 +186,20 @@ def judge(pairs: Sequence[tuple[Sequence[float] | None, Sequence[float] | None]]
     changes = []
     for i, (la, lb) in enumerate(logs):
         if pairs[i][0] is None or pairs[i][1] is None:
-            changes.append(Change(None, None, None, None, Verdict.NOT_COMPARABLE))
+            changes.append(Change(None, None, None, None, ChangeOutcome.NOT_COMPARABLE))
             continue
         if i not in tests:
             ratio = math.exp(sum(lb) / len(lb) - sum(la) / len(la)) if la and lb else None
-            changes.append(Change(ratio, None, None, None, Verdict.TOO_FEW))
+            changes.append(Change(ratio, None, None, None, ChangeOutcome.TOO_FEW))
             continue
         difference, _, df = tests[i]
         error = error_of(i)
         resolution = math.exp(threshold + (t_isf(strictest, df) + t_isf(1 - POWER, df)) * error)
         if significant[i]:
-            verdict = Verdict.SLOWER if difference > shift else Verdict.FASTER
+            verdict = ChangeOutcome.SLOWER if difference > shift else ChangeOutcome.FASTER
         elif resolution > NOISY_RESOLUTION:
-            verdict = Verdict.TOO_NOISY
+            verdict = ChangeOutcome.TOO_NOISY
         else:
-            verdict = Verdict.WITHIN_NOISE
+            verdict = ChangeOutcome.WITHIN_NOISE
         changes.append(Change(math.exp(difference), math.exp(difference - shift), p_values[i], resolution, verdict))
     return Judgement(changes, math.exp(shift) if len(judged) >= MIN_PIECES_FOR_SHIFT else None, math.sqrt(spread2))
