@@ -113,22 +113,34 @@ def time_calls(wrapped: Iterable[tuple[str, str | None, str, str]], times: dict[
 @contextlib.contextmanager
 def watching_backward_captures(on_capture: Callable[[str, bool, Any, Any], None]):
     """Within the block, before each backward check judges a split's input gradients, calls `on_capture(input,
-    verified, kept, captured)` for each input whose gradient it judges: the input as the records name it
-    ("graph0/thunder_0 input 3 (l_w_)"), whether the sentinel proved its capture, the input as the check kept it, and
-    the gradient the split passed on to it (None where it passed none)."""
+    verified, address, captured)` for each input whose gradient it judges: the input as the records name it
+    ("graph0/thunder_0 input 3 (l_w_)"), whether the sentinel proved its capture, the address of the input's data as
+    the forward had it (`data_ptr`: a parameter's own; None for a value that is not a tensor), and the gradient the
+    split passed on to it (None where it passed none). The address is read before the split's backward ends, when the
+    check swaps the parameters it keeps for copies of them."""
+    import torch
+
     from thunderfx_debug.recording import split_check
 
-    check = split_check.BackwardCheck.check
+    check, backward_done = split_check.BackwardCheck.check, split_check.BackwardCheck._split_backward_done
+    addresses = {}  # id of a BackwardCheck -> input position -> data_ptr before the copies
+
+    def noted(self):
+        addresses[id(self)] = {i: x.data_ptr() for i, x in enumerate(self.inputs) if isinstance(x, torch.Tensor)}
+        return backward_done(self)
 
     def watched(self):
         verified = self.verified(list(self.wanted))
+        known = addresses.pop(id(self), {})
         for i in self.wanted:
-            on_capture(f"{self.owner.label} {self.owner.describe_input(i)}", i in verified, self.inputs[i],
+            on_capture(f"{self.owner.label} {self.owner.describe_input(i)}", i in verified, known.get(i),
                        self.captured(i))
         return check(self)
 
+    split_check.BackwardCheck._split_backward_done = noted
     split_check.BackwardCheck.check = watched
     try:
         yield
     finally:
         split_check.BackwardCheck.check = check
+        split_check.BackwardCheck._split_backward_done = backward_done

@@ -213,9 +213,8 @@ def grads_worker(job: dict) -> dict:
     torch._dynamo.reset()
     captures = []
 
-    def note(label, verified, kept, captured):  # the capture diagnostic: what the sentinel captured, before it judges
-        captures.append({"input": label, "verified": verified,
-                         "ptr": kept.data_ptr() if isinstance(kept, torch.Tensor) else None,
+    def note(label, verified, address, captured):  # the capture diagnostic: what the sentinel captured, before it judges
+        captures.append({"input": label, "verified": verified, "ptr": address,
                          "captured": None if captured is None else captured.detach().double().cpu()})
 
     reported = copy.deepcopy(base)
