@@ -213,7 +213,7 @@ def grads_worker(job: dict) -> dict:
     torch._dynamo.reset()
     captures = []
 
-    def note(label, verified, address, captured):  # the capture diagnostic: what the sentinel captured, before it judges
+    def note(label, verified, address, captured):  # the capture diagnostic: what the sentinel captured, before judging
         captures.append({"input": label, "verified": verified, "ptr": address,
                          "captured": None if captured is None else captured.detach().double().cpu()})
 
