@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from thunderfx_debug.records import layout
-from thunderfx_debug.artifacts.flush import manifest_json
+from thunderfx_debug.artifacts.dump_contents import manifest_json
 from thunderfx_debug.dump.files import load_report, load_reports, write_files
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.records import (

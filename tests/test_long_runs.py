@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.artifacts.flush import manifest_json
+from thunderfx_debug.artifacts.dump_contents import manifest_json
 from thunderfx_debug.dump.files import list_runs, move_earlier_run_aside, write_files
 from thunderfx_debug.records import DumpError, GraphRecord, Timing
 from thunderfx_debug.recording.samples import SampleStream, WindowSeries
@@ -283,11 +283,11 @@ def test_soak_every_call_sampled_memory_flat_and_dump_bounded(tmp_path):
 def test_periodic_flushes_write_only_what_changed(tmp_path, monkeypatch):
     """The dump appears without any flush() call; later periodic flushes neither make the traces and scripts again
     nor write them again (same inode: os.replace would give a new one), while graph.json and the manifest move on."""
-    import thunderfx_debug.artifacts.flush as flush_module
+    import thunderfx_debug.artifacts.dump_contents as dump_contents
 
     made = []
-    real_scripts = flush_module.scripts_for_graph
-    monkeypatch.setattr(flush_module, "scripts_for_graph", lambda *a, **k: made.append(1) or real_scripts(*a, **k))
+    real_scripts = dump_contents.scripts_for_graph
+    monkeypatch.setattr(dump_contents, "scripts_for_graph", lambda *a, **k: made.append(1) or real_scripts(*a, **k))
     backend = ReportingBackend(dump_dir=tmp_path, repro="split", timing="split", timing_every=1, timing_warmup=0,
                                strict=True, flush_every=0.05)
     steps = _tiny_training(backend)

@@ -69,7 +69,7 @@ def test_a_flush_with_many_scripts_reports_its_progress(tmp_path, caplog, monkey
             return self.b(torch.sinc(self.a(x)))  # thunder_0, inductor_1 (sinc), thunder_2
 
     monkeypatch.setattr(progress_module, "wants_bar", lambda stream=None: False)
-    monkeypatch.setattr("thunderfx_debug.artifacts.flush.progress", _immediate(progress_module.progress))
+    monkeypatch.setattr("thunderfx_debug.artifacts.dump_contents.progress", _immediate(progress_module.progress))
     backend = ReportingBackend(dump_dir=tmp_path, repro="graph,split", strict=True)
     torch.compile(Gated(), backend=backend)(torch.randn(2, 8)).sum().backward()
     with caplog.at_level(logging.INFO, logger="thunderfx_debug"):

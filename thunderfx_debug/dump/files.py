@@ -1,6 +1,6 @@
 """Writing a dump (atomically, per rank) and reading it back (without importing thunder, never executing code).
 
-What to write comes as (relative path, content) pairs (`artifacts.flush.report_files`). Each file is written to a
+What to write comes as (relative path, content) pairs (`artifacts.dump_contents.report_files`). Each file is written to a
 temporary name and renamed over the old one, in order, and `manifest.json`, the index that `load_report` reads
 first, comes last. A run killed in the middle of a flush therefore leaves the previous dump readable: the old
 manifest still indexes complete files. Successive flushes of one process (`DumpWriter`) skip the files whose

@@ -36,7 +36,7 @@ from typing import Any
 
 from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
-from thunderfx_debug.artifacts.flush import ArtifactCache, file_index, report_files
+from thunderfx_debug.artifacts.dump_contents import ArtifactCache, file_index, report_files
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.dump.files import DumpWriter, move_earlier_run_aside
 from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_reductions
