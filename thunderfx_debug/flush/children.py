@@ -34,43 +34,44 @@ def into(log: str) -> None:
 
 def run_script(script: str, log: str, argv: list[str]) -> None:
     """Runs `script` as `__main__` and ends the process with its exit status (never returns)."""
-    code = 1
-    try:
-        into(log)
-        os.chdir(os.path.dirname(script) or ".")
-        from thunderfx_debug.thunder.torch_private import fresh_compile_state
 
-        fresh_compile_state()  # a fork of the training process holds its Dynamo caches and inductor's workers
+    def script_status() -> int:
+        os.chdir(os.path.dirname(script) or ".")
         sys.argv = [script, *argv]
         try:
             runpy.run_path(script, run_name="__main__")
-            code = 0
+            return 0
         except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+    _exit_with(log, script_status)
 
 
 def run_function(target: str, log: str, args: list) -> None:
     """Calls `module:function(*args)` with the output into `log`, exit status 0 when it returns (used for the
     steps that must run where the trials do, e.g. asking Thunder for nvFuser's definition of a minimal region)."""
-    code = 1
-    try:
-        into(log)
+
+    def called() -> int:
         import importlib
-
-        from thunderfx_debug.thunder.torch_private import fresh_compile_state
-
-        fresh_compile_state()  # as `run_script`: a fork of a process that ran OpenMP threads must not use them
 
         module, _, name = target.partition(":")
         getattr(importlib.import_module(module), name)(*args)
-        code = 0
+        return 0
+
+    _exit_with(log, called)
+
+
+def _exit_with(log: str, work) -> None:
+    """Ends this child with the status `work()` returns (1 where it raised, its traceback printed), its output into
+    `log`, Dynamo's and inductor's state as a fresh process has them: a fork of the training process holds its
+    Dynamo caches and inductor's workers, and one of a process that ran OpenMP threads must not use them."""
+    code = 1
+    try:
+        into(log)
+        from thunderfx_debug.thunder.torch_private import fresh_compile_state
+
+        fresh_compile_state()
+        code = work()
     except BaseException:
         traceback.print_exc()
         code = 1
