@@ -68,6 +68,9 @@ TriageIndex = Mapping[str, Triage]
 TAIL_LINES, WATCHDOG_LINES = 25, 200
 #: Children per split at most: a child that dies takes one piece with it; a split has its regions after it.
 MAX_ATTEMPTS = 64
+#: What a fresh worker takes to start and import torch and Thunder, in the triage's announced estimate (a fork starts
+#: at once). About 4 s on a 2-core CPU machine; more where nvFuser and CUDA load too.
+WORKER_START_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +244,14 @@ def forks(settings: TriageSettings) -> bool:
     return children.can_fork()
 
 
+def workers(settings: TriageSettings) -> int:
+    """How many children compile side by side: forks run one at a time; fresh workers a quarter of the cores, at
+    most 4 (each compile takes a core, and their device memory adds up), unless the settings say."""
+    if forks(settings):
+        return 1
+    return settings.workers or min(4, max(1, (os.cpu_count() or 1) // 4))
+
+
 def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) -> dict[Path, list[Attempt]]:
     """Runs the jobs in `folders`, one child at a time, until each job's pieces are all started or a child died in a
     step that every piece needs (`triage_child.SHARED_STEPS`); the attempts of each job."""
@@ -267,10 +278,9 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
         job, _, _ = jobs.read(folder)
         return settings.timeout_s * (len(job.pieces) + 1)  # the child's own watchdog ends a piece before this
 
-    workers = settings.workers or min(4, max(1, (os.cpu_count() or 1) // 4))
     finished = worker_pool.run_jobs(
         [worker_pool.Job(launcher, (str(folder), "0"), folder / "attempt0.log") for folder in folders],
-        slots=[env] * min(workers, len(folders)), timeout_s=max(timeout(f) for f in folders), run_alone=alone,
+        slots=[env] * min(workers(settings), len(folders)), timeout_s=max(timeout(f) for f in folders), run_alone=alone,
         allow_package=True)
     for result in finished:
         folder = Path(result.job.args[0])
@@ -406,22 +416,26 @@ def _beside_the_run(triage: Triage, samples: tuple[Any, list[float]]) -> Triage:
 
 # ---- what the flush says --------------------------------------------------------------------------------------------
 def _estimate_s(splits: Sequence[SplitSnapshot], settings: TriageSettings) -> float | None:
-    """A rough upper figure of the seconds the triage of `splits` takes, from the run's own figures: Thunder
-    compiling each split again and inductor compiling it, each about as long as Thunder's first call of it took in
-    the run (its compile; regions about as long again), and the most rounds of both sides at the piece's median
-    sampled call. None where the run timed no first call. The children's compiles often take far less (inductor's
-    kernels cached, no Dynamo), so the figure is said as an upper one."""
-    total, known = 0.0, False
+    """A rough upper figure of the seconds the triage of `splits` takes, from the run's own figures: each split's
+    compiles (Thunder compiling it again and inductor compiling it, each about as long as Thunder's first call of it
+    took in the run; regions about as long again), `workers` of them side by side (greedy: at most their sum over
+    the workers plus the longest), fresh workers' start (`WORKER_START_S`), and the most rounds of both sides at the
+    piece's median sampled call, one piece at a time. None where the run timed no first call. The children's
+    compiles often take far less (inductor's kernels cached, no Dynamo), so the figure is said as an upper one."""
+    compiles, timing = [], 0.0
     calls = 2 * (settings.looks[-1] * settings.calls + 2)
     for split in splits:
         first = split.state.first
         if first is not None and first.forward.samples_ms:
-            known = True
             factor = 3 if settings.level >= TriageLevel.FUSION and split.regions else 2
-            total += factor * (sum(first.forward.samples_ms) + sum(first.backward.samples_ms)) / 1e3
+            compiles.append(factor * (sum(first.forward.samples_ms) + sum(first.backward.samples_ms)) / 1e3)
         sampled = [statistics.median(s.samples_ms) for s in (split.state.forward, split.state.backward) if s.samples_ms]
-        total += calls * sum(sampled) / 1e3
-    return total if known else None
+        timing += calls * sum(sampled) / 1e3
+    if not compiles:
+        return None
+    side_by_side = min(workers(settings), len(splits))
+    start = 0.0 if forks(settings) else WORKER_START_S
+    return start + sum(compiles) / side_by_side + (1 - 1 / side_by_side) * max(compiles) + timing
 
 
 def _count(n: int, what: str) -> str:
