@@ -18,12 +18,12 @@ import json
 import math
 import os
 import queue
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from thunderfx_debug.artifacts.repro import standalone
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, deviation_outcome, layout
 from thunderfx_debug.render import digest
 
@@ -201,12 +201,8 @@ def _untimed_alone(python: str, timeout_s: float):
     from thunderfx_debug.flush.worker_pool import Finished
 
     def alone(job, env, _worker_end) -> Finished:
-        try:
-            done = subprocess.run([python, str(job.script)], cwd=job.script.parent, capture_output=True,
-                                  timeout=timeout_s, env=dict(env))
-        except subprocess.TimeoutExpired:
-            return Finished(job, None, timeout_s, "alone")
-        return Finished(job, done.returncode, 0.0, "alone")
+        run = standalone.run_script(job.script, timeout_s=timeout_s, env=dict(env), python=python)
+        return Finished(job, run.returncode, timeout_s if run.returncode is None else 0.0, "alone")
 
     return alone
 
@@ -238,7 +234,8 @@ def run_all(scripts: Iterable[str], run: Callable[[str, str | None], ScriptResul
 
 def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
                python: str = sys.executable, device: str | None = None) -> ScriptResult:
-    """Runs `script` (relative to `rank_dir`) with --benchmark --json and reads what it wrote; with `device`, on
+    """Runs `script` (relative to `rank_dir`) with --benchmark --json as `verify` runs a script that runs alone
+    (`standalone.run_script`: where thunderfx_debug cannot be imported) and reads what it wrote; with `device`, on
     that CUDA device alone (CUDA_VISIBLE_DEVICES)."""
     try:
         path = _script_path(rank_dir, script)
@@ -246,11 +243,8 @@ def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
         return ScriptResult(script, error=str(e))
     out = (results_dir / result_name(script)).resolve()
     out.unlink(missing_ok=True)
-    command = [python, str(path), "--benchmark", "--json", str(out)]
-    try:
-        done = subprocess.run(command, cwd=path.parent, capture_output=True, text=True, timeout=timeout_s,
-                              env=_env(device))
-    except subprocess.TimeoutExpired:
+    done = standalone.run_script(path, ("--benchmark", "--json", str(out)), timeout_s, env=_env(device), python=python)
+    if done.returncode is None:
         return ScriptResult(script, error=f"timed out after {timeout_s:g} s")
     result = read_result(out, script)
     if done.returncode != 0:
