@@ -31,7 +31,6 @@ import dataclasses
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -244,20 +243,20 @@ def _dead_proof(job: Job, error: str) -> dict:
 
 
 def run_scripts(dump_dir: str, scripts: dict[str, str], wanted: str, timeout: float) -> dict:
-    """Runs the mismatch scripts of the pieces whose path ends with `wanted`: {path: (exit status, RESULT line)}."""
+    """Runs the mismatch scripts of the pieces whose path ends with `wanted`, each as `thunderfx-debug verify` runs a
+    script alone (where thunderfx_debug cannot be imported): {path: (exit status, RESULT line)}."""
+    from internals import run_script
+
     runs = {}
     for piece, relative in scripts.items():
         if not piece.endswith(wanted):
             continue
-        script = Path(dump_dir) / "rank0" / relative
-        try:
-            done = subprocess.run([sys.executable, script.name], cwd=script.parent, capture_output=True, text=True,
-                                  timeout=timeout)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-            runs[piece] = {"exit": done.returncode, "result": lines[-1] if lines else done.stdout[-300:],
-                           "stdout_tail": done.stdout[-1500:]}
-        except subprocess.TimeoutExpired:
+        done = run_script(Path(dump_dir) / "rank0" / relative, timeout_s=timeout)
+        if done.returncode is None:
             runs[piece] = {"exit": None, "result": f"timed out after {timeout:.0f} s"}
+            continue
+        runs[piece] = {"exit": done.returncode, "result": done.result_line or done.stdout[-300:],
+                       "stdout_tail": done.stdout[-1500:]}
     return runs
 
 
