@@ -178,6 +178,7 @@ def test_every_command_given_no_dump_says_what_to_pass(tmp_path, capsys, command
 @pytest.mark.parametrize("argv, expected", [
     (["bench", str(NORMAL), "--tolerance", "lots"], "not a fraction"),
     (["bench", str(NORMAL), "--deviation", "0.9"], "a time ratio > 1"),
+    (["bench", str(NORMAL), "--deviation", "1.3", "--tolerance", "0.1"], "not allowed with argument --deviation"),
     (["bench", str(NORMAL), "--gpus", "0,0"], "distinct GPU indices"),
     (["demo", "--steps", "0"], "not a whole number of at least 1"),
     (["summary"], "required: dir"),
@@ -190,6 +191,15 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, expected):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and expected in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("thunderfx-debug") and "--help" in err
+
+
+def test_bench_says_a_bad_deviation_setting_before_anything_else(capsys, monkeypatch):
+    monkeypatch.setenv("THUNDERFX_DEBUG_DEVIATION", "abc")
+    code, _, err = run(capsys, "bench", str(NORMAL), "--results", "/nonexistent/results")
+    assert code == 2 and "THUNDERFX_DEBUG_DEVIATION='abc'" in err and "--deviation" in err, err
+    monkeypatch.setenv("THUNDERFX_DEBUG_DEVIATION", "1.5")
+    code, _, err = run(capsys, "bench", str(NORMAL), "--results", "/nonexistent/results")
+    assert code == 2 and "--results /nonexistent/results" in err, err  # a good one lets the next check speak
 
 
 def test_version_is_the_installed_distributions(capsys):

@@ -218,6 +218,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from thunderfx_debug.dump.files import rank_dirs
     from thunderfx_debug.commands.bench_report import render_bench_report
 
+    deviation = _bench_deviation(args)  # a bad threshold is said before any script runs
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
     rank_dir = Path(report.meta["dump_dir"])
     comparisons = bench.plan(report)
@@ -276,7 +277,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 from thunderfx_debug.commands.bench_worker import run_per_device
 
                 results = {**kept, **run_per_device(rank_dir, scripts, results_dir, args.timeout, devices, done)}
-    deviation = _bench_deviation(args)
     ranked = bench.rank(comparisons, results, deviation)
     out = Path(args.output) if args.output else rank_dir / BENCH_REPORT
     # Scripts as the user who ran bench types them: relative to the current directory where the dump lies below
@@ -433,8 +433,6 @@ def _devices(indices: tuple[int, ...]) -> tuple[str, ...]:
 def _bench_deviation(args: argparse.Namespace) -> float:
     """The ratio beyond which bench lists a piece: --deviation, --tolerance F as 1 + F, else
     THUNDERFX_DEBUG_DEVIATION, else its default: the flush-time triage's threshold, so that both judge alike."""
-    if args.deviation is not None and args.tolerance is not None:
-        raise UsageError("--deviation and --tolerance say the same thing; give one (--tolerance F is --deviation 1+F)")
     if args.deviation is not None:
         return args.deviation
     if args.tolerance is not None:
@@ -559,10 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "thunder and nvFuser.")
     bench.add_argument("dir", help=DIR_HELP)
     bench.add_argument("--rank", type=_rank, help="the rank whose scripts to run (default: the lowest)")
-    bench.add_argument("--deviation", type=_deviation, default=None,
+    threshold = bench.add_mutually_exclusive_group()
+    threshold.add_argument("--deviation", type=_deviation, default=None,
                        help="list the pieces whose ThunderFX/inductor time ratio lies beyond this either way, as the "
                             "flush-time triage judges (default: THUNDERFX_DEBUG_DEVIATION, else 1.2)")
-    bench.add_argument("--tolerance", type=_fraction, default=None,
+    threshold.add_argument("--tolerance", type=_fraction, default=None,
                        help="the same as --deviation 1+TOLERANCE (a fraction: 0.1 or 10%%)")
     bench.add_argument("-o", "--output",
                        help="the report to write (default: <rank dir>/bench.md; the flush-time triage writes triage.md)")
