@@ -13,6 +13,7 @@ from thunderfx_debug.records.timing import ClockKind
 #: default, and the deviation of a triage record that does not say its own.
 DEVIATION = 1.2
 
+
 def deviation_outcome(low: float, high: float, deviation: float) -> str:
     """Where a Thunder/inductor time ratio, or its interval [`low`, `high`], lies against `deviation`
     (THUNDERFX_DEBUG_DEVIATION): "deviates" (wholly beyond it either way: above `deviation` or below its inverse),
