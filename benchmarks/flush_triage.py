@@ -134,13 +134,16 @@ def step_gap(copies: dict, args) -> dict:
 
 def triage_figures(backend) -> dict:
     """The ThunderFX copy's flush, timed, and a second one; the triage's seconds and every piece's verdict."""
+    from internals import keeping_triage_step_lines
+
     from thunderfx_debug import load_report
     from thunderfx_debug.render import triage_findings as flush_triage
 
-    started = time.perf_counter()
-    with ChildrenMemory() as memory:
+    with tempfile.TemporaryDirectory() as lines, keeping_triage_step_lines(lines), ChildrenMemory() as memory:
+        started, started_at = time.perf_counter(), time.time()
         rank_dir = backend.flush()
-    flush_s = time.perf_counter() - started
+        flush_s = time.perf_counter() - started
+        timeline = flush_timeline(Path(lines), started_at, flush_s)
     started = time.perf_counter()
     backend.flush()  # the triage is kept: a second flush times nothing again
     second_flush_s = time.perf_counter() - started
@@ -169,7 +172,48 @@ def triage_figures(backend) -> dict:
                    for p in judged],
         "not_judged": [{"piece": p.path, "error": p.triage.error} for p in pieces if p.triage.error is not None],
         "dump": str(rank_dir),
+        "timeline": timeline,
     }
+
+
+def flush_timeline(lines: Path, started_at: float, flush_s: float) -> dict:
+    """Where the flush's seconds went, from the step lines the triage's children wrote with their wall-clock times:
+    per split, each step's start (s from the flush's start) and how long it lasted until the next line of the same
+    child (the last step, the timing, until the child's verdict line, which has no time: None); when the first child
+    began its first step (before it: the flush's own work, writing the jobs, and the children's start); when the last
+    step began; and the flush's end.
+
+    Example (one split, its child's steps at 3 s and 10 s of a 14 s flush):
+        >>> import json, tempfile
+        >>> folder = Path(tempfile.mkdtemp()) / "split0"; folder.mkdir()
+        >>> _ = (folder / "results.jsonl").write_text(chr(10).join(json.dumps(d) for d in (
+        ...     {"piece": "g/t0", "step": "compiling", "attempt": 0, "at": 103.0},
+        ...     {"piece": "g/t0", "step": "timing", "attempt": 0, "at": 110.0})))
+        >>> t = flush_timeline(folder.parent, 100.0, 14.0)
+        >>> t["first_step_s"], t["last_step_s"], [(s["step"], s["at_s"], s["lasted_s"]) for s in t["splits"]["split0"]]
+        (3.0, 10.0, [('compiling', 3.0, 7.0), ('timing', 10.0, None)])
+    """
+    import json
+
+    splits = {}
+    for results in sorted(lines.glob("*/results.jsonl")):
+        steps = []
+        for line in results.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "step" in entry and isinstance(entry.get("at"), (int, float)):
+                steps.append({"piece": entry.get("piece"), "step": entry["step"], "attempt": entry.get("attempt"),
+                              "at_s": round(entry["at"] - started_at, 3)})
+        steps.sort(key=lambda s: s["at_s"])
+        for step, after in zip(steps, steps[1:] + [None]):
+            same_child = after is not None and after["attempt"] == step["attempt"]
+            step["lasted_s"] = round(after["at_s"] - step["at_s"], 3) if same_child else None
+        splits[results.parent.name] = steps
+    starts = [s["at_s"] for steps in splits.values() for s in steps]
+    return {"splits": splits, "first_step_s": min(starts, default=None), "last_step_s": max(starts, default=None),
+            "flush_s": flush_s}
 
 
 class ChildrenMemory:
@@ -251,6 +295,14 @@ def _print(r: dict, thunder_splits: list[str]) -> None:
               "out: the code between splits and ThunderFX's inductor splits against inductor's one compile of the "
               "whole graph, per-call host work where the step waits for the host, the backend's own work; the clocks "
               "differ too: the pieces' device time on CUDA against the step's wall time)")
+    timeline = r.get("timeline") or {}
+    if timeline.get("first_step_s") is not None:
+        print(f"   the children's first step began {timeline['first_step_s']:.1f} s into the flush (the jobs written, "
+              f"the children started), their last {timeline['last_step_s']:.1f} s in, of {r['flush_s']:.1f} s:")
+        for split, steps in timeline["splits"].items():
+            print(f"     {split}: " + "; ".join(
+                f"{s['step']} at {s['at_s']:.1f} s" + (f" ({s['lasted_s']:.1f} s)" if s["lasted_s"] is not None else "")
+                for s in steps))
     for p in r["pieces"]:
         run = (f", the run's own {p['run_ms']:.3f} ms ({p['run_samples']} samples)"
                + ("  UNLIKE THE RUN" if p["unlike_the_run"] else "") if p["run_ms"] is not None else "")

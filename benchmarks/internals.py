@@ -29,6 +29,12 @@ The sentinel:
   each backward check (recording.split_check's `BackwardCheck`) before the check judges them. split_check offers no
   hook for that, so this wraps `BackwardCheck.check` for the duration of a `with` block.
 
+The flush-time triage:
+- `keeping_triage_step_lines`: flush_triage.py takes a flush's time apart (the children's start, each step of each
+  split's child, the flush's own work around them) from the step lines the children write with their wall-clock
+  times (flush.jobs' `results.jsonl`); the triage deletes its folders when it is done, so this copies each split's
+  lines out first, for the duration of a `with` block.
+
 Repro scripts and the minimizer:
 - `run_script` (artifacts.repro.standalone): zoo.py, minimize.py and real_inputs_scripts.py run repro scripts as
   `thunderfx-debug verify` does, each in a fresh interpreter where thunderfx_debug cannot be imported, and read how
@@ -108,6 +114,31 @@ def time_calls(wrapped: Iterable[tuple[str, str | None, str, str]], times: dict[
                 entry[1] += 1
 
         setattr(owner, name, timed)
+
+
+@contextlib.contextmanager
+def keeping_triage_step_lines(into):
+    """Within the block, each split's step lines (`results.jsonl`, flush.jobs) are copied into `into`/<its folder's
+    name>/ before the triage reads its verdicts and deletes the folder."""
+    import shutil
+    from pathlib import Path
+
+    from thunderfx_debug.flush import triage
+
+    verdicts = triage.verdicts
+
+    def copied_first(folder, tried):
+        lines = Path(folder) / "results.jsonl"
+        if lines.exists():
+            (Path(into) / Path(folder).name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(lines, Path(into) / Path(folder).name / lines.name)
+        return verdicts(folder, tried)
+
+    triage.verdicts = copied_first
+    try:
+        yield
+    finally:
+        triage.verdicts = verdicts
 
 
 @contextlib.contextmanager
