@@ -225,8 +225,11 @@ def runner_cost(rounds: int, calls: int, workload: Workload, dump_dir: str, seed
     x = workload.input()
     with workload.grad_mode():
         workload.call(fn, x)
-    split_gm = compiler.recorder.graphs[-1].split_gm
-    runners = {s.name: getattr(split_gm, s.name) for s in compiler.recorder.graphs[-1].splits}
+    from internals import recorded_graphs
+
+    graph = recorded_graphs(compiler)[-1]
+    split_gm = graph.split_gm
+    runners = {s.name: getattr(split_gm, s.name) for s in graph.splits}
     modes = {"with runners": runners, "without": {name: r.inner for name, r in runners.items()}}
     rng, per_call = random.Random(seed), {mode: [] for mode in modes}
     order = list(modes)
@@ -275,6 +278,8 @@ def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
     difference between two copies of one configuration is the noise floor of the comparison."""
     import copy
 
+    from internals import recorded_graphs
+
     from thunderfx_debug import ReportingBackend
     from thunderfx_debug.commands.models import GPT, GPTConfig, synthetic_batches
 
@@ -290,7 +295,7 @@ def marks_cost(rounds: int, steps: int, seed: int = 0) -> dict:
             backend = ReportingBackend(timing=timing, timing_warmup=10**9)  # never sampled: the marks stay unarmed
             fn = torch.compile(model, backend=backend)
             fn(tokens, targets).backward()  # compiles
-            marks = sum(_marks_in(s.split.compiled) for g in backend.recorder.graphs for s in g.splits
+            marks = sum(_marks_in(s.split.compiled) for g in recorded_graphs(backend) for s in g.splits
                         if s.split.kind.value == "thunder")
             runs[(name, copy_index)] = (model, fn, marks)
     order, rng = list(runs), random.Random(seed)

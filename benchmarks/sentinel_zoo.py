@@ -223,7 +223,8 @@ def grads_worker(job: dict) -> dict:
         independent["reporting"] = one_step(reported, backend)
     report = backend.report()
     result["sentinel"] = _checks(report)
-    result["reporting_failures"] = [f["what"] + ": " + f["error"] for f in backend.recorder.failures.failures[:10]]
+    result["reporting_failures"] = [f"{f.get('what')}: {f.get('error')}"
+                                    for f in report.meta.get("reporting_failures", [])[:10]]
 
     by_ptr = {p.data_ptr(): n for n, p in reported.named_parameters()}
     capture_rows = []
