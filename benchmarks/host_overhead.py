@@ -225,11 +225,10 @@ def runner_cost(rounds: int, calls: int, workload: Workload, dump_dir: str, seed
     x = workload.input()
     with workload.grad_mode():
         workload.call(fn, x)
-    from internals import recorded_graphs
+    from internals import put_splits, recorded_graphs
 
     graph = recorded_graphs(compiler)[-1]
-    split_gm = graph.split_gm
-    runners = {s.name: getattr(split_gm, s.name) for s in graph.splits}
+    runners = {s.name: getattr(graph.split_gm, s.name) for s in graph.splits}
     modes = {"with runners": runners, "without": {name: r.inner for name, r in runners.items()}}
     rng, per_call = random.Random(seed), {mode: [] for mode in modes}
     order = list(modes)
@@ -237,11 +236,9 @@ def runner_cost(rounds: int, calls: int, workload: Workload, dump_dir: str, seed
         for _ in range(rounds):
             rng.shuffle(order)
             for mode in order:
-                for name, module in modes[mode].items():
-                    setattr(split_gm, name, module)
-                per_call[mode].append(workload.per_call_us(split_gm, x, calls))
-    for name, runner in runners.items():
-        setattr(split_gm, name, runner)
+                put_splits(graph, modes[mode])
+                per_call[mode].append(workload.per_call_us(graph.split_gm, x, calls))
+    put_splits(graph, runners)
     medians = {mode: statistics.median(values) for mode, values in per_call.items()}
     return {**{f"{mode} us": v for mode, v in medians.items()}, "splits": len(runners),
             "per_split_us": (medians["with runners"] - medians["without"]) / len(runners)}

@@ -20,8 +20,9 @@ The training path's parts, measured alone:
   clocks, the host readings) with time accumulators; the wrappers go onto the package's modules and classes here.
 - `MAX_EVENTS` (recording.memory), `torch_private` (thunder.torch_private): sampled_step_parts.py times the
   allocator calls the memory meter makes, alone, with the history bounded as the meter bounds it.
-- `recorded_graphs`: host_overhead.py --runners takes a compiled graph's split runners off the backend's recorder,
-  to call the graph with and without them; --marks counts the marks in each Thunder split's instrumented traces.
+- `recorded_graphs`, `put_splits`: host_overhead.py takes a compiled graph's split runners off the backend's
+  recorder and calls the graph with them and with the bare splits put in their place (`put_splits`), to time what
+  the runners cost alone; --marks counts the marks in each Thunder split's instrumented traces.
 - `package_module`: path_parts.py files profiled functions under the parts of the training path by their module and
   class, so it imports the package's modules by their paths.
 
@@ -97,6 +98,13 @@ def recorded_graphs(backend) -> list:
     """The graphs `backend` (a ReportingBackend) recorded, in the order Dynamo handed them over: each with its split
     module (`split_gm`, its runners in place) and its splits (`splits`: name, and `split` with the compiled piece)."""
     return list(backend.recorder.graphs)
+
+
+def put_splits(graph, modules: dict) -> None:
+    """Puts `modules` (split name -> module: the runners, or the splits they wrap) into a recorded graph's split
+    module (`recorded_graphs`), in place of what it calls now."""
+    for name, module in modules.items():
+        setattr(graph.split_gm, name, module)
 
 
 def package_module(path: str) -> ModuleType:
