@@ -467,5 +467,5 @@ def announce_cost(settings: TriageSettings) -> None:
              "(backend.flush(), the one at exit, the first periodic one, which training waits for) compiles each "
              "Thunder split again in a process of its own and times it against inductor"
              + (", each of its fusion regions too" if settings.level >= TriageLevel.FUSION else "")
-             + ": about two to three times what the splits' first calls take in this run; "
+             + ": up to two or three times what the splits' first calls take in this run, often far less; "
              "THUNDERFX_DEBUG_TRIAGE=off skips it")
