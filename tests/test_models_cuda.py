@@ -166,6 +166,11 @@ def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference
     # The forward of step 1 has no nondeterministic kernel in it: bit-identical. Later steps go through backward
     # kernels with atomics (attention, embedding), whose order differs from run to run in plain ThunderFX too.
     assert losses[0] == plain[0]
+    if bool((plain.abs() < 1e-30).any()):
+        # The same nvFuser writes its GPT's `iota` out of bounds at 2 layers too: some losses of plain ThunderCompiler's
+        # own run read 0 or ~1e-38 (benchmarks/RESULTS.md, "Known issue"), so there is nothing to compare with. A
+        # corrupted loss of the backend's run alone still fails below.
+        pytest.xfail(f"plain ThunderCompiler's own losses are corrupted by nvFuser: {plain.tolist()}")
     torch.testing.assert_close(losses, plain, rtol=2e-2, atol=0)
     assert losses[-1] < losses[0]
     backend.flush()
