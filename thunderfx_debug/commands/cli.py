@@ -437,14 +437,12 @@ def _bench_deviation(args: argparse.Namespace) -> float:
         return args.deviation
     if args.tolerance is not None:
         return 1 + args.tolerance
-    from thunderfx_debug.records import DEVIATION
-    from thunderfx_debug.settings.config import ratio_above_one
+    from thunderfx_debug.settings.config import setting
 
-    text = os.environ.get("THUNDERFX_DEBUG_DEVIATION", "").strip()
     try:
-        return ratio_above_one(text) if text else DEVIATION
-    except ValueError as e:
-        raise UsageError(f"THUNDERFX_DEBUG_DEVIATION={text!r}: {e}; or give --deviation") from None
+        return setting("deviation")
+    except ConfigError as e:
+        raise UsageError(f"{e}; or give --deviation") from None
 
 
 def _deviation(text: str) -> float:

@@ -334,10 +334,7 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
     values: dict[str, Any] = {}
     for field, (variable, parse) in _SETTINGS.items():
         if variable in environ:
-            try:
-                values[field] = parse(environ[variable])
-            except ValueError as e:
-                raise ConfigError(f"{variable}={environ[variable]!r} is not valid ({e})") from None
+            values[field] = _from_environ(field, environ)
             if field in arguments:
                 _warn_if_overridden(field, arguments[field], variable, environ[variable], values[field])
         elif field in arguments:
@@ -348,6 +345,28 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
                     "and THUNDERFX_DEBUG_CHECK is off: nothing will be minimized (set THUNDERFX_DEBUG_CHECK=split "
                     "or fusion)")
     return config
+
+
+def setting(field: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting as the environment (default: os.environ) gives it, else its default, for a command that takes one
+    setting of a run (`thunderfx-debug bench`'s THUNDERFX_DEBUG_DEVIATION); a bad value is a ConfigError, as in
+    `load_config`.
+
+    Example:
+        >>> setting("deviation", {}), setting("deviation", {"THUNDERFX_DEBUG_DEVIATION": "1.5"})
+        (1.2, 1.5)
+    """
+    environ = os.environ if environ is None else environ
+    variable, _ = _SETTINGS[field]
+    return _from_environ(field, environ) if variable in environ else getattr(Config(), field)
+
+
+def _from_environ(field: str, environ: Mapping[str, str]) -> Any:
+    variable, parse = _SETTINGS[field]
+    try:
+        return parse(environ[variable])
+    except ValueError as e:
+        raise ConfigError(f"{variable}={environ[variable]!r} is not valid ({e})") from None
 
 
 def environ_names() -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,15 +65,21 @@ def command(script: Path, args: Sequence[str] = (), python: str = sys.executable
 def run_script(script: Path, args: Sequence[str] = (), timeout_s: float = 600, env: dict[str, str] | None = None,
                python: str = sys.executable) -> ScriptRun:
     """Runs `script` (in its own folder) where thunderfx_debug cannot be imported; never raises for the script's
-    own failures."""
+    own failures. Past `timeout_s` it is ended with what it started (its process group: inductor's compile workers,
+    a script's own children), which `subprocess.run`'s timeout would leave running."""
     started = time.perf_counter()
+    process = subprocess.Popen(command(script.resolve(), args, python), cwd=script.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                               env=env if env is not None else dict(os.environ), start_new_session=True)
     try:
-        done = subprocess.run(command(script.resolve(), args, python), cwd=script.parent, capture_output=True,
-                              text=True, timeout=timeout_s, env=env if env is not None else dict(os.environ))
-        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+        returncode = process.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        stdout, stderr = process.communicate()
         returncode = None
-        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
     return ScriptRun(str(script), outcome_of(returncode, stdout), returncode, time.perf_counter() - started,
                      stdout, stderr)
