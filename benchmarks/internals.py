@@ -29,8 +29,9 @@ The training path's parts, measured alone:
 The sentinel:
 - `watching_backward_captures`: sentinel_zoo.py's capture diagnostic sets each gradient the sentinel captured of a
   parameter, and whether it proved the capture, against that parameter's .grad after the backward: it reads them off
-  each backward check (recording.split_check's `BackwardCheck`) before the check judges them. split_check offers no
-  hook for that, so this wraps `BackwardCheck.check` for the duration of a `with` block.
+  each backward check (recording.split_check's `BackwardCheck`) before the check judges them, and each parameter's
+  address before the check swaps it for a copy. split_check offers no hook for that, so this wraps
+  `BackwardCheck.check` and `BackwardCheck._split_backward_done` for the duration of a `with` block.
 
 The flush-time triage:
 - `keeping_triage_step_lines`: flush_triage.py takes a flush's time apart (the children's start, each step of each
