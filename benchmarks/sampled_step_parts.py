@@ -1,7 +1,9 @@
-"""What a sampled step costs on the host, part by part, on the wall clock: ReportingBackend's defaults.
+"""What a sampled step costs on the host, part by part, on the wall clock: ReportingBackend's defaults; with
+`--check fusion`, a checked step's parts too.
 
     source .gpu/setup.sh && python benchmarks/sampled_step_parts.py --model llama --json sampled_step_llama.json
     python benchmarks/sampled_step_parts.py --steps 120     # CPU: the tiny Llama
+    OMP_NUM_THREADS=1 python benchmarks/sampled_step_parts.py --check fusion --check-every 5 --steps 200
 
 `benchmarks/overhead.py --profile` files cProfile's times under the parts of the training path; cProfile adds about a
 microsecond to every call, which inflates a sampled step's many small calls. Here the functions a sampled call runs
@@ -56,6 +58,19 @@ WRAPPED = (
     ("host", "HostWatch", "end", "host readings (end)"),
     ("runners", "ThunderOverhead", "read", "Thunder's host time read"),
 )
+#: What a checked call runs (`--check fusion`): the split's checks, the regions' references and their judging, the
+#: watched outputs (parts nest: a judge runs inside its check).
+WRAPPED_CHECK = (
+    ("split_check", "SplitCheck", "_check_forward", "split forward check"),
+    ("split_check", "SplitCheck", "_arm_backward", "split backward armed"),
+    ("split_check", "BackwardCheck", "check", "split backward check"),
+    ("split_check", None, "judge", "split judging (inside its checks)"),
+    ("region_check", "RegionCheck", "_check", "region references and judging"),
+    ("region_check", None, "judge", "region judging (inside the above)"),
+    ("region_check", "RegionCheck", "_compare_watched", "watched outputs compared"),
+    ("region_check", "RegionCheck", "_watch", "watched outputs copied"),
+    ("region_check", "RegionCheck", "begin_trace", "split inputs copied (region check)"),
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default="llama", choices=overhead.MODELS)
     parser.add_argument("--steps", type=int, default=200, help="measured steps (default 200: 4 sampled)")
     parser.add_argument("--warmup", type=int, default=8, help="steps before the measurement (default 8)")
+    parser.add_argument("--check", default="off", choices=("off", "fusion"),
+                        help="THUNDERFX_DEBUG_CHECK of the backend (default off); with fusion, every --check-every-th "
+                             "call is checked and its parts are timed too")
+    parser.add_argument("--check-every", type=int, default=50, help="THUNDERFX_DEBUG_CHECK_EVERY (default 50)")
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
@@ -105,13 +124,14 @@ def main(argv=None) -> int:
     size = overhead.CUDA_SIZE if cuda else harness.SIZES["tiny"]
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
     model, batch = harness.build(args.model, size, device, dtype, seed=0)
-    backend = ReportingBackend(**harness.thunder_options(device))
+    checks = {} if args.check == "off" else {"check": args.check, "check_every": args.check_every}
+    backend = ReportingBackend(**checks, **harness.thunder_options(device))
     trainer = harness.Trainer(model, backend, [batch], lr=1e-4)
     for _ in range(args.warmup):
         trainer.step()
     trainer.clock.sync()
     times: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    time_calls(WRAPPED, times)
+    time_calls(WRAPPED + (WRAPPED_CHECK if checks else ()), times)
     steps = []
     for _ in range(args.steps):
         before = {label: entry[0] for label, entry in times.items()}
@@ -120,19 +140,22 @@ def main(argv=None) -> int:
         trainer.step()
         host_ns = time.perf_counter_ns() - started
         parts = {label: entry[0] - before.get(label, 0) for label, entry in times.items()}
-        steps.append({"call": call, "sampled": backend.is_sampled(call), "host_us": host_ns / 1e3,
+        steps.append({"call": call, "sampled": backend.is_sampled(call), "checked": backend.is_checked(call),
+                      "host_us": host_ns / 1e3,
                       "parts_us": {label: ns / 1e3 for label, ns in parts.items() if ns}})
         if call % 10 == 0:
             trainer.clock.sync()  # keeps the host from running ahead of the device by more than a few steps
     sampled = [s for s in steps if s["sampled"]]
     for step in sampled:  # memory is measured on a schedule of its own among the sampled calls
         step["memory"] = "saved-tensor hooks on" in step["parts_us"]
-    after = [s for s in steps if s["call"] - 1 in {p["call"] for p in sampled}]
-    ordinary = [s for s in steps if not s["sampled"] and s not in after]
+    checked = [s for s in steps if s["checked"]]
+    after = [s for s in steps if s["call"] - 1 in {p["call"] for p in sampled + checked}]
+    ordinary = [s for s in steps if not s["sampled"] and not s["checked"] and s not in after]
     results = {
         "model": args.model, "device": device, "steps": args.steps,
         "ordinary_step_us_median": statistics.median(s["host_us"] for s in ordinary) if ordinary else None,
         "sampled_steps": sampled,
+        "checked_steps": [{"call": s["call"], "host_us": s["host_us"]} for s in checked],
         "steps_after_sampled_us": [s["host_us"] for s in after],
         "calls_per_sampled_step": {label: entry[1] / max(1, len(sampled)) for label, entry in times.items()},
     }
@@ -141,12 +164,22 @@ def main(argv=None) -> int:
         labels = sorted({label for s in chosen for label in s["parts_us"]})
         results[f"parts_us_mean_sampled_{kind.replace(' ', '_')}"] = {
             label: sum(s["parts_us"].get(label, 0.0) for s in chosen) / len(chosen) for label in labels}
+    check_labels = [label for _, _, _, label in WRAPPED_CHECK]
+    results["parts_us_mean_checked"] = {
+        label: sum(s["parts_us"].get(label, 0.0) for s in checked) / len(checked)
+        for label in check_labels if any(label in s["parts_us"] for s in checked)} if checked else {}
     if cuda:
         results["allocator"] = allocator_costs(trainer)
     print(f"{args.model} on {device}: ordinary step {results['ordinary_step_us_median']:.0f} us of host time (median)")
     for step in sampled:
         memory = ", memory measured" if step["memory"] else ""
         print(f"  sampled step {step['call']}: {step['host_us']:.0f} us{memory}")
+    for step in checked:
+        print(f"  checked step {step['call']}: {step['host_us']:.0f} us")
+    if results["parts_us_mean_checked"]:
+        print("  parts of a checked step (mean us):")
+    for label, us in sorted(results["parts_us_mean_checked"].items(), key=lambda item: -item[1]):
+        print(f"    {label:45s} {us:9.1f}")
     for kind in ("with_memory", "without_memory"):
         parts = results[f"parts_us_mean_sampled_{kind}"]
         if parts:

@@ -307,6 +307,17 @@ def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_t
     assert "saved-tensor hooks on" not in results["parts_us_mean_sampled_without_memory"]
 
 
+def test_sampled_step_parts_times_a_checked_steps_parts_with_the_check_on(tmp_path):
+    """--check fusion: the checked calls (1 + 5k after the warm-up) are listed with their checks' parts."""
+    out = tmp_path / "parts.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "sampled_step_parts.py"), "--check", "fusion", "--check-every",
+                    "5", "--steps", "10", "--json", str(out)], check=True, capture_output=True, text=True, timeout=600)
+    results = json.loads(out.read_text())["results"]
+    assert [s["call"] for s in results["checked_steps"]] == [11, 16]
+    assert {"region references and judging", "split forward check",
+            "split backward check"} <= set(results["parts_us_mean_checked"])
+
+
 # ---- the benchmarks and the package's public names ----------------------------------------------------------------
 
 #: The package's public modules besides its own names (`thunderfx_debug.__all__`), each with its submodules, as
