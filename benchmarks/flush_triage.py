@@ -55,6 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4, help="steps of each copy before the pairs (default 4)")
     parser.add_argument("--pairs", type=int, default=20,
                         help="timed pairs of steps (default 20); 0: no inductor copy, the triage alone")
+    parser.add_argument("--train-s", type=float, default=0.0,
+                        help="go on training the ThunderFX copy until this many seconds after its warm-up before "
+                             "the flush, as a run trains between its start and its first flush (on CUDA the "
+                             "triage's children compile the splits meanwhile, ahead of the flush; default 0)")
     parser.add_argument("--timing-every", type=int, default=6,
                         help="THUNDERFX_DEBUG_TIMING_EVERY of the ThunderFX copy, which samples its splits (default 6)")
     parser.add_argument("--inputs", default="meta", choices=("meta", "real"),
@@ -121,15 +125,31 @@ def step_gap(copies: dict, args) -> dict:
         for _ in range(args.warmup):
             copy.step()
     copies["thunderfx"].clock.sync()
-    warmup_s = time.perf_counter() - started
+    warmed_at = time.perf_counter()
+    warmup_s = warmed_at - started
     if not args.pairs:
-        return {"warmup_s": warmup_s, "inductor_step_ms": [], "thunderfx_step_ms": [], "gap_ms": None,
-                "gap_low_ms": None, "gap_high_ms": None, "ratio": None, "ratio_low": None, "ratio_high": None,
+        return {"warmup_s": warmup_s, "warmed_at": warmed_at, "inductor_step_ms": [], "thunderfx_step_ms": [],
+                "gap_ms": None, "gap_low_ms": None, "gap_high_ms": None, "ratio": None, "ratio_low": None, "ratio_high": None,
                 "pairs": 0}
     steps = harness.interleaved({side: (lambda c=copy: c.timed_step()[1]) for side, copy in copies.items()},
                                 args.pairs)
-    return {"warmup_s": warmup_s, "inductor_step_ms": steps["inductor"], "thunderfx_step_ms": steps["thunderfx"],
+    return {"warmup_s": warmup_s, "warmed_at": warmed_at, "inductor_step_ms": steps["inductor"],
+            "thunderfx_step_ms": steps["thunderfx"],
             **paired(steps["thunderfx"], steps["inductor"])}
+
+
+def train_before_flush(copy, seconds: float) -> dict:
+    """Steps of the ThunderFX copy for `seconds` more (none where it is not positive); the steps, and the most device
+    memory the other processes on the GPU held meanwhile (the children compiling ahead of the flush)."""
+    steps = 0
+    with ChildrenMemory() as memory:
+        ends = time.perf_counter() + seconds
+        while time.perf_counter() < ends:
+            copy.step()
+            steps += 1
+        if steps:
+            copy.clock.sync()
+    return {"steps_before_flush": steps, "children_device_mb_before_flush": memory.most_mb if steps else None}
 
 
 def triage_figures(backend) -> dict:
@@ -178,10 +198,11 @@ def triage_figures(backend) -> dict:
 
 def flush_timeline(lines: Path, started_at: float, flush_s: float) -> dict:
     """Where the flush's seconds went, from the step lines the triage's children wrote with their wall-clock times:
-    per split, each step's start (s from the flush's start) and how long it lasted until the next line of the same
-    child (the last step, the timing, until the child's verdict line, which has no time: None); when the first child
-    began its first step (before it: the flush's own work, writing the jobs, and the children's start); when the last
-    step began; and the flush's end.
+    per split, each step's start (s from the flush's start; negative: a child compiling ahead of the flush, during
+    training) and how long it lasted until the next line of the same child (the last step, the timing, until the
+    child's verdict line, which has no time: None); when the first child began its first step within the flush
+    (before it: the flush's own work, writing the jobs, and the children's start); when the last step began; and the
+    flush's end.
 
     Example (one split, its child's steps at 3 s and 10 s of a 14 s flush):
         >>> import json, tempfile
@@ -211,7 +232,8 @@ def flush_timeline(lines: Path, started_at: float, flush_s: float) -> dict:
             same_child = after is not None and after["attempt"] == step["attempt"]
             step["lasted_s"] = round(after["at_s"] - step["at_s"], 3) if same_child else None
         splits[results.parent.name] = steps
-    starts = [s["at_s"] for steps in splits.values() for s in steps]
+    # Steps before the flush's start are those of the children that compiled ahead of it, during training.
+    starts = [s["at_s"] for steps in splits.values() for s in steps if s["at_s"] >= 0]
     return {"splits": splits, "first_step_s": min(starts, default=None), "last_step_s": max(starts, default=None),
             "flush_s": flush_s}
 
@@ -260,8 +282,10 @@ def run_model(name: str, args) -> dict:
 
     copies, backend, size = build_copies(name, args)
     gap = step_gap(copies, args)
+    trained = train_before_flush(copies["thunderfx"], args.train_s - (time.perf_counter() - gap.pop("warmed_at")))
     result = {"model": name, "size": args.size, "layers": size.layers, "dtype": args.dtype, "device": args.device,
-              "level": args.level, "attention_mask": not args.no_attention_mask, **gap, **triage_figures(backend)}
+              "level": args.level, "attention_mask": not args.no_attention_mask, **gap, **trained,
+              **triage_figures(backend)}
     thunder_splits = result["thunder_splits"]
     result["thunder_splits"] = len(thunder_splits)
     result["unattributed_ms"] = gap["gap_ms"] - result["triage_net_ms"] if args.pairs else None
@@ -297,8 +321,15 @@ def _print(r: dict, thunder_splits: list[str]) -> None:
               "differ too: the pieces' device time on CUDA against the step's wall time)")
     timeline = r.get("timeline") or {}
     if timeline.get("first_step_s") is not None:
-        print(f"   the children's first step began {timeline['first_step_s']:.1f} s into the flush (the jobs written, "
-              f"the children started), their last {timeline['last_step_s']:.1f} s in, of {r['flush_s']:.1f} s:")
+        if r.get("steps_before_flush"):
+            memory = r.get("children_device_mb_before_flush")
+            print(f"   trained {r['steps_before_flush']} more steps before the flush (--train-s); where the "
+                  "flush's children are fresh interpreters (CUDA), some compiled splits ahead of it meanwhile (their "
+                  "steps at negative times below)"
+                  + (f"; the GPU's other processes held at most {memory} MB meanwhile" if memory is not None else ""))
+        print(f"   the children's first step within the flush began {timeline['first_step_s']:.1f} s into it (the "
+              f"jobs written, the children started or given the word), their last {timeline['last_step_s']:.1f} s "
+              f"in, of {r['flush_s']:.1f} s:")
         for split, steps in timeline["splits"].items():
             print(f"     {split}: " + "; ".join(
                 f"{s['step']} at {s['at_s']:.1f} s" + (f" ({s['lasted_s']:.1f} s)" if s["lasted_s"] is not None else "")

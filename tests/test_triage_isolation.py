@@ -146,3 +146,69 @@ def test_on_cuda_a_device_side_assert_in_a_piece_s_process_is_its_verdict_and_th
     assert asserted.fusions and all(f.triage.error is None for f in asserted.fusions)
     assert all(s.triage.error is None and s.triage.clock.value == "cuda" for s in others)
     assert all({"repro_thunder", "repro_inductor"} <= set(s.files) for s in [asserted, *others])
+
+
+def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_again_and_training_is_unchanged(
+        tmp_path, monkeypatch, one_thread, in_training):
+    """Where the flush's children are fresh interpreters (a process that initialised CUDA), a child compiles a split
+    with Thunder during training, on inputs made from its metadata; the flush hands it the run's tensors and it goes
+    on from its compile, which nothing in training notices."""
+    import json
+    import shutil
+    import time
+
+    monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+    lines = tmp_path / "lines"
+    verdicts = flush_triage.verdicts
+
+    def keeping_lines(folder, tried):  # the folders are deleted after the flush reads them
+        (lines / folder.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / "results.jsonl", lines / folder.name / "results.jsonl")
+        return verdicts(folder, tried)
+
+    monkeypatch.setattr(flush_triage, "verdicts", keeping_lines)
+    executors = _executors()
+    backend = ReportingBackend(dump_dir=tmp_path / "dump", triage="split", flush_every=0, strict=True,
+                               executors=executors)
+    ahead = backend._flusher._triager.ahead
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = ThreeGraphs()
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(8, 16)
+    losses = []
+
+    def step():
+        loss = compiled(x)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+
+    for _ in range(STEPS_BEFORE):
+        step()
+    deadline = time.monotonic() + 240  # the thread's next look, a fresh interpreter's start and Thunder's compile
+    while time.monotonic() < deadline and not any(
+            "compiled ahead" in (child.folder / "results.jsonl").read_text()
+            for child in ahead.children.values() if (child.folder / "results.jsonl").exists()):
+        time.sleep(0.5)
+    started = dict(ahead.children)
+    assert started, "no split was compiled ahead within 240 s"
+    rank_dir = backend.flush()
+    for _ in range(STEPS_AFTER):
+        step()
+    params = [p.detach().clone() for p in model.parameters()]
+    _assert_as_plain(torch.stack(losses), params, executors)
+
+    splits = _thunder_splits(load_report(rank_dir))
+    assert splits and all(s.triage.error is None for s in splits.values()), {
+        k: s.triage.error for k, s in splits.items()}
+    for key, child in started.items():
+        steps = [json.loads(line) for line in (lines / child.folder.name / "results.jsonl").read_text().splitlines()]
+        said = [s["step"] for s in steps if "step" in s]
+        assert "the flush's word: the compile ahead serves" in said, said
+        # The flush's child went on from the compile ahead: it did not compile the split with Thunder again.
+        assert "compiling the split with Thunder and calling it once" not in said, said
+        assert any(s["piece"] == key and "triage" in s for s in steps)
+        assert not child.folder.exists()  # removed once read

@@ -10,6 +10,8 @@ a folder the training process writes and the child reads, so that nothing of the
                             (THUNDERFX_DEBUG_INPUTS=real) and the run's own tensors still alive and laid out as on the
                             recorded call (parameters, buffers, position ids...), as host copies in the format of
                             `recording.capture` (`torch.load(..., weights_only=True)`)
+    <folder>/go             the flush's word to a child that compiled the split ahead of it (`flush.triage_ahead`):
+                            the files above are now the flush's, with the run's tensors
     <folder>/results.jsonl  written by the child: a line when it starts a piece and each step of it, a line with the
                             piece's record when it is done; what the parent reads, even of a child that died
 
@@ -36,6 +38,8 @@ from thunderfx_debug.records import InputMeta, Triage
 
 FORMAT = 1
 DESCRIPTION, GRAPH, TENSORS, RESULTS = "piece.json", "graph.bin", "tensors.pt", "results.jsonl"
+#: The flush's word to a child compiling ahead of it (`triage_child.run_ahead`): the job in the folder is complete.
+GO = "go"
 
 
 @dataclasses.dataclass(frozen=True)

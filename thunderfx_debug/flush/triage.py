@@ -19,6 +19,10 @@ meanwhile (`triage_child.on_the_device`); there an executor of the user's is the
 module that registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing
 there is not judged, and says which executor and why.
 
+Where the children are fresh interpreters, each split is compiled ahead of the flush, during training, by a child
+the flush then hands the run's tensors (`triage_ahead`): a fresh process compiles the split with Thunder again, which
+is most of a flush's time otherwise.
+
 The training process waits while the children run, at every flush that triages (the periodic one included): a child
 timing pieces on the GPU the training still used would time the training's kernels with its own. The children's
 CUDA contexts and the inputs they are handed (host copies of the split's live tensors, written to a temporary
@@ -34,6 +38,7 @@ nothing again; a flush that cannot time (SIGTERM's) marks the pieces not timed y
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -42,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +55,11 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.settings.config import TriageLevel
-from thunderfx_debug.flush import children, graph_codec, jobs, triage_child, worker_pool
+from thunderfx_debug.flush import children, graph_codec, jobs, triage_ahead, triage_child, worker_pool
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
-from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder, SplitSnapshot
 from thunderfx_debug.render.headline import COLD_SAMPLES
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import rerun
@@ -91,6 +96,21 @@ class Triager:
         # split key -> (its trace objects, kept alive so that their ids stay theirs; the owner -> triage of the split
         # and its regions)
         self._done: dict[str, tuple[tuple, dict[str, Triage]]] = {}
+        self.ahead: triage_ahead.Ahead | None = None
+
+    def compile_ahead(self, recorder: Recorder, settings: TriageSettings,
+                      thunder_options: Callable[[], Mapping[str, Any]]) -> None:
+        """Compiles the run's splits in children ahead of the flush, during training, where the flush's children
+        are fresh interpreters (`triage_ahead`)."""
+        if settings.level is TriageLevel.OFF or self.ahead is not None:
+            return
+
+        def write_job(folder: Path, snapshot: GraphSnapshot, split: SplitSnapshot) -> None:
+            _write_job(folder, f"{snapshot.state.name}/{split.state.name}", snapshot, split, settings, 1.0,
+                       thunder_options(), run_tensors_too=False)
+
+        self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
+                                        lambda key: key in self._done)
 
     def known(self) -> dict[str, Triage]:
         """owner -> triage of the pieces triaged so far."""
@@ -143,26 +163,39 @@ class Triager:
                 log.warning("thunderfx_debug: the training process's device cannot be waited for (%s): the triage's "
                             "children make every input from the recorded metadata", unusable)
             lock = None if forks(settings) else str(Path(root) / "device.lock")
-            for index, (key, snapshot, split, per_step) in enumerate(pending):
-                folder = Path(root) / f"split{index}"
+            ahead: dict[str, triage_ahead.AheadChild] = {}  # split key -> its child, compiled ahead of this flush
+            with self.ahead or contextlib.nullcontext():  # no child starts ahead while this flush runs its own
+                for index, (key, snapshot, split, per_step) in enumerate(pending):
+                    child = self.ahead.child_for(key, (split.fwd_trace, split.bwd_trace)) if self.ahead else None
+                    folder = Path(root) / f"split{index}" if child is None else child.folder
+                    try:
+                        _write_job(folder, key, snapshot, split, settings, per_step, thunder_options,
+                                   run_tensors_too=unusable is None, device_lock=lock)
+                        folders[key] = folder
+                        if child is not None:
+                            triage_ahead.Ahead.go(child)
+                            ahead[key] = child
+                    except Exception as e:  # noqa: BLE001  (a job that cannot be written: its pieces say why)
+                        if child is not None:
+                            triage_ahead.Ahead.discard(child)
+                        error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
+                        found[key] = {owner: Triage(deviation=settings.deviation, calls_per_step=per_step, error=error)
+                                      for owner in _owners(key, split, settings)}
+                attempts: dict[Path, list[Attempt]] = {}
                 try:
-                    _write_job(folder, key, snapshot, split, settings, per_step, thunder_options,
-                               run_tensors_too=unusable is None, device_lock=lock)
-                    folders[key] = folder
-                except Exception as e:  # noqa: BLE001  (a job that cannot be written: its pieces say why)
-                    error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
-                    found[key] = {owner: Triage(deviation=settings.deviation, calls_per_step=per_step, error=error)
-                                  for owner in _owners(key, split, settings)}
-            attempts: dict[Path, list[Attempt]] = {}
-            try:
-                attempts = run_children(list(folders.values()), settings, Path(root))
-            except Exception as e:  # noqa: BLE001  (no child could be run: every piece says why, none is lost)
-                failures.record("running the triage's children", e)
-                attempts = {folder: [Attempt(0, None, folder / "attempt0.log",
-                                             f"no child could be run: {type(e).__name__}: {e}")] for folder in folders.values()}
-            for key, folder in folders.items():
-                with failures.guard(f"reading the triage of {key}"):
-                    found[key] = verdicts(folder, attempts.get(folder, []))
+                    attempts = run_children([f for k, f in folders.items() if k not in ahead], settings, Path(root))
+                    attempts.update({child.folder: _finish_ahead(child, settings, Path(root))
+                                     for child in ahead.values()})
+                except Exception as e:  # noqa: BLE001  (no child could be run: every piece says why, none is lost)
+                    failures.record("running the triage's children", e)
+                    attempts = {folder: [Attempt(0, None, folder / "attempt0.log",
+                                                 f"no child could be run: {type(e).__name__}: {e}")]
+                                for folder in folders.values()}
+                for key, folder in folders.items():
+                    with failures.guard(f"reading the triage of {key}"):
+                        found[key] = verdicts(folder, attempts.get(folder, []))
+                for child in ahead.values():
+                    triage_ahead.Ahead.discard(child)
         for key, snapshot, split, per_step in pending:
             results = {owner: _beside_the_run(t, _run_samples(split, owner, key))
                        for owner, t in found.get(key, {}).items()}
@@ -262,9 +295,7 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
         for folder in folders:
             _go_on(folder, attempts[folder], lambda attempt, log: _forked(folder, attempt, log, settings), settings)
         return attempts
-    launcher = root / "triage_child.py"
-    launcher.write_text("from thunderfx_debug.flush.triage_child import main\nmain()\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+    launcher, env = _launcher(root)
 
     def alone(job: worker_pool.Job, env: Mapping[str, str], worker_end: worker_pool.Finished) -> worker_pool.Finished:
         folder = Path(job.args[0])
@@ -291,6 +322,26 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
             _go_on(folder, attempts[folder],
                    lambda attempt, log, folder=folder: _fresh(launcher, folder, attempt, log, env, settings), settings)
     return attempts
+
+
+def _launcher(root: Path) -> tuple[Path, dict[str, str]]:
+    """The script a fresh child runs, written into `root`, and its environment (this process's module path)."""
+    launcher = root / "triage_child.py"
+    launcher.write_text("from thunderfx_debug.flush.triage_child import main\nmain()\n")
+    return launcher, worker_pool.this_module_path()
+
+
+def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings, root: Path) -> list[Attempt]:
+    """Waits for a child that compiled its split ahead of this flush and was given the word; the pieces it did not
+    start go on in fresh children, as any job's."""
+    job, _, _ = jobs.read(child.folder)
+    limit = settings.timeout_s * (len(job.pieces) + 1)  # its own watchdog ends a piece before this
+    status = worker_pool.end_process(child.process, limit)
+    tried = [Attempt(0, status, child.log, "" if status is not None else f"killed after {limit:.0f} s")]
+    launcher, env = _launcher(root)
+    _go_on(child.folder, tried, lambda attempt, log: _fresh(launcher, child.folder, attempt, log, env, settings),
+           settings)
+    return tried
 
 
 def _go_on(folder: Path, tried: list[Attempt], start, settings: TriageSettings) -> None:

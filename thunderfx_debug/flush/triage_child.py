@@ -53,22 +53,16 @@ TIMEOUT_MARK = "Timeout ("
 
 class _Split:
     """The job's split compiled in this process, with its inputs, kept for its regions (and, in a worker that runs
-    several jobs, only for its own job)."""
+    several jobs, only for its own job). `against_the_run=False` (a compile ahead of the flush, on inputs made from
+    the metadata: `run_ahead`) leaves the comparison with the run's traces to `given_the_run`."""
 
-    def __init__(self, job: jobs.SplitJob, graph: bytes, tensors: dict[str, jobs.RunTensors]):
-        self.job, self.tensors = job, tensors
+    def __init__(self, job: jobs.SplitJob, graph: bytes, tensors: dict[str, jobs.RunTensors],
+                 against_the_run: bool = True):
         setup = job.setup
         self.module = graph_codec.decode(graph)
         self.compiled = rerun.jit_as_in_the_run(self.module, setup.options, setup.executors, setup.executor_modules,
                                                 setup.prologue_pruning)
-        self.args, self.inputs = made_inputs(job.inputs, tensors.get(job.key, jobs.RunTensors()))
-        # The inputs the split writes into, as the run passed them: each call of either side starts from them.
-        self.restore = [(self.args[i], self.args[i].detach().clone())
-                        for i in split_facts(self.module).mutated_inputs
-                        if i < len(self.args) and isinstance(self.args[i], torch.Tensor)]
-        autocast = tuple((device, enabled, getattr(torch, dtype)) for device, enabled, dtype in job.autocast)
-        self.runs_as = RunsAs(job.grad_enabled, autocast)
-        self.call = TrainingCall(self.compiled, self.args, job.grad_outputs, self.restore)
+        self._bind(job, tensors)
         failed = None
         with on_the_device(job), kept_random_state(self.args), self.runs_as:
             try:
@@ -77,6 +71,30 @@ class _Split:
                 failed = e
         # Thunder keeps the traces it built before it runs them: whether the call failed or not, they say whether
         # this process compiled the run's code.
+        if against_the_run:
+            self._against_the_run(job)
+        if failed is not None:
+            raise NotJudged(because(
+                "Thunder's compile of the split " + ("(the run's code, line for line) " if against_the_run else "")
+                + f"failed on the triage's inputs ({self.inputs}; {_layouts_against(self.args, job.inputs.metas)})",
+                failed)) from failed
+        from thunderfx_debug.thunder.traces import final_traces
+
+        fwd, bwd = final_traces(self.compiled)
+        self.regions = {r.key: r for r in fusion_regions(fwd, Phase.FORWARD) + fusion_regions(bwd, Phase.BACKWARD)}
+
+    def _bind(self, job: jobs.SplitJob, tensors: dict[str, jobs.RunTensors]) -> None:
+        self.job, self.tensors = job, tensors
+        self.args, self.inputs = made_inputs(job.inputs, tensors.get(job.key, jobs.RunTensors()))
+        # The inputs the split writes into, as the run passed them: each call of either side starts from them.
+        self.restore = [(self.args[i], self.args[i].detach().clone())
+                        for i in split_facts(self.module).mutated_inputs
+                        if i < len(self.args) and isinstance(self.args[i], torch.Tensor)]
+        autocast = tuple((device, enabled, getattr(torch, dtype)) for device, enabled, dtype in job.autocast)
+        self.runs_as = RunsAs(job.grad_enabled, autocast)
+        self.call = TrainingCall(self.compiled, self.args, job.grad_outputs, self.restore)
+
+    def _against_the_run(self, job: jobs.SplitJob) -> None:
         forward, backward = rerun.final_trace_texts(self.compiled)
         differs = rerun.same_trace(forward, job.fwd_text) or (
             rerun.same_trace(backward, job.bwd_text) and f"backward: {rerun.same_trace(backward, job.bwd_text)}")
@@ -84,15 +102,33 @@ class _Split:
             raise NotJudged("Thunder compiled other code for the split in a process of its own than in the run, so "
                             f"its time there is not the run's (the final traces differ at {differs}); a bug of "
                             "thunderfx_debug's inputs or options: report it with the dump")
-        if failed is not None:
-            raise NotJudged(because(
-                "Thunder's compile of the split " + ("(the run's code, line for line) " if forward is not None else "")
-                + f"failed on the triage's inputs ({self.inputs}; {_layouts_against(self.args, job.inputs.metas)})",
-                failed)) from failed
-        from thunderfx_debug.thunder.traces import final_traces
 
-        fwd, bwd = final_traces(self.compiled)
-        self.regions = {r.key: r for r in fusion_regions(fwd, Phase.FORWARD) + fusion_regions(bwd, Phase.BACKWARD)}
+    def given_the_run(self, job: jobs.SplitJob, tensors: dict[str, jobs.RunTensors]) -> str | None:
+        """The split compiled ahead, given the job the flush wrote (the run's tensors, its traces, the device lock):
+        its inputs made again, from the run's tensors. None where that compile serves: the new inputs are laid out as
+        the made ones (so Thunder runs the code it compiled for those) and its traces are the run's; else why not
+        (the caller compiles the split again)."""
+        from thunderfx_debug.recording.capture import value_meta
+
+        before = list(self.args)
+        made = tuple(value_meta(a) for a in before)
+        self._bind(job, tensors)
+        others = [i for i, (a, b) in enumerate(zip(before, self.args))
+                  if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor)
+                  or (not isinstance(a, torch.Tensor) and type(a) is type(b) and a != b)]
+        if others or len(before) != len(self.args):
+            return f"the run's inputs differ from the ones it was compiled for (non-tensor inputs {others[:4]})"
+        laid_out = _layouts_against(self.args, made)
+        if laid_out != SAME_LAYOUTS:
+            return f"the run's inputs are laid out otherwise than the ones it was compiled for ({laid_out})"
+        try:
+            self._against_the_run(job)
+        except NotJudged as e:
+            return str(e)
+        return None
+
+
+SAME_LAYOUTS = "every tensor laid out as the run's"
 
 
 def _layouts_against(args, metas) -> str:
@@ -109,7 +145,7 @@ def _layouts_against(args, metas) -> str:
                    if getattr(made, f) != getattr(meta, f)]
         if changed:
             differ.append(f"input {i}: " + ", ".join(changed))
-    return "; ".join(differ[:4]) if differ else "every tensor laid out as the run's"
+    return "; ".join(differ[:4]) if differ else SAME_LAYOUTS
 
 
 class on_the_device:
@@ -264,6 +300,63 @@ def run(folder: Path, attempt: int = 0) -> None:
             os._exit(3)
 
 
+#: The pseudo-piece under which a child compiling ahead of the flush writes its step lines (no piece's: a child that
+#: dies there has started none, and the flush's children take them all).
+AHEAD = "(ahead of the flush)"
+#: Seconds between two looks of a child compiling ahead for the flush's word (`jobs.GO`) and for its parent.
+AHEAD_POLL_S = 0.2
+
+
+def run_ahead(folder: Path, memory_share: float) -> None:
+    """A child started during training (`flush.triage_ahead`): compiles the job's split with Thunder on inputs made
+    from its metadata (the job holds none of the run's tensors yet) and calls it once, holding at most
+    `memory_share` of the device memory free when it starts; then waits for the flush's word (`jobs.GO`), and goes
+    on as any child (`run`) with the job the flush wrote, its compile done where it serves (`_Split.given_the_run`).
+    A compile that fails here is not a verdict: the child compiles again on the run's inputs after the word. It ends,
+    and removes its folder, when the training process is gone without a word."""
+    parent, go, results = os.getppid(), folder / jobs.GO, jobs.Results(folder)
+    ahead = None
+    if not go.exists():
+        results.step(AHEAD, "compiling the split with Thunder ahead of the flush, on inputs made from its metadata", 0)
+        try:
+            job, graph, _ = jobs.read(folder)
+            _cap_device_memory(memory_share)
+            with _watched(job.piece_timeout_s):
+                ahead = _Split(job, graph, {}, against_the_run=False)
+            results.step(AHEAD, "compiled ahead; waiting for the flush", 0)
+        except Exception as e:  # noqa: BLE001  (said in its step line; compiled again after the word)
+            results.step(AHEAD, f"not compiled ahead ({type(e).__name__}: {str(e).strip()[:300]}); waiting for the "
+                                "flush, which compiles it again", 0)
+    while not go.exists():
+        if os.getppid() != parent:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        time.sleep(AHEAD_POLL_S)
+    _cap_device_memory(None)  # the training waits for the flush now: the device's memory is the triage's to use
+    if ahead is not None:
+        job, _, tensors = jobs.read(folder)
+        why_not = ahead.given_the_run(job, tensors)
+        results.step(AHEAD, "the flush's word: the compile ahead serves" if why_not is None else
+                     f"the flush's word: compiling again, {why_not[:300]}", 0)
+        if why_not is None:
+            _COMPILED.clear()
+            _COMPILED[str(folder)] = ahead
+    run(folder, 0)
+
+
+def _cap_device_memory(share: float | None) -> None:
+    """At most `share` of the device memory free now for this process's allocator (None: no cap)."""
+    if not torch.cuda.is_available():
+        return
+    if share is None:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        return
+    free, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, share * free / total)))
+
+
 def _device_usable() -> bool:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return True
@@ -290,8 +383,11 @@ class _watched:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[1] == "--ahead":
+        run_ahead(Path(argv[0]), float(argv[2]))
+        return
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT]")
+        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead SHARE]")
     run(Path(argv[0]), int(argv[1]) if len(argv) > 1 else 0)
 
 

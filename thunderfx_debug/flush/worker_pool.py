@@ -318,15 +318,32 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
 def run_process(argv: Sequence[str], log: Path, env: Mapping[str, str], timeout_s: float) -> int | None:
     """Runs `argv` in a process of its own, stdout and stderr into `log`; its exit status (negative: killed by that
     signal), or None where it ran past `timeout_s` and was ended with what it started (its process group)."""
+    return end_process(start_process(argv, log, env), timeout_s)
+
+
+def this_module_path() -> dict[str, str]:
+    """This process's environment with its module path as PYTHONPATH: a fresh interpreter imports the package (and a
+    user's executor modules) from where this process does."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+
+
+def start_process(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """`argv` started in a process of its own (a session, so that it can be ended with what it starts), stdout and
+    stderr into `log`; `end_process` waits for it."""
     with open(log, "w") as out:
-        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   env=dict(env), start_new_session=True)
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(env), start_new_session=True)
+
+
+def end_process(process: subprocess.Popen, timeout_s: float) -> int | None:
+    """`process`'s exit status (negative: killed by that signal), or None where it ran past `timeout_s` more and was
+    ended with its process group."""
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
         try:
-            return process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            process.wait()
-            return None
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
+        return None

@@ -110,6 +110,7 @@ class DumpFlusher:
         self._cache = ArtifactCache()
         self._triage_settings = triage or TriageSettings()
         self._triager = Triager()
+        self._triager.compile_ahead(recorder, self._triage_settings, lambda: self._settings().thunder_options)
         self._minimizer = Minimizer(minimize)
         self._writers: dict[Path, DumpWriter] = {}
         self._lock = threading.Lock()  # one flush at a time; a periodic one hands it to its writer thread

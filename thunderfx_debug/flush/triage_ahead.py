@@ -1,0 +1,192 @@
+"""The triage's compiles ahead of the flush: children started during training that compile a Thunder split again,
+so that the flush that triages it (which the training waits for) finds it compiled.
+
+Why: a child is a fresh interpreter where the training process has initialised CUDA (`flush.triage`), and a fresh
+interpreter compiles the split with Thunder again: nvFuser keeps the kernels it compiled in the process that
+compiled them. On the H200's 4-layer Llama that second compile of the decoder split is 55-60 s of a 90 s flush.
+
+How: a thread of the training process looks at the run's Thunder splits every `POLL_S`. Once a split has run
+`READY_CALLS` times (its first backward done and the optimizer's state made, so that the run's device memory is
+near what it keeps), the thread writes the split's job without the run's tensors (`triage._write_job` without
+them: metadata only, nothing read from the device) and starts a child (`triage_child.run_ahead`). The child compiles
+the split with Thunder on inputs made from that metadata, calls it once, and waits. At the flush, the training
+process (waiting now) writes the job again with the run's tensors, its traces and the flush's device lock, and gives
+the word (`jobs.GO`); the child goes on as any child of the flush, its compile done, and `triage` waits for it as
+for the others. Where the compile ahead does not serve (its inputs laid out otherwise than the run's, its traces
+not the run's, a failure on the made inputs), the child compiles again after the word, as a child of the flush would.
+
+Limits, and why they keep the training safe:
+- At most `triage.workers(settings)` children ahead at once, the splits whose first call took longest first; the
+  others compile at the flush as before.
+- Each child's allocator is capped (`torch.cuda.set_per_process_memory_fraction`) at a share of the device memory
+  free when it starts, half of it split between the children ahead, so that it cannot take what the training
+  allocates later; a child that runs out compiles again after the word, when the cap is lifted.
+- A child takes a CPU core while it compiles, a CUDA context until the flush, and runs its first call's kernels
+  beside the training's. Nothing is timed before the flush: a child timing on the GPU the training uses would time
+  the training's kernels with its own.
+- A child whose training process is gone ends and removes its folder. A split compiled again in the run (new
+  traces) is compiled at the flush, not ahead.
+- Where the flush's children are forks (a process that has not initialised CUDA), nothing is compiled ahead: a fork
+  starts with the training process's memory, and forking it mid-training would copy it mid-step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from thunderfx_debug.flush import jobs, worker_pool
+from thunderfx_debug.records import SplitKind
+from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder
+
+log = logging.getLogger("thunderfx_debug")
+
+#: Seconds between two looks at the run's splits.
+POLL_S = 1.0
+#: Calls of a split before it is compiled ahead: the first backward done and the optimizer's state made.
+READY_CALLS = 2
+#: The share of the device memory free when they start that the children ahead hold at most, all together.
+MEMORY_SHARE = 0.5
+
+
+@dataclasses.dataclass
+class AheadChild:
+    """A child compiling one split ahead of the flush: the split's traces when it started (the flush hands it the
+    split only while they are the same objects), its folder, process and output."""
+
+    key: str
+    traces: tuple[Any, Any]
+    folder: Path
+    process: subprocess.Popen
+    log: Path
+
+
+class Ahead:
+    """Starts and keeps the children ahead of one run (see the module docstring).
+
+    `slots()` says how many children compile ahead at once (0 while the flush's children would be forks);
+    `write_job(folder, snapshot, split)` writes a split's job without the run's tensors; `done(key)` whether the
+    triage has the split's verdicts already."""
+
+    def __init__(self, recorder: Recorder, slots: Callable[[], int],
+                 write_job: Callable[[Path, GraphSnapshot, Any], None], done: Callable[[str], bool]):
+        self._recorder, self._slots, self._write_job, self._done = recorder, slots, write_job, done
+        self._children: dict[str, AheadChild] = {}
+        self._tried: set[str] = set()  # split keys compiled ahead, or that could not be: each once
+        self._lock = threading.Lock()  # the thread's looks and the flush's hand-over, one at a time
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._watch, name="thunderfx_debug triage ahead", daemon=True)
+        self._thread.start()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy of the backend (Lightning deep-copies it) compiles nothing ahead: the original does.
+        return {"_recorder": None, "_slots": None, "_write_job": None, "_done": None, "_children": {},
+                "_tried": set(), "_pid": -1}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock(), _stop=threading.Event(), _thread=None)
+
+    # ---- the thread -----------------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            if os.getpid() != self._pid:
+                return
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._start_ready()
+                except Exception as e:  # noqa: BLE001  (said once; the flush compiles every split as before)
+                    log.warning("thunderfx_debug: compiling the triage's splits ahead of the flush failed, and stops "
+                                "(the flush compiles them): %s: %s", type(e).__name__, e)
+                    return
+
+    def _start_ready(self) -> None:
+        slots = self._slots() - len(self._children)
+        if slots <= 0:
+            return
+        ready = []
+        for state in list(self._recorder.graphs):
+            for split in list(state.splits):
+                key = f"{state.name}/{split.name}"
+                if (split.split.kind is SplitKind.THUNDER and key not in self._tried and split.error is None
+                        and split.calls >= READY_CALLS and split.captured is not None and not self._done(key)):
+                    first = split.first
+                    took = 0.0 if first is None else sum(first.forward.samples_ms) + sum(first.backward.samples_ms)
+                    ready.append((took, key, state, split))
+        for _, key, state, split in sorted(ready, key=lambda r: -r[0])[:slots]:
+            self._tried.add(key)
+            self._start(key, state, split, MEMORY_SHARE / self._slots())
+
+    def _start(self, key: str, state, split, memory_share: float) -> None:
+        snapshot = self._recorder.one_split(state, split)
+        split_snapshot = snapshot.splits[0]
+        if split_snapshot.fwd_trace is None:
+            return
+        folder = Path(tempfile.mkdtemp(prefix="thunderfx_debug_ahead_")) / f"ahead_{key.replace('/', '_')}"
+        try:
+            self._write_job(folder, snapshot, split_snapshot)
+        except Exception as e:  # noqa: BLE001  (the flush says why, as it writes the same job)
+            log.debug("thunderfx_debug: %s not compiled ahead: %s", key, e)
+            shutil.rmtree(folder.parent, ignore_errors=True)
+            return
+        log_path = folder / "ahead.log"
+        process = worker_pool.start_process(
+            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(memory_share)],
+            log_path, worker_pool.this_module_path())
+        self._children[key] = AheadChild(key, (split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
+                                         process, log_path)
+
+    # ---- the flush ------------------------------------------------------------------------------------------------
+    def __enter__(self) -> Ahead:
+        """The flush holds the children still (none started meanwhile) while it hands splits over."""
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+    def child_for(self, key: str, traces: tuple[Any, Any]) -> AheadChild | None:
+        """The child compiling `key` ahead, where it is alive and compiled the split as it is now (the same trace
+        objects); it is the flush's from here on. A child that is not is ended, and its split compiles at the flush."""
+        child = self._children.pop(key, None)
+        if child is None:
+            return None
+        if child.process.poll() is None and child.traces[0] is traces[0] and child.traces[1] is traces[1]:
+            return child
+        self.discard(child)
+        return None
+
+    @staticmethod
+    def go(child: AheadChild) -> None:
+        """The flush's word: the job in the child's folder is complete."""
+        (child.folder / jobs.GO).touch()
+
+    @staticmethod
+    def discard(child: AheadChild) -> None:
+        """Ends `child` (where it runs) and removes its folder."""
+        if child.process.poll() is None:
+            worker_pool.end_process(child.process, timeout_s=0)  # ended at once, with what it started
+        shutil.rmtree(child.folder.parent, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stops the thread and ends every child not handed to a flush."""
+        self._stop.set()
+        with self._lock:
+            for child in list(self._children.values()):
+                self.discard(child)
+            self._children.clear()
+
+    @property
+    def children(self) -> Mapping[str, AheadChild]:
+        return dict(self._children)
