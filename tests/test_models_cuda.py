@@ -171,12 +171,30 @@ def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference
         # own run read 0 or ~1e-38 (benchmarks/RESULTS.md, "Known issue"), so there is nothing to compare with. A
         # corrupted loss of the backend's run alone still fails below.
         pytest.xfail(f"plain ThunderCompiler's own losses are corrupted by nvFuser: {plain.tolist()}")
+    stray = _stray_iota_writes(losses, plain)
+    if stray:
+        # Seen on the H200 at 2 layers (benchmarks/RESULTS.md, "Known issue"): plain's losses clean, and the backend's
+        # bit-equal to them but where a loss tensor, kept on the device until the end, was written over afterwards
+        # with nvFuser's stray int64 iota values. Where the stray writes land depends on where the allocator put what.
+        pytest.xfail(f"nvFuser's out-of-bounds iota writes overwrote the stored losses of steps {stray}")
     # Both lists in the message: a loss of 0 in the backend's run alone reads differently from a drift of both.
     torch.testing.assert_close(losses, plain, rtol=2e-2, atol=0, msg=lambda message: (
         f"{message}\nReportingBackend: {losses.tolist()}\nplain ThunderCompiler: {plain.tolist()}"))
     assert losses[-1] < losses[0]
     backend.flush()
     _check_report(backend, tmp_path / "rank0")
+
+
+def _stray_iota_writes(losses: torch.Tensor, plain: torch.Tensor) -> list[int]:
+    """The steps whose loss differs from plain's only by having been overwritten with an int64 iota's bytes: each
+    such loss reads, as bfloat16, a small multiple of 64 in its bits (0, 5.9e-39, 1.2e-38...: the iota's values 0,
+    64, 128... at 512-byte spacing), and every other loss equals plain's bit for bit. Empty where anything else
+    differs (a real deviation fails the comparison)."""
+    bits = losses.to(torch.bfloat16).view(torch.int16).int()
+    differ = (losses != plain).nonzero().flatten().tolist()
+    if not differ or not all(0 <= bits[i] < 4096 and bits[i] % 64 == 0 for i in differ):
+        return []
+    return differ
 
 
 def test_hf_llama_trains_under_reporting_backend(tmp_path, plain_reference):
