@@ -112,6 +112,11 @@ class Triager:
         self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
                                         lambda key: key in self._done)
 
+    def holding_still(self) -> contextlib.AbstractContextManager:
+        """Within it, no split is read or compiled ahead of the flush: the flush reads the records that the thread
+        that compiles ahead reads too (`triage_ahead`)."""
+        return self.ahead if self.ahead is not None else contextlib.nullcontext()
+
     def known(self) -> dict[str, Triage]:
         """owner -> triage of the pieces triaged so far."""
         return {owner: t for _, results in self._done.values() for owner, t in results.items()}

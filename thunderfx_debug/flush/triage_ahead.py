@@ -82,7 +82,9 @@ class Ahead:
         self._recorder, self._slots, self._write_job, self._done = recorder, slots, write_job, done
         self._children: dict[str, AheadChild] = {}
         self._tried: set[str] = set()  # split keys compiled ahead, or that could not be: each once
-        self._lock = threading.Lock()  # the thread's looks and the flush's hand-over, one at a time
+        # The thread's looks and a flush's reading of the records and hand-over, one at a time (reentrant: the flush
+        # holds it around both).
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._watch, name="thunderfx_debug triage ahead", daemon=True)
@@ -94,7 +96,7 @@ class Ahead:
                 "_tried": set(), "_pid": -1}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock(), _stop=threading.Event(), _thread=None)
+        self.__dict__.update(state, _lock=threading.RLock(), _stop=threading.Event(), _thread=None)
 
     # ---- the thread -----------------------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -149,7 +151,8 @@ class Ahead:
 
     # ---- the flush ------------------------------------------------------------------------------------------------
     def __enter__(self) -> Ahead:
-        """The flush holds the children still (none started meanwhile) while it hands splits over."""
+        """The flush holds the thread still while it reads the records (which the thread reads too) and hands splits
+        over: no child starts meanwhile."""
         self._lock.acquire()
         return self
 

@@ -232,13 +232,14 @@ class DumpFlusher:
             if moved is not None:
                 log.info("thunderfx_debug: the earlier run's dump in %s moved to %s", rank_dir, moved)
             writer = self._writers[rank_dir] = DumpWriter(rank_dir)
-        snapshots = self.recorder.snapshot(wait=wait_for_device)
-        triaged = self._triager.known()
-        with self.failures.guard("triaging the pieces against inductor"):
-            unable = NOT_TRIAGING.get(occasion)
-            triaged = self._triager.triage(snapshots, self._triage_settings, self.failures,
-                                           self._settings().thunder_options, occasion,
-                                           unable.format(**(why or {})) if unable is not None else None)
+        with self._triager.holding_still():  # its thread, which compiles splits ahead of the flush, reads them too
+            snapshots = self.recorder.snapshot(wait=wait_for_device)
+            triaged = self._triager.known()
+            with self.failures.guard("triaging the pieces against inductor"):
+                unable = NOT_TRIAGING.get(occasion)
+                triaged = self._triager.triage(snapshots, self._triage_settings, self.failures,
+                                               self._settings().thunder_options, occasion,
+                                               unable.format(**(why or {})) if unable is not None else None)
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))
         if wait_for_device and occasion not in NOT_TRIAGING:  # not at periodic flushes, SIGTERM's, nor too late
