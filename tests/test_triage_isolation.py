@@ -212,3 +212,30 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
         assert "compiling the split with Thunder and calling it once" not in said, said
         assert any(s["piece"] == key and "triage" in s for s in steps)
         assert not child.folder.exists()  # removed once read
+
+
+def test_a_child_compiling_ahead_ends_and_removes_its_folder_when_the_training_process_dies(tmp_path):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "ahead_then_die.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    started = [line.split(maxsplit=1) for line in done.stdout.splitlines() if line.strip()]
+    assert done.returncode == 0 and started, (done.stdout, done.stderr[-3000:])
+    deadline = time.monotonic() + 180  # a child still importing torch and Thunder, or compiling, looks afterwards
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+    def left(pid: str, folder: str) -> bool:  # the folder, and the temporary folder made for it alone
+        return alive(int(pid)) or Path(folder).parent.exists()
+
+    while time.monotonic() < deadline and any(left(pid, folder) for pid, folder in started):
+        time.sleep(0.5)
+    assert not [(pid, folder) for pid, folder in started if left(pid, folder)]

@@ -144,7 +144,8 @@ class Ahead:
             return
         log_path = folder / "ahead.log"
         process = worker_pool.start_process(
-            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(memory_share)],
+            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(memory_share),
+             str(os.getpid())],
             log_path, worker_pool.this_module_path())
         self._children[key] = AheadChild(key, (split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
                                          process, log_path)

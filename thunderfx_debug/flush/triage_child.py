@@ -22,6 +22,7 @@ log and ends the process, so that a hang is a verdict with where it hung.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import os
@@ -307,14 +308,14 @@ AHEAD = "(ahead of the flush)"
 AHEAD_POLL_S = 0.2
 
 
-def run_ahead(folder: Path, memory_share: float) -> None:
+def run_ahead(folder: Path, memory_share: float, training_pid: int) -> None:
     """A child started during training (`flush.triage_ahead`): compiles the job's split with Thunder on inputs made
     from its metadata (the job holds none of the run's tensors yet) and calls it once, holding at most
     `memory_share` of the device memory free when it starts; then waits for the flush's word (`jobs.GO`), and goes
     on as any child (`run`) with the job the flush wrote, its compile done where it serves (`_Split.given_the_run`).
     A compile that fails here is not a verdict: the child compiles again on the run's inputs after the word. It ends,
-    and removes its folder, when the training process is gone without a word."""
-    parent, go, results = os.getppid(), folder / jobs.GO, jobs.Results(folder)
+    and removes its folder, when the training process (`training_pid`, its parent) is gone without a word."""
+    go, results = folder / jobs.GO, jobs.Results(folder)
     ahead = None
     if not go.exists():
         results.step(AHEAD, "compiling the split with Thunder ahead of the flush, on inputs made from its metadata", 0)
@@ -328,10 +329,12 @@ def run_ahead(folder: Path, memory_share: float) -> None:
             results.step(AHEAD, f"not compiled ahead ({type(e).__name__}: {str(e).strip()[:300]}); waiting for the "
                                 "flush, which compiles it again", 0)
     while not go.exists():
-        if os.getppid() != parent:
+        if os.getppid() != training_pid:  # its parent gone: this process was handed to another
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()  # the temporary folder made for it alone (`triage_ahead`)
             return
         time.sleep(AHEAD_POLL_S)
     _cap_device_memory(None)  # the training waits for the flush now: the device's memory is the triage's to use
@@ -383,11 +386,12 @@ class _watched:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[1] == "--ahead":
-        run_ahead(Path(argv[0]), float(argv[2]))
+    if len(argv) == 4 and argv[1] == "--ahead":
+        run_ahead(Path(argv[0]), float(argv[2]), int(argv[3]))
         return
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead SHARE]")
+        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead SHARE "
+                         "TRAINING_PID]")
     run(Path(argv[0]), int(argv[1]) if len(argv) > 1 else 0)
 
 
