@@ -153,9 +153,12 @@ class Triager:
                                        for owner in _owners(key, split, settings)}}
         regions = sum(len(split.regions) for _, _, split, _ in pending) if settings.level >= TriageLevel.FUSION else 0
         estimate = _estimate_s([split for _, _, split, _ in pending], settings)
+        compiled_ahead = len(set(self.ahead.children) & {key for key, *_ in pending}) if self.ahead else 0
         announce(f"thunderfx_debug: {occasion} times {_count(len(pending), 'Thunder split')}"
                  + (f" and {_count(regions, 'fusion region')}" if regions else "")
                  + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
+                 + (f"; {compiled_ahead} of them compiled (or compiling) ahead of it, during training"
+                    if compiled_ahead else "")
                  + (f", at most about {estimate:.0f} s (a rough upper figure from the run's first calls, compiles "
                     "included; the children's compiles often take far less)" if estimate is not None else "")
                  + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
