@@ -239,3 +239,24 @@ def test_a_child_compiling_ahead_ends_and_removes_its_folder_when_the_training_p
     while time.monotonic() < deadline and any(left(pid, folder) for pid, folder in started):
         time.sleep(0.5)
     assert not [(pid, folder) for pid, folder in started if left(pid, folder)]
+
+
+def test_stopping_the_compiles_ahead_ends_the_children_not_handed_to_a_flush(tmp_path, monkeypatch, one_thread):
+    import time
+
+    monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+    backend = ReportingBackend(dump_dir=tmp_path, triage="split", flush_every=0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        compiled(torch.randn(4, 8)).sum().backward()
+    ahead = backend._flusher._triager.ahead
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not ahead.children:
+        time.sleep(0.2)
+    children = list(ahead.children.values())
+    assert children, "no child started within 60 s"
+    backend._flusher.stop_compiling_ahead()  # what backend.close() does after its flush
+    assert all(child.process.poll() is not None for child in children)
+    assert not any(child.folder.parent.exists() for child in children)
+    assert not ahead.children

@@ -254,6 +254,8 @@ class ReportingBackend(ThunderCompiler):
             return self.flush()
         finally:
             self._closed = True
+            if self._flusher is not None:
+                self._flusher.stop_compiling_ahead()  # graphs compiled later have no records to triage
 
     def wait_for_flush(self, timeout: float | None = None) -> bool:
         """Waits until a periodic flush still being written (in its writer thread) is on disk; False if it is still

@@ -188,6 +188,11 @@ class DumpFlusher:
                 self._lock.release()
             self._run_deferred()
 
+    def stop_compiling_ahead(self) -> None:
+        """Ends the children that compile splits ahead of a flush (`flush.triage_ahead`) and their thread."""
+        if self._triager.ahead is not None:
+            self._triager.ahead.close()
+
     @property
     def triaged(self) -> dict[str, Any]:
         """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.flush.triage`)."""
