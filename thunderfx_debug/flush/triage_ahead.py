@@ -21,8 +21,8 @@ Limits, and why they keep the training safe:
 - Each child's allocator is capped (`torch.cuda.set_per_process_memory_fraction`) at a share of the device memory
   free when it starts, half of it split between the children ahead, so that it cannot take what the training
   allocates later; a child that runs out compiles again after the word, when the cap is lifted.
-- A child takes a CPU core while it compiles, a CUDA context until the flush, and runs its first call's kernels
-  beside the training's. Nothing is timed before the flush: a child timing on the GPU the training uses would time
+- A child takes a CPU core while it compiles, and runs its one call's kernels beside the training's; then it lets
+  go of the inputs it made and holds its CUDA context and what Thunder compiled until the flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time
   the training's kernels with its own.
 - A child whose training process is gone ends and removes its folder. A split compiled again in the run (new
   traces) is compiled at the flush, not ahead.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import os
 import sys
 import time
@@ -37,7 +38,7 @@ from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.flush import graph_codec, jobs, judging
 from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
 from thunderfx_debug.flush.piece_inputs import made_inputs
-from thunderfx_debug.records import Memory, Phase, Triage
+from thunderfx_debug.records import InputKind, Memory, Phase, Triage
 from thunderfx_debug.recording.check import kept_random_state
 from thunderfx_debug.recording.piece_facts import split_facts
 from thunderfx_debug.thunder import counterparts, rerun, torch_private
@@ -60,6 +61,7 @@ class _Split:
     def __init__(self, job: jobs.SplitJob, graph: bytes, tensors: dict[str, jobs.RunTensors],
                  against_the_run: bool = True):
         setup = job.setup
+        self._made = None  # the made inputs' values and metadata, once `release_inputs` let go of them
         self.module = graph_codec.decode(graph)
         self.compiled = rerun.jit_as_in_the_run(self.module, setup.options, setup.executors, setup.executor_modules,
                                                 setup.prologue_pruning)
@@ -104,19 +106,33 @@ class _Split:
                             f"its time there is not the run's (the final traces differ at {differs}); a bug of "
                             "thunderfx_debug's inputs or options: report it with the dump")
 
+    def _made_inputs(self) -> tuple[list[Any], tuple]:
+        """(the inputs it was compiled for, tensors as None: their non-tensor values; the metadata of each)."""
+        from thunderfx_debug.recording.capture import value_meta
+
+        return ([None if isinstance(a, torch.Tensor) else a for a in self.args],
+                tuple(value_meta(a) for a in self.args))
+
+    def release_inputs(self) -> None:
+        """Lets go of the inputs made for the compile ahead, keeping what `given_the_run` compares them by, and gives
+        the allocator's cached memory back to the device: while it waits for the flush, a child ahead holds its CUDA
+        context and what Thunder compiled, not a call's tensors."""
+        self._made = self._made_inputs()
+        self.args = self.restore = self.call = None
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
     def given_the_run(self, job: jobs.SplitJob, tensors: dict[str, jobs.RunTensors]) -> str | None:
         """The split compiled ahead, given the job the flush wrote (the run's tensors, its traces, the device lock):
         its inputs made again, from the run's tensors. None where that compile serves: the new inputs are laid out as
         the made ones (so Thunder runs the code it compiled for those) and its traces are the run's; else why not
         (the caller compiles the split again)."""
-        from thunderfx_debug.recording.capture import value_meta
-
-        before = list(self.args)
-        made = tuple(value_meta(a) for a in before)
+        before, made = self._made if self._made is not None else self._made_inputs()
         self._bind(job, tensors)
+        tensor = [meta.kind is InputKind.TENSOR for meta in made]
         others = [i for i, (a, b) in enumerate(zip(before, self.args))
-                  if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor)
-                  or (not isinstance(a, torch.Tensor) and type(a) is type(b) and a != b)]
+                  if tensor[i] != isinstance(b, torch.Tensor) or (not tensor[i] and type(a) is type(b) and a != b)]
         if others or len(before) != len(self.args):
             return f"the run's inputs differ from the ones it was compiled for (non-tensor inputs {others[:4]})"
         laid_out = _layouts_against(self.args, made)
@@ -324,6 +340,7 @@ def run_ahead(folder: Path, memory_share: float, training_pid: int) -> None:
             _cap_device_memory(memory_share)
             with _watched(job.piece_timeout_s):
                 ahead = _Split(job, graph, {}, against_the_run=False)
+            ahead.release_inputs()
             results.step(AHEAD, "compiled ahead; waiting for the flush", 0)
         except Exception as e:  # noqa: BLE001  (said in its step line; compiled again after the word)
             results.step(AHEAD, f"not compiled ahead ({type(e).__name__}: {str(e).strip()[:300]}); waiting for the "
