@@ -22,16 +22,18 @@ Limits, and why they keep the training safe:
   free when it starts, half of it split between the children ahead, so that it cannot take what the training
   allocates later; a child that runs out compiles again after the word, when the cap is lifted.
 - A child takes a CPU core while it compiles, and runs its one call's kernels beside the training's; then it lets
-  go of the inputs it made and holds its CUDA context and what Thunder compiled until the flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time
-  the training's kernels with its own.
-- A child whose training process is gone ends and removes its folder. A split compiled again in the run (new
-  traces) is compiled at the flush, not ahead.
+  go of the inputs it made and holds its CUDA context and what Thunder compiled until the flush. Nothing is timed
+  before the flush: a child timing on the GPU the training uses would time the training's kernels with its own.
+- A child whose training process is gone ends and removes its folder; at exit (after the exit's flush) and at
+  `backend.close()` the children no flush was handed are ended. A split compiled again in the run (new traces) is
+  compiled at the flush, not ahead.
 - Where the flush's children are forks (a process that has not initialised CUDA), nothing is compiled ahead: a fork
   starts with the training process's memory, and forking it mid-training would copy it mid-step.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,9 @@ class Ahead:
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._watch, name="thunderfx_debug triage ahead", daemon=True)
         self._thread.start()
+        # At exit, after the exit's flush (threading's exit hook, which runs before atexit's): the children no flush
+        # was handed end, with their folders. A weak reference: a backend dropped earlier is not kept alive.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the backend (Lightning deep-copies it) compiles nothing ahead: the original does.
@@ -194,3 +200,9 @@ class Ahead:
     @property
     def children(self) -> Mapping[str, AheadChild]:
         return dict(self._children)
+
+
+def _close_at_exit(ahead: weakref.ref) -> None:
+    alive = ahead()
+    if alive is not None and os.getpid() == alive._pid:
+        alive.close()
