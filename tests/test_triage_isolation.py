@@ -155,7 +155,6 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
     on from its compile, which nothing in training notices."""
     import json
     import shutil
-    import time
 
     monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
     lines = tmp_path / "lines"
@@ -188,12 +187,8 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
 
     for _ in range(STEPS_BEFORE):
         step()
-    deadline = time.monotonic() + 240  # the thread's next look, a fresh interpreter's start and Thunder's compile
-    while time.monotonic() < deadline and not any(
-            "compiled ahead" in (child.folder / "results.jsonl").read_text()
-            for child in ahead.children.values() if (child.folder / "results.jsonl").exists()):
-        time.sleep(0.5)
-    started = dict(ahead.children)
+    # the thread's next look, a fresh interpreter's start and Thunder's compile
+    started = _children_ahead(ahead, 240, lambda child: "compiled ahead" in _step_lines(child.folder))
     assert started, "no split was compiled ahead within 240 s"
     rank_dir = backend.flush()
     for _ in range(STEPS_AFTER):
@@ -242,7 +237,6 @@ def test_a_child_compiling_ahead_ends_and_removes_its_folder_when_the_training_p
 
 
 def test_stopping_the_compiles_ahead_ends_the_children_not_handed_to_a_flush(tmp_path, monkeypatch, one_thread):
-    import time
 
     monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
     backend = ReportingBackend(dump_dir=tmp_path, triage="split", flush_every=0)
@@ -251,12 +245,24 @@ def test_stopping_the_compiles_ahead_ends_the_children_not_handed_to_a_flush(tmp
     for _ in range(3):
         compiled(torch.randn(4, 8)).sum().backward()
     ahead = backend._flusher._triager.ahead
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not ahead.children:
-        time.sleep(0.2)
-    children = list(ahead.children.values())
+    children = list(_children_ahead(ahead, 60, lambda child: True).values())
     assert children, "no child started within 60 s"
     backend._flusher.stop_compiling_ahead()  # what backend.close() does after its flush
     assert all(child.process.poll() is not None for child in children)
     assert not any(child.folder.parent.exists() for child in children)
     assert not ahead.children
+
+
+def _step_lines(folder) -> str:
+    lines = folder / "results.jsonl"
+    return lines.read_text() if lines.exists() else ""
+
+
+def _children_ahead(ahead, seconds: float, ready) -> dict:
+    """The children compiling ahead (split key -> child) once one of them is `ready(child)`, or after `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not any(ready(child) for child in ahead.children.values()):
+        time.sleep(0.2)
+    return dict(ahead.children)

@@ -172,7 +172,7 @@ class Triager:
                             "children make every input from the recorded metadata", unusable)
             lock = None if forks(settings) else str(Path(root) / "device.lock")
             ahead: dict[str, triage_ahead.AheadChild] = {}  # split key -> its child, compiled ahead of this flush
-            with self.ahead or contextlib.nullcontext():  # no child starts ahead while this flush runs its own
+            with self.holding_still():  # no child starts ahead while this flush runs its own
                 for index, (key, snapshot, split, per_step) in enumerate(pending):
                     child = self.ahead.child_for(key, (split.fwd_trace, split.bwd_trace)) if self.ahead else None
                     folder = Path(root) / f"split{index}" if child is None else child.folder
@@ -192,8 +192,10 @@ class Triager:
                 attempts: dict[Path, list[Attempt]] = {}
                 try:
                     attempts = run_children([f for k, f in folders.items() if k not in ahead], settings, Path(root))
-                    attempts.update({child.folder: _finish_ahead(child, settings, Path(root))
-                                     for child in ahead.values()})
+                    if ahead:
+                        launcher = _launcher(Path(root))
+                        attempts.update({child.folder: _finish_ahead(child, settings, launcher)
+                                         for child in ahead.values()})
                 except Exception as e:  # noqa: BLE001  (no child could be run: every piece says why, none is lost)
                     failures.record("running the triage's children", e)
                     attempts = {folder: [Attempt(0, None, folder / "attempt0.log",
@@ -339,14 +341,15 @@ def _launcher(root: Path) -> tuple[Path, dict[str, str]]:
     return launcher, worker_pool.this_module_path()
 
 
-def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings, root: Path) -> list[Attempt]:
+def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings,
+                  launcher: tuple[Path, dict[str, str]]) -> list[Attempt]:
     """Waits for a child that compiled its split ahead of this flush and was given the word; the pieces it did not
-    start go on in fresh children, as any job's."""
+    start go on in fresh children (`launcher`: `_launcher`'s), as any job's."""
     job, _, _ = jobs.read(child.folder)
     limit = settings.timeout_s * (len(job.pieces) + 1)  # its own watchdog ends a piece before this
     status = worker_pool.end_process(child.process, limit)
     tried = [Attempt(0, status, child.log, "" if status is not None else f"killed after {limit:.0f} s")]
-    launcher, env = _launcher(root)
+    launcher, env = launcher
     _go_on(child.folder, tried, lambda attempt, log: _fresh(launcher, child.folder, attempt, log, env, settings),
            settings)
     return tried

@@ -66,7 +66,6 @@ class AheadChild:
     """A child compiling one split ahead of the flush: the split's traces when it started (the flush hands it the
     split only while they are the same objects), its folder, process and output."""
 
-    key: str
     traces: tuple[Any, Any]
     folder: Path
     process: subprocess.Popen
@@ -153,7 +152,7 @@ class Ahead:
             [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(memory_share),
              str(os.getpid())],
             log_path, worker_pool.this_module_path())
-        self._children[key] = AheadChild(key, (split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
+        self._children[key] = AheadChild((split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
                                          process, log_path)
 
     # ---- the flush ------------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class _Split:
     def __init__(self, job: jobs.SplitJob, graph: bytes, tensors: dict[str, jobs.RunTensors],
                  against_the_run: bool = True):
         setup = job.setup
-        self._made = None  # the made inputs' values and metadata, once `release_inputs` let go of them
+        self._made: tuple[list[Any], tuple] | None = None  # set by `release_inputs`
         self.module = graph_codec.decode(graph)
         self.compiled = rerun.jit_as_in_the_run(self.module, setup.options, setup.executors, setup.executor_modules,
                                                 setup.prologue_pruning)
@@ -106,29 +106,25 @@ class _Split:
                             f"its time there is not the run's (the final traces differ at {differs}); a bug of "
                             "thunderfx_debug's inputs or options: report it with the dump")
 
-    def _made_inputs(self) -> tuple[list[Any], tuple]:
-        """(the inputs it was compiled for, tensors as None: their non-tensor values; the metadata of each)."""
+    def release_inputs(self) -> None:
+        """Lets go of the inputs made for the compile ahead, keeping what `given_the_run` compares them by (their
+        non-tensor values, the metadata of each), and gives the allocator's cached memory back to the device: while it
+        waits for the flush, a child ahead holds its CUDA context and what Thunder compiled, not a call's tensors."""
         from thunderfx_debug.recording.capture import value_meta
 
-        return ([None if isinstance(a, torch.Tensor) else a for a in self.args],
-                tuple(value_meta(a) for a in self.args))
-
-    def release_inputs(self) -> None:
-        """Lets go of the inputs made for the compile ahead, keeping what `given_the_run` compares them by, and gives
-        the allocator's cached memory back to the device: while it waits for the flush, a child ahead holds its CUDA
-        context and what Thunder compiled, not a call's tensors."""
-        self._made = self._made_inputs()
+        self._made = ([None if isinstance(a, torch.Tensor) else a for a in self.args],
+                      tuple(value_meta(a) for a in self.args))
         self.args = self.restore = self.call = None
         gc.collect()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
     def given_the_run(self, job: jobs.SplitJob, tensors: dict[str, jobs.RunTensors]) -> str | None:
-        """The split compiled ahead, given the job the flush wrote (the run's tensors, its traces, the device lock):
-        its inputs made again, from the run's tensors. None where that compile serves: the new inputs are laid out as
-        the made ones (so Thunder runs the code it compiled for those) and its traces are the run's; else why not
-        (the caller compiles the split again)."""
-        before, made = self._made if self._made is not None else self._made_inputs()
+        """After `release_inputs`: the split compiled ahead, given the job the flush wrote (the run's tensors, its
+        traces, the device lock): its inputs made again, from the run's tensors. None where that compile serves: the
+        new inputs are laid out as the made ones (so Thunder runs the code it compiled for those) and its traces are
+        the run's; else why not (the caller compiles the split again)."""
+        before, made = self._made
         self._bind(job, tensors)
         tensor = [meta.kind is InputKind.TENSOR for meta in made]
         others = [i for i, (a, b) in enumerate(zip(before, self.args))

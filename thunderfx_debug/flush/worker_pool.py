@@ -27,7 +27,6 @@ import json
 import os
 import queue
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG
+from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG, end_group
 
 #: The worker. argv[1]: the file descriptor results go to; jobs arrive on stdin, one JSON object a line.
 WORKER = r'''
@@ -189,10 +188,7 @@ class _Worker:
 
     def stop(self) -> None:
         """Ends the worker and what it started (inductor's compile workers: its process group), waiting for it."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_group(self.process)
         self.process.wait()
         self.close()
 
@@ -341,9 +337,6 @@ def end_process(process: subprocess.Popen, timeout_s: float) -> int | None:
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_group(process)
         process.wait()
         return None

@@ -75,11 +75,18 @@ def run_script(script: Path, args: Sequence[str] = (), timeout_s: float = 600, e
         stdout, stderr = process.communicate(timeout=timeout_s)
         returncode = process.returncode
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_group(process)
         stdout, stderr = process.communicate()
         returncode = None
     return ScriptRun(str(script), outcome_of(returncode, stdout), returncode, time.perf_counter() - started,
                      stdout, stderr)
+
+
+def end_group(process: subprocess.Popen) -> None:
+    """Kills `process` and what it started (its process group: it was started in a session of its own), where it
+    still runs; `subprocess`'s own kill and timeouts would leave inductor's compile workers and a script's children
+    running."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
