@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
-from thunderfx_debug.records import ClockKind
+from thunderfx_debug.records import ClockKind, Phase
 from thunderfx_debug.recording.sampler import PhaseSampler
 from thunderfx_debug.recording.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
 from thunderfx_debug.settings.safety import ReportingFailures
@@ -412,6 +412,51 @@ def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_
     run_calls(piece, Sampling(every=3, warmup=1), calls=5)
     # Call 2 (first sampled): 10 ms sleeps; call 5: 1.25x the host time of call 2's forward (4 ms) and backward (3 ms).
     assert events == [10_000, "mark", "mark", 10_000, "mark", "mark", 5_000, "mark", "mark", 3_750, "mark", "mark"]
+
+
+class DeviceMarks:
+    """A device clock whose marks are the given times (ms), all complete."""
+
+    kind = ClockKind.CUDA
+
+    def __init__(self, times):
+        self._times = iter(times)
+
+    def mark(self):
+        return next(self._times)
+
+    def elapsed_ms(self, start, end, wait):
+        return end - start
+
+
+def test_the_device_hold_sleeps_for_the_hosts_lead_over_the_device_and_all_of_its_time_when_that_was_too_short():
+    slept = []
+    host_ms = iter([0, 1, 2, 6, 7, 8, 100, 101, 109, 110, 200])
+    device_ms = iter([0, 10, 11, 12, 15, 16, 100, 106, 107, 108, 200, 212])
+    clock = DeviceMarks(device_ms)
+    hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(host_ms) * 10**6, clock=clock)
+    timer = RegionTimer(clock, series={}, hold=hold)
+
+    def sampled_forward(call, region=True):
+        hold.begin(Phase.FORWARD, call)
+        timer.forward_call = call
+        timer.begin_trace("forward")
+        if region:
+            timer.begin_region("F0_forward")
+            timer.end_region("F0_forward")
+        timer.end_trace("forward")
+        timer.forward_call = 0
+        hold.end(Phase.FORWARD)
+
+    # Call 1 sleeps 10 ms (nothing known yet). Its spans start on the device 1, 2 and 5 ms after the sleep, after
+    # the host queued their ends (2, 6 and 7 ms after it began): the host's largest lead was 6 - 2 = 4 ms.
+    sampled_forward(1)
+    # Call 2: 1.25 x 4 ms + 0.1 x the phase's 8 ms of host time, not 1.25 x 8 ms.
+    # Its one span starts on the device 7 ms after the hold began, before the host queued its end (9 ms): the
+    # sleep was too short, so call 3 sleeps 1.25x the host's 10 ms.
+    sampled_forward(2, region=False)
+    hold.begin(Phase.FORWARD, 3)
+    assert slept == [10_000, 5_800, 12_500]
 
 
 def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its_splits():

@@ -236,24 +236,47 @@ class SampleSeries:
         return timing
 
 
+@dataclasses.dataclass
+class _HeldPhase:
+    """One held phase of a sampled call: when the host queued the hold, the marks before and after its sleep, and
+    what the region timers reported of its spans (see `DeviceHold.queued`)."""
+
+    call: int
+    host_start: int  # host counter (ns), read before the mark before the sleep
+    before: Any  # the clock's mark before the sleep (None without a clock)
+    after: Any  # and after it
+    spans: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
+
+
 class DeviceHold:
     """Holds the device back at the start of a sampled call's forward and backward, so that the host queues the
     graph's work ahead of the device and every mark of that call times device work (fusion-level timing on CUDA).
 
     Why: on a launch-bound model the device idles between a region's start event and its first kernel while the
     host runs Thunder's and nvFuser's launch code, and the events count that wait as region time (forward regions
-    of a 2-layer GPT on the H200 measured 3-13x their kernels' span). A sleep kernel enqueued before the first mark,
-    a little longer than the host takes to queue the phase, lets the host run ahead, so the events bracket kernels
-    that run back to back. A sampled call pays at most the sleep (less where the device would have waited for the
-    host anyway); other calls pay nothing, and no result changes.
+    of a 2-layer GPT on the H200 measured 3-13x their kernels' span). A sleep kernel enqueued before the first mark
+    lets the host run ahead, so the events bracket kernels that run back to back. A sampled call pays the part of
+    the sleep that the device cannot make up (nothing where the device would have waited for the host anyway); other
+    calls pay nothing, and no result changes.
 
-    The sleep is 1.25x the host time the same phase took on the previous sampled call (first sampled call: 10 ms),
-    within `device_timer`'s limits for a hold (1 ms to 1 s). One hold serves a graph and its splits: `begin` sleeps
-    once per phase of a call, whichever piece's mark comes first (in the backward, autograd may run a split's hook
-    before the graph's), and only the graph calls `end`. `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own
-    stream tests use), and `cycles_per_ms` the device's clock rate in kHz.
+    How long: the sleep must cover the host's lead, not its whole time. A span between two marks of a region timer
+    times device work when the device reaches its start mark only after the host queued its end mark. With a
+    clock, the timers report each span's start mark and the host time once its end was queued (`queued`); on the
+    next sampled call of the phase, once those marks are complete (read without waiting), the sleep is FACTOR times
+    the largest lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host
+    time, never more than FACTOR times the phase's host time. A device that is busy most of the step then sleeps
+    little; a host-bound step sleeps about its host time, as it must. Where the last held call gives no answer
+    (its first sampled call, marks not complete, or a span the device may have reached before the host queued its
+    end: then its samples may hold a wait, and the sleep was too short), the sleep is FACTOR times the phase's
+    host time on its last sampled call (first sampled call: FIRST_MS), within `device_timer`'s limits for a hold
+    (1 ms to 1 s).
 
-    Example (a recording sleep and a host counter one millisecond per reading):
+    One hold serves a graph and its splits: `begin` sleeps once per phase of a call, whichever piece's mark comes
+    first (in the backward, autograd may run a split's hook before the graph's), and only the graph calls `end`.
+    `sleep(cycles)` is `torch.cuda._sleep` (a spin kernel on the current stream, as torch's own stream tests use),
+    and `cycles_per_ms` the device's clock rate in kHz.
+
+    Example (a recording sleep and a host counter one millisecond per reading; no clock: host time alone):
         >>> slept, ticks = [], iter(range(0, 10**9, 10**6))
         >>> hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(ticks))
         >>> hold.begin(Phase.FORWARD, call=11); hold.begin(Phase.FORWARD, call=11); hold.end(Phase.FORWARD)
@@ -261,20 +284,26 @@ class DeviceHold:
         [10000, 1250]
     """
 
-    FIRST_MS, FACTOR = 10.0, 1.25
+    FIRST_MS, FACTOR, SPARE = 10.0, 1.25, 0.1
 
     def __init__(self, sleep: Callable[[int], None], cycles_per_ms: float,
-                 counter: Callable[[], int] = time.perf_counter_ns):
+                 counter: Callable[[], int] = time.perf_counter_ns, clock: Clock | None = None):
         self._sleep, self._cycles_per_ms, self._counter = sleep, cycles_per_ms, counter
+        self._clock = clock
         self._host_ms: dict[Phase, float] = {}
-        self._started: dict[Phase, int] = {}
-        self._held_call: dict[Phase, int] = {}
+        self._held: dict[Phase, _HeldPhase] = {}
+        self._ended: set[Phase] = set()
 
     @classmethod
     def for_current_cuda_device(cls) -> "DeviceHold":
         import torch
 
-        return cls(torch.cuda._sleep, device_timer.cycles_per_ms())
+        return cls(torch.cuda._sleep, device_timer.cycles_per_ms(), clock=CudaClock())
+
+    @property
+    def now(self) -> Callable[[], int]:
+        """The host counter the hold reads (ns); timers read it for `queued`."""
+        return self._counter
 
     def sleep_ms(self, ms: float) -> None:
         """Enqueues a sleep of about `ms` milliseconds on the current stream, within `device_timer`'s limits."""
@@ -283,17 +312,61 @@ class DeviceHold:
     def begin(self, phase: Phase, call: int) -> None:
         """Before the first mark of the phase of sampled call `call`: enqueue the sleep and start the host clock of
         the phase; nothing if this phase of this call was already held."""
-        if self._held_call.get(phase) == call:
+        previous = self._held.get(phase)
+        if previous is not None and previous.call == call:
             return
-        self._held_call[phase] = call
-        self.sleep_ms(self.FACTOR * self._host_ms.get(phase, self.FIRST_MS / self.FACTOR))
-        self._started[phase] = self._counter()
+        ms = self._sleep_ms(phase, previous)
+        clock = self._clock
+        host_start = self._counter()
+        before = clock.mark() if clock is not None else None
+        self.sleep_ms(ms)
+        after = clock.mark() if clock is not None else None
+        self._held[phase] = _HeldPhase(call, host_start, before, after)
+        self._ended.discard(phase)
 
     def end(self, phase: Phase) -> None:
         """After the phase's last mark: how long the host took to queue it sizes the next sleep."""
-        started = self._started.pop(phase, None)
-        if started is not None:
-            self._host_ms[phase] = (self._counter() - started) / 1e6
+        held = self._held.get(phase)
+        if held is not None and phase not in self._ended:
+            self._ended.add(phase)
+            self._host_ms[phase] = (self._counter() - held.host_start) / 1e6
+
+    def queued(self, phase: Phase, call: int) -> list[tuple[Any, int]] | None:
+        """Where a timer of this graph reports the spans of `phase` of sampled call `call`: (the mark a span starts
+        at, the host counter once its end mark was queued) pairs; None where this hold did not hold that call, or
+        has no clock to read the marks with."""
+        held = self._held.get(phase)
+        if held is None or held.call != call or self._clock is None:
+            return None
+        return held.spans
+
+    def _sleep_ms(self, phase: Phase, previous: _HeldPhase | None) -> float:
+        host_ms = self._host_ms.get(phase)
+        if host_ms is None:
+            return self.FIRST_MS
+        whole = self.FACTOR * host_ms
+        lead = self._lead_ms(previous) if previous is not None and previous.spans else None
+        return whole if lead is None else min(whole, self.FACTOR * lead + self.SPARE * host_ms)
+
+    def _lead_ms(self, held: _HeldPhase) -> float | None:
+        """The host's largest lead over the device in `held`: for each span, the host time until its end was queued
+        less the device's work before its start (after the sleep); None where a mark is not complete yet or a span's
+        start may have come on the device before its end was queued (the sleep was too short for that call)."""
+        clock = self._clock
+        last_start = held.spans[-1][0]
+        if clock.elapsed_ms(held.before, last_start, wait=False) is None:
+            return None  # on one stream, once the last start is complete so are the marks before it
+        slept = clock.elapsed_ms(held.before, held.after, wait=False)
+        lead = 0.0
+        for start, queued_ns in held.spans:
+            # The device came to `before` no earlier than the host read `host_start`, so it came to `start` at
+            # least this long after it: reached after `queued_ms`, the span's kernels were all queued.
+            reached_ms = clock.elapsed_ms(held.before, start, wait=False)
+            queued_ms = (queued_ns - held.host_start) / 1e6
+            if reached_ms is None or slept is None or reached_ms < queued_ms:
+                return None
+            lead = max(lead, queued_ms - (reached_ms - slept))
+        return lead
 
 
 class Ranges:
@@ -347,6 +420,8 @@ class RegionTimer:
         ranges: with a name prefix ("graph0/thunder_0"), every run (sampled or not) also opens a named range per
             region and per trace, "graph0/thunder_0/nvFusion0_forward" (see `Ranges`); None for no ranges.
         op_series, op_counts: the split's op groups, filled here (see above).
+        hold: the graph's `DeviceHold` (fusion timing on CUDA): on the calls it held, each span between two marks is
+            reported to it with the host time once its end was queued, which sizes its next sleep.
 
     Example (host clock counting one millisecond per mark):
         >>> ticks = iter(range(0, 10**9, 10**6))
@@ -364,8 +439,9 @@ class RegionTimer:
 
     def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None,
                  op_series: dict[tuple[str, str, str], SampleSeries] | None = None,
-                 op_counts: dict[tuple[str, str, str], int] | None = None):
+                 op_counts: dict[tuple[str, str, str], int] | None = None, hold: DeviceHold | None = None):
         self.clock = clock
+        self.hold = hold
         self.series = series
         self.op_series = op_series if op_series is not None else {}
         self.op_counts = op_counts if op_counts is not None else {}
@@ -375,6 +451,7 @@ class RegionTimer:
         self._call = 0  # the sampled call the running trace records, 0 when it does not record
         self._phase = ""
         self._marks: list[tuple[str | None, Any]] = []
+        self._queued: list[int] | None = None  # host counter after each mark, on calls the hold held
 
     # ---- called by the instrumented traces ------------------------------------------------------------------------
     def begin_trace(self, phase: str) -> None:
@@ -389,32 +466,43 @@ class RegionTimer:
             series.resolve()
         self._call, self._phase = call, phase
         self._marks = [(None, self.clock.mark())]
+        if self.hold is not None and self.hold.queued(Phase(phase), call) is not None:
+            self._queued = [self.hold.now()]
 
     def begin_region(self, key: str, *inputs) -> None:
         if self._ranges is not None:
             self._ranges.push(f"{self._prefix}/{key}")
         if self._call:
-            self._marks.append((key, self.clock.mark()))
+            self._mark(key)
 
     def end_region(self, key: str, *outputs) -> None:
         if self._call:
-            self._marks.append((key, self.clock.mark()))
+            self._mark(key)
         if self._ranges is not None:
             self._ranges.pop()
 
     def mark_op(self, symbol: str, executor: str) -> None:
         if self._call:
-            self._marks.append(((symbol, executor), self.clock.mark()))
+            self._mark((symbol, executor))
 
     def end_trace(self, phase: str) -> None:
         if self._call and phase == self._phase:
-            self._marks.append((None, self.clock.mark()))
+            self._mark(None)
             self._store(self._call, phase, self._marks)
+            if self._queued is not None:
+                spans = self.hold.queued(Phase(phase), self._call)
+                if spans is not None:  # each span's start mark, and when the host had queued its end
+                    spans.extend(zip((mark for _, mark in self._marks[:-1]), self._queued[1:]))
             if phase == Phase.BACKWARD:
                 self.backward_call = 0  # one backward per sampled call
-        self._call, self._marks = 0, []
+        self._call, self._marks, self._queued = 0, [], None
         if self._ranges is not None:
             self._ranges.pop()
+
+    def _mark(self, key) -> None:
+        self._marks.append((key, self.clock.mark()))
+        if self._queued is not None:
+            self._queued.append(self.hold.now())
 
     # ---- called by the runner's hooks -----------------------------------------------------------------------------
     def disarm_backward(self) -> None:

@@ -10,7 +10,8 @@ import torch
 from thunderfx_debug.settings.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
-from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
+from thunderfx_debug.recording.check import (CheckSchedule, CheckTally, CheckTurns, EvidenceKeeper,
+                                             TimingBesideChecks)
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.isolation import CheckIsolation
@@ -56,11 +57,12 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                capture: InputCapture | None, on_error: GraphErrorHandler,
                after_first_call: Callable[[GraphState], None] | None = None,
                periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None,
-               memory: MemoryProbe | None = None) -> GraphRunner:
+               memory: MemoryProbe | None = None, turns: CheckTurns | None = None) -> GraphRunner:
     """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
     `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
     `periodic`, shared by the backend's graphs, is the trigger of the periodic flush; `isolation`, shared too, is
-    where the correctness checks run (their memory pool and stream on CUDA); `memory`, shared too, measures what the
+    where the correctness checks run (their memory pool and stream on CUDA), and `turns`, shared too, which of its
+    scheduled calls each split checks (THUNDERFX_DEBUG_CHECK_SHARE); `memory`, shared too, measures what the
     graph and its splits hold in memory on sampled calls (with any timing level but `off`; None: not measured).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
@@ -71,6 +73,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     evidence = None
     if schedule is not None:
         isolation = isolation if isolation is not None else CheckIsolation()
+        turns = turns if turns is not None else CheckTurns(config.check_share)
         evidence = EvidenceKeeper(config.inputs_max_mb, failures)
     hold = None
     if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
@@ -122,15 +125,17 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                 with failures.guard(f"preparing the correctness check of {label}"):
                     regions = None
                     split.check = CheckTally()
+                    split.check.turn = turn = turns.join()
                     if config.check >= CheckLevel.FUSION:
                         regions = RegionCheck(label, RegionReferences(split.split.compiled), split.region_checks,
-                                              failures, evidence, split.check, isolation)
+                                              failures, evidence, split.check, isolation, turn)
                         observers.append(regions)
                     runner.check = SplitCheck(label, split.split.original_module, split.split.input_names, schedule,
-                                              split.check, failures, evidence, regions, isolation)
+                                              split.check, failures, evidence, regions, isolation, turn)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
-                timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts)
+                timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts,
+                                    hold=hold)
                 if level >= TimingLevel.FUSION:
                     runner.attach_regions(timer)
                 observers.append(timer)
