@@ -19,7 +19,9 @@ AdamW):
   dump           ReportingBackend(dump_dir=<a temporary directory>): the defaults as most runs use them, with the
                  periodic flush's trigger on every graph call (not in the default list; its flushes, every 600 s,
                  do not come within a run of this length)
-`--every` changes the 50 of the two fusion configurations.
+`--every` changes the 50 of the two fusion configurations; `--check-share` is check=fusion's
+THUNDERFX_DEBUG_CHECK_SHARE (default 100: every split on every scheduled call; the record then says how many
+scheduled calls each split checked and passed over).
 
 Method. The model's frames are compiled once first, for no configuration (`compile_frames_once`: the first compile
 of a frame is slower to switch to). Each copy is compiled and warmed up (`--warmup` steps) one after the other.
@@ -99,6 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "included (default 10)")
     parser.add_argument("--every", type=int, default=50, help="timing_every / check_every of the fusion "
                         "configurations (default 50)")
+    parser.add_argument("--check-share", type=float, default=100.0, help="check=fusion's check_share, percent of "
+                        "the training's time (default 100: no limit)")
     parser.add_argument("--deadline", type=float, default=480.0, help="seconds from the start by which the run "
                         "ends its measurement and profile (default 480; compiles are not cut short)")
     parser.add_argument("--profile", action="store_true", help="also profile the host side (see below)")
@@ -163,7 +167,7 @@ def make_backend(name: str, args, dump_dir: str):
     if name == "timing=fusion":
         return ReportingBackend(timing="fusion", timing_every=args.every, **options)
     if name == "check=fusion":
-        return ReportingBackend(check="fusion", check_every=args.every, **options)
+        return ReportingBackend(check="fusion", check_every=args.every, check_share=args.check_share, **options)
     if name == "dump":
         return ReportingBackend(dump_dir=dump_dir, **options)
     raise ValueError(f"unknown configuration {name!r}")
@@ -326,6 +330,18 @@ def measure(copies: dict[str, Copy], args, until: float, gc_watch: GcWatch, fail
     return len(copies[BASELINE].blocks) if BASELINE in copies else 0
 
 
+def checked_and_passed_over(backend) -> dict | None:
+    """Per Thunder split of a checking backend: [calls checked, scheduled calls passed over] (None: no check)."""
+    report = getattr(backend, "report", None)
+    if report is None:
+        return None
+    try:
+        return {f"{g.name}/{s.name}": [s.check.calls, s.check.passed_over] for g in report().graphs
+                for s in g.splits if s.check is not None} or None
+    except Exception as error:  # a figure of the record, not of the measurement
+        return {"error": repr(error)}
+
+
 def figures(copies: dict[str, Copy], rounds: int) -> dict:
     base = [sum(times) for times in copies[BASELINE].blocks]
     results = {}
@@ -350,6 +366,9 @@ def figures(copies: dict[str, Copy], rounds: int) -> dict:
             if name in TARGETS:
                 entry["target"] = TARGETS[name]
                 entry["meets_target"] = amortised <= TARGETS[name]
+        turns = checked_and_passed_over(c.backend)
+        if turns:
+            entry["split_checks"] = turns
         entry["block_ms"] = totals  # per round, in round order: the paired ratios are these over plain's
         results[name] = entry
     return {"rounds": rounds, "configurations": results}

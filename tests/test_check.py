@@ -91,6 +91,28 @@ def test_a_wrong_executor_flags_its_split_and_no_other_and_its_script_exits_1(tm
         "a finding about Thunder, worth reporting upstream with this script")
 
 
+def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_the_training_as_it_was():
+    def run(share):
+        torch.manual_seed(0)
+        backend = ReportingBackend(check="split", check_every=1, check_share=share, strict=True,
+                                   executors=[wrong_sin_executor(), *cpu_executors()])
+        torch.manual_seed(1)
+        losses = _train(ThreeSplits(), backend, steps=6)
+        return losses, _splits(backend.report())
+
+    every_losses, every = run(100)
+    rare_losses, rare = run(0.001)  # a split's turn comes round every few hours of training
+    assert torch.equal(torch.stack(every_losses), torch.stack(rare_losses))
+    for name in ("graph0/thunder_0", "graph0/thunder_2"):
+        assert (every[name].check.calls, every[name].check.passed_over) == (6, 0)
+        # The first call checks every split, as CHECK_EVERY promises; the scheduled calls after it are passed over.
+        assert (rare[name].check.calls, rare[name].check.passed_over) == (1, 5)
+    wrong = rare["graph0/thunder_2"].check
+    assert (wrong.mismatches, wrong.first_mismatch_call) == (1, 1)
+    assert "(5 more scheduled, passed over to keep the checks within THUNDERFX_DEBUG_CHECK_SHARE" in \
+        correctness.describe_check(wrong)
+
+
 def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path, monkeypatch):
     """Real fusion regions check clean; a region flagged against a reference that is wrong (here on purpose): its
     script holds the region's inputs and outputs of that call, finds the run's outputs right against the true

@@ -27,7 +27,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
-from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
+from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, SplitTurn, guarded, version
 from thunderfx_debug.recording.compare import Judged, judge, max_abs_difference, not_compared_for_ties
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
@@ -56,10 +56,11 @@ class RegionCheck:
 
     def __init__(self, label: str, references: RegionReferences, tallies: dict[str, CheckTally],
                  failures: ReportingFailures, evidence: EvidenceKeeper, split_tally: CheckTally | None = None,
-                 isolation: CheckIsolation | None = None):
+                 isolation: CheckIsolation | None = None, turn: SplitTurn | None = None):
         self.label, self.references, self.tallies = label, references, tallies
         self.failures, self.evidence = failures, evidence
         self.isolation = isolation if isolation is not None else CheckIsolation()
+        self.turn = turn  # the split's turns (`check.CheckTurns`), which take what the regions' checks cost
         self.split_tally = split_tally if split_tally is not None else CheckTally()
         self.forward_call = 0
         self.backward_call = 0
@@ -95,7 +96,7 @@ class RegionCheck:
         inputs, self._split_inputs = self._split_inputs, []
         if phase == Phase.FORWARD:
             with guarded(self.failures, self.split_tally, self._call, "copying the inputs", self.label), \
-                    self.isolation.entered([value for _, value in inputs]):
+                    self.isolation.entered([value for _, value in inputs], self.turn):
                 for label, value in inputs:
                     self._watch(None, label, value)
 
@@ -109,7 +110,7 @@ class RegionCheck:
             # the graph's own in-place ops, written by the region: not a stray write to the tensors they hit
             self._written = [inputs[i] for i in written if i < len(inputs) and isinstance(inputs[i], torch.Tensor)]
             if written:  # the reference needs the inputs as the region got them
-                with self.isolation.entered(inputs):
+                with self.isolation.entered(inputs, self.turn):
                     self._inputs = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs)
 
     def end_region(self, key: str, *outputs) -> None:
@@ -119,10 +120,10 @@ class RegionCheck:
         written, self._written = self._written, []
         tally, where = self._tally(key), f"{self.label}/{key}"
         with guarded(self.failures, tally, self._call, "checking the fusion region", where), \
-                self.isolation.entered([*inputs, *outputs]):
+                self.isolation.entered([*inputs, *outputs], self.turn):
             self._check(key, inputs, outputs)
         with guarded(self.failures, tally, self._call, "checking that the fusion regions' outputs held", where), \
-                self.isolation.entered([*written, *outputs]):
+                self.isolation.entered([*written, *outputs], self.turn):
             self._rewatch_written(written)
             if self._localising:
                 self._compare_watched(self._call, culprit=key)
@@ -136,7 +137,7 @@ class RegionCheck:
             return
         call, self._call = self._call, 0
         with guarded(self.failures, self.split_tally, call, "checking that the fusion regions' outputs held",
-                     self.label), self.isolation.entered(self._alive()):
+                     self.label), self.isolation.entered(self._alive(), self.turn):
             if self._compare_watched(call, culprit=None):
                 self._localise = True
         self._watched = {}

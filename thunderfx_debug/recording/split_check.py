@@ -39,8 +39,8 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
-                                             version)
+from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, SplitTurn,
+                                             guarded, version)
 from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, judge, max_abs_difference, not_compared_for_ties,
                                                scalars)
 from thunderfx_debug.recording.isolation import CheckIsolation
@@ -68,15 +68,17 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 class SplitCheck:
     """Checks one Thunder split on the calls `schedule` picks; results go to `tally`. `regions` (a
     `region_check.RegionCheck`, at `fusion` level) is armed for the forward and backward of the checked calls.
-    `isolation` is where the check's work runs (its own memory pool and stream on CUDA)."""
+    `isolation` is where the check's work runs (its own memory pool and stream on CUDA); `turn` says which of the
+    scheduled calls the split checks (`check.CheckTurns`; None: all of them) and takes what its work costs."""
 
     def __init__(self, label: str, module: torch.fx.GraphModule, input_names: list[str], schedule: CheckSchedule,
                  tally: CheckTally, failures: ReportingFailures, evidence: EvidenceKeeper, regions=None,
-                 isolation: CheckIsolation | None = None):
+                 isolation: CheckIsolation | None = None, turn: SplitTurn | None = None):
         self.label, self.module, self.input_names = label, module, input_names
         self.schedule, self.tally, self.failures, self.evidence = schedule, tally, failures, evidence
         self.regions = regions
         self.isolation = isolation if isolation is not None else CheckIsolation()
+        self.turn = turn
         self.facts: SplitFacts = split_facts(module)
         # checked calls whose forward picked among tied values otherwise than eager (their gradients follow the picks)
         self.picked_otherwise: set[int] = set()
@@ -86,9 +88,12 @@ class SplitCheck:
 
     # ---- called by the split's runner -----------------------------------------------------------------------------
     def before(self, call: int, args: tuple) -> _Call | None:
-        """Before the split runs on checked call `call`."""
+        """Before the split runs on checked call `call`; None where the split passes this call over (its turn has
+        not come) or preparing failed."""
+        if self.turn is not None and not self.turn.take(call):
+            return None
         with self.guarded(call, "preparing the check"):
-            with self.isolation.entered(args):
+            with self.isolation.entered(args, self.turn):
                 copies = {i: _copy(args[i]) for i in self.facts.mutated_inputs
                           if i < len(args) and isinstance(args[i], torch.Tensor)}
             pending = _Call(call, copies, [version(a) for a in args])
@@ -104,7 +109,7 @@ class SplitCheck:
         if self.regions is not None:
             self.regions.forward_call = 0
         with self.guarded(pending.call, "checking the forward"):
-            with self.isolation.entered([*args, *tree_leaves(out)]):
+            with self.isolation.entered([*args, *tree_leaves(out)], self.turn):
                 inputs = self._reference_inputs(pending, args)
                 if inputs is not None:
                     self._check_forward(pending.call, inputs, out, args)
@@ -293,7 +298,7 @@ class BackwardCheck:
                 if owner.regions is not None:
                     owner.regions.backward_call = self.call  # before the split's backward trace runs
                 if grad is not None:  # torch < 2.12 also calls a tensor's hook for a gradient that is not there
-                    with owner.isolation.entered([grad]):
+                    with owner.isolation.entered([grad], owner.turn):
                         self.incoming[i] = grad.detach().clone()
             return None  # the gradient passes unchanged
 
@@ -308,7 +313,7 @@ class BackwardCheck:
                 for j, position in routes:
                     if j < len(grad_inputs) and grad_inputs[j] is not None:
                         routed.setdefault(position, []).append(grad_inputs[j])
-                with owner.isolation.entered([*grad_inputs, *self.inputs]):
+                with owner.isolation.entered([*grad_inputs, *self.inputs], owner.turn):
                     for position, grads in routed.items():
                         before = self.passed_on.get(position)
                         self.passed_on[position] = _total(grads if before is None else [before, *grads])
@@ -323,7 +328,7 @@ class BackwardCheck:
         def hook(grad_outputs):
             owner = self.owner
             with owner.guarded(self.call, "verifying the captured gradients"):
-                with owner.isolation.entered(list(grad_outputs)):
+                with owner.isolation.entered(list(grad_outputs), owner.turn):
                     for i, output_nr in positions:
                         grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
                         self.delivered[i] = _agreement(grad, self.captured(i))
@@ -357,7 +362,7 @@ class BackwardCheck:
                                                 "gradients were not compared")
                 elif not self.settled:
                     self.settled = True
-                    with owner.isolation.entered([*self.inputs, *self.incoming]):
+                    with owner.isolation.entered([*self.inputs, *self.incoming], owner.turn):
                         self.check()
         finally:
             self.remove_hooks()

@@ -59,7 +59,8 @@ class Check(JsonRecord):
     `recording.split_check`). A fusion region has `writes_unowned_memory` where a value it does not own (another
     region's output, an input of the split) changed while it ran with no write PyTorch knows of, and `overwritten`
     where a value it returned changed that way after it returned it (the region that wrote it is named on the next
-    checked call).
+    checked call). `passed_over` counts a split's scheduled calls that it did not check, to keep the sentinel within
+    its share of the training's time (`recording.check.CheckTurns`; its regions were passed over with it).
     """
 
     calls: Count = 0
@@ -82,6 +83,7 @@ class Check(JsonRecord):
     verified_gradients: Count = 0
     writes_unowned_memory: bool = False
     overwritten: bool = False
+    passed_over: Count = 0
 
     @property
     def mismatched(self) -> bool:

@@ -140,6 +140,9 @@ def describe_check(check: Check) -> str:
     output 2 at call 51, error 0.31 (relative 0.05) against 0.0125 allowed (rtol 0.05, atol 0.05, against float64
     eager): 24.8 of the tolerance"."""
     line = f"{check.calls} checked call{'s' if check.calls != 1 else ''}"
+    if check.passed_over:
+        line += (f" ({check.passed_over} more scheduled, passed over to keep the checks within "
+                 "THUNDERFX_DEBUG_CHECK_SHARE of the training's time)")
     if check.mismatches:
         line += (f", {check.mismatches} mismatch{'es' if check.mismatches != 1 else ''}"
                  f" (first at call {check.first_mismatch_call})")

@@ -27,6 +27,7 @@ from thunderfx_debug.recording.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
 from thunderfx_debug.recording.fallback import GraphFailureHandler
+from thunderfx_debug.recording.check import CheckTurns
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
@@ -111,6 +112,7 @@ class ReportingBackend(ThunderCompiler):
         self._flusher: DumpFlusher | None = None
         self._periodic: PeriodicFlush | None = None
         self._check_isolation = CheckIsolation()  # the correctness checks' memory pool and stream (CUDA), shared
+        self._check_turns = CheckTurns(self.config.check_share)  # which scheduled calls each split checks, shared
         self._collectives = None  # the last flight-recorder log read (see `recording.collectives`)
         self._closed = False
         self._built_ns = time.time_ns()  # the flight recorder's clock: the collectives from here on are this run's
@@ -192,7 +194,8 @@ class ReportingBackend(ThunderCompiler):
         if self._torch_trace is not None:
             self._torch_trace.graph_compiled(state)
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          self._after_first_call, self._periodic, self._check_isolation, self.recorder.memory)
+                          self._after_first_call, self._periodic, self._check_isolation, self.recorder.memory,
+                          self._check_turns)
 
     def _after_first_call(self, state) -> None:
         """Once a graph's first call has returned (Thunder has compiled its splits)."""

@@ -90,6 +90,7 @@ class Config:
     flush_every: float = 600.0  # seconds between automatic flushes during training; 0: none
     check: CheckLevel = CheckLevel.OFF
     check_every: int = 50
+    check_share: float = 100.0  # percent of the training's wall time the checks may take (100: no limit)
     triage: TriageLevel = TriageLevel.OFF
     deviation: float = DEVIATION  # Thunder/inductor time ratio beyond which a triaged piece deviates
     triage_timeout: float = 600.0  # seconds a triaged piece may take in its process of its own, compiles included
@@ -116,6 +117,7 @@ class Config:
             "flush_every": self.flush_every,
             "check": self.check.name.lower(),
             "check_every": self.check_every,
+            "check_share": self.check_share,
             "triage": self.triage.name.lower(),
             "deviation": self.deviation,
             "triage_timeout": self.triage_timeout,
@@ -177,6 +179,16 @@ def _seconds(text: str) -> float:
         raise ValueError("allowed: a number of seconds >= 0 (0: no automatic flushes)") from None
     if not value >= 0 or value == float("inf"):
         raise ValueError("allowed: a number of seconds >= 0 (0: no automatic flushes)")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("allowed: a percentage > 0 and <= 100, such as 1") from None
+    if not 0 < value <= 100:
+        raise ValueError("allowed: a percentage > 0 and <= 100, such as 1")
     return value
 
 
@@ -244,6 +256,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "flush_every": ("THUNDERFX_DEBUG_FLUSH_EVERY", _seconds),
     "check": ("THUNDERFX_DEBUG_CHECK", _choice({c.name.lower(): c for c in CheckLevel})),
     "check_every": ("THUNDERFX_DEBUG_CHECK_EVERY", _int_at_least(1)),
+    "check_share": ("THUNDERFX_DEBUG_CHECK_SHARE", _percent),
     "triage": ("THUNDERFX_DEBUG_TRIAGE", _choice({t.name.lower(): t for t in TriageLevel})),
     "deviation": ("THUNDERFX_DEBUG_DEVIATION", ratio_above_one),
     "triage_timeout": ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", _budget_seconds),
