@@ -342,6 +342,20 @@ def checked_and_passed_over(backend) -> dict | None:
         return {"error": repr(error)}
 
 
+def device_holds() -> dict | None:
+    """How fusion timing's device holds in this process sized their sleeps (`DeviceHold.sleeps`, summed over the
+    graphs: only timing=fusion holds the device): {rule: [sleeps, ms asked for in all]}; None without a hold."""
+    import gc
+
+    from internals import DeviceHold
+
+    holds = [o for o in gc.get_objects() if type(o) is DeviceHold]  # type(): no proxy dereferenced
+    if not holds:
+        return None
+    return {rule: [sum(h.sleeps[rule][0] for h in holds), sum(h.sleeps[rule][1] for h in holds)]
+            for rule in holds[0].sleeps}
+
+
 def figures(copies: dict[str, Copy], rounds: int) -> dict:
     base = [sum(times) for times in copies[BASELINE].blocks]
     results = {}
@@ -371,7 +385,7 @@ def figures(copies: dict[str, Copy], rounds: int) -> dict:
             entry["split_checks"] = turns
         entry["block_ms"] = totals  # per round, in round order: the paired ratios are these over plain's
         results[name] = entry
-    return {"rounds": rounds, "configurations": results}
+    return {"rounds": rounds, "configurations": results, "device_hold_sleeps": device_holds()}
 
 
 # ---- profile ------------------------------------------------------------------------------------------------------
@@ -527,7 +541,13 @@ def print_model(name: str, data: dict) -> None:
                 line += f"   {ordinary:.4f}" if ordinary is not None else "   -"
                 if "target" in r:
                     line += f"   target <= {r['target']}: {'met' if r['meets_target'] else 'MISSED'}"
+                if "split_checks" in r:
+                    line += f"   split checks [checked, passed over]: {r['split_checks']}"
             print(line)
+        holds = measurement.get("device_hold_sleeps")
+        if holds:
+            print("device hold sleeps by rule [count, ms in all]: " + ", ".join(f"{k} {v[0]}, {v[1]:.1f}"
+                                                                          for k, v in holds.items()))
     profiled = data.get("profile")
     if profiled:
         print("host time per step by part of the path, cProfile (us per ordinary step, calls; per sampled or "

@@ -457,6 +457,7 @@ def test_the_device_hold_sleeps_for_the_hosts_lead_over_the_device_and_all_of_it
     sampled_forward(2, region=False)
     hold.begin(Phase.FORWARD, 3)
     assert slept == [10_000, 5_800, 12_500]
+    assert hold.sleeps == {"first": [1, 10.0], "whole": [1, 12.5], "lead": [1, 5.8]}
 
 
 def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its_splits():

@@ -293,6 +293,9 @@ class DeviceHold:
         self._host_ms: dict[Phase, float] = {}
         self._held: dict[Phase, _HeldPhase] = {}
         self._ended: set[Phase] = set()
+        #: How the sleeps were sized: "first" (nothing known), "whole" (the phase's host time), "lead" (the host's
+        #: lead): [how many, milliseconds asked for in all]; for benchmarks that ask what the holds cost.
+        self.sleeps: dict[str, list[float]] = {"first": [0, 0.0], "whole": [0, 0.0], "lead": [0, 0.0]}
 
     @classmethod
     def for_current_cuda_device(cls) -> "DeviceHold":
@@ -343,10 +346,18 @@ class DeviceHold:
     def _sleep_ms(self, phase: Phase, previous: _HeldPhase | None) -> float:
         host_ms = self._host_ms.get(phase)
         if host_ms is None:
-            return self.FIRST_MS
+            return self._sized("first", self.FIRST_MS)
         whole = self.FACTOR * host_ms
         lead = self._lead_ms(previous) if previous is not None and previous.spans else None
-        return whole if lead is None else min(whole, self.FACTOR * lead + self.SPARE * host_ms)
+        if lead is None or self.FACTOR * lead + self.SPARE * host_ms >= whole:
+            return self._sized("whole", whole)
+        return self._sized("lead", self.FACTOR * lead + self.SPARE * host_ms)
+
+    def _sized(self, rule: str, ms: float) -> float:
+        counts = self.sleeps[rule]
+        counts[0] += 1
+        counts[1] += ms
+        return ms
 
     def _lead_ms(self, held: _HeldPhase) -> float | None:
         """The host's largest lead over the device in `held`: for each span, the host time until its end was queued
