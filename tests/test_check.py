@@ -98,10 +98,11 @@ def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_
                                    executors=[wrong_sin_executor(), *cpu_executors()])
         torch.manual_seed(1)
         losses = _train(ThreeSplits(), backend, steps=6)
-        return losses, _splits(backend.report())
+        return losses, backend.report()
 
-    every_losses, every = run(100)
-    rare_losses, rare = run(0.001)  # a split's turn comes round every few hours of training
+    every_losses, every_report = run(100)
+    rare_losses, rare_report = run(0.001)
+    every, rare = _splits(every_report), _splits(rare_report)  # a split's turn comes round every few hours of training
     assert torch.equal(torch.stack(every_losses), torch.stack(rare_losses))
     for name in ("graph0/thunder_0", "graph0/thunder_2"):
         assert (every[name].check.calls, every[name].check.passed_over) == (6, 0)
@@ -111,6 +112,8 @@ def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_
     assert (wrong.mismatches, wrong.first_mismatch_call) == (1, 1)
     assert "(5 more scheduled, passed over to keep the checks within THUNDERFX_DEBUG_CHECK_SHARE" in \
         correctness.describe_check(wrong)
+    assert "; 10 scheduled checks of a split passed over, to keep the checks within THUNDERFX_DEBUG_CHECK_SHARE" \
+        in render_summary(rare_report)
 
 
 def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path, monkeypatch):

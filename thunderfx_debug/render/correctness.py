@@ -218,6 +218,10 @@ def headline(pieces: list[CheckedPiece]) -> str:
     unowned = [p.path for p in pieces if p.check is not None and p.check.writes_unowned_memory]
     if unowned:
         text += f"; {', '.join(unowned)} writes memory it does not own"
+    passed_over = sum(p.check.passed_over for p in pieces if p.check is not None and p.level == "split")
+    if passed_over:
+        text += (f"; {plural(passed_over, 'scheduled check')} of a split passed over, to keep the checks within "
+                 "THUNDERFX_DEBUG_CHECK_SHARE of the training's time")
     return text
 
 
