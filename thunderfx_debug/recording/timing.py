@@ -264,8 +264,9 @@ class DeviceHold:
     clock, the timers report each span's start mark and the host time once its end was queued (`queued`); on the
     next sampled call of the phase, once those marks are complete (read without waiting), the sleep is FACTOR times
     the largest lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host
-    time, never more than FACTOR times the phase's host time. A device that is busy most of the step then sleeps
-    little; a host-bound step sleeps about its host time, as it must. Where the last held call gives no answer
+    time, never more than FACTOR times the phase's host time. A device whose work keeps up with the host then
+    sleeps less; a host-bound step sleeps about its host time, as it must (the H200's realistic Llama: lead-sized
+    sleeps of about its phases' host time; the Mixtral on a shared GPU: a quarter shorter, benchmarks/RESULTS.md). Where the last held call gives no answer
     (its first sampled call, marks not complete, or a span the device may have reached before the host queued its
     end: then its samples may hold a wait, and the sleep was too short), the sleep is FACTOR times the phase's
     host time on its last sampled call (first sampled call: FIRST_MS), within `device_timer`'s limits for a hold
