@@ -1,7 +1,8 @@
 """What a sampled step costs on the host, part by part, on the wall clock: ReportingBackend's defaults; with
-`--check fusion`, a checked step's parts too.
+`--timing fusion`, a fusion-sampled step's parts; with `--check fusion`, a checked step's parts too.
 
     source .gpu/setup.sh && python benchmarks/sampled_step_parts.py --model llama --json sampled_step_llama.json
+    source .gpu/setup.sh && python benchmarks/sampled_step_parts.py --model mixtral --timing fusion
     python benchmarks/sampled_step_parts.py --steps 120     # CPU: the tiny Llama
     OMP_NUM_THREADS=1 python benchmarks/sampled_step_parts.py --check fusion --check-every 5 --steps 200
 
@@ -72,6 +73,16 @@ WRAPPED_CHECK = (
     ("region_check", "RegionCheck", "begin_trace", "split inputs copied (region check)"),
 )
 
+#: What a call sampled at fusion level adds (`--timing fusion`): the region timers' marks (each a CUDA event on CUDA,
+#: inside "CUDA event marks" too) and their storing at a trace's end, and the device hold. The traces call the
+#: timers' `begin_trace` and `end_trace` through methods bound when Thunder built them, which no wrapper reaches.
+WRAPPED_FUSION = (
+    ("timing", "RegionTimer", "_mark", "region and op marks"),
+    ("timing", "RegionTimer", "_store", "storing a trace's marks"),
+    ("timing", "DeviceHold", "begin", "device hold: sizing and queueing the sleep"),
+    ("timing", "DeviceHold", "_lead_ms", "device hold: the host's lead read (inside the above)"),
+)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -82,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--check", default="off", choices=("off", "fusion"),
                         help="THUNDERFX_DEBUG_CHECK of the backend (default off); with fusion, every --check-every-th "
                              "call is checked and its parts are timed too")
+    parser.add_argument("--timing", default="graph", choices=("graph", "fusion"),
+                        help="THUNDERFX_DEBUG_TIMING of the backend (default graph, the defaults'); fusion times the "
+                        "parts a fusion-sampled call adds too")
     parser.add_argument("--check-every", type=int, default=50, help="THUNDERFX_DEBUG_CHECK_EVERY (default 50)")
     parser.add_argument("--json", type=Path, default=None, help="write the record here")
     args = parser.parse_args(argv)
@@ -125,13 +139,14 @@ def main(argv=None) -> int:
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
     model, batch = harness.build(args.model, size, device, dtype, seed=0)
     checks = {} if args.check == "off" else {"check": args.check, "check_every": args.check_every}
-    backend = ReportingBackend(**checks, **harness.thunder_options(device))
+    timing = {} if args.timing == "graph" else {"timing": args.timing}
+    backend = ReportingBackend(**checks, **timing, **harness.thunder_options(device))
     trainer = harness.Trainer(model, backend, [batch], lr=1e-4)
     for _ in range(args.warmup):
         trainer.step()
     trainer.clock.sync()
     times: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    time_calls(WRAPPED + (WRAPPED_CHECK if checks else ()), times)
+    time_calls(WRAPPED + (WRAPPED_CHECK if checks else ()) + (WRAPPED_FUSION if timing else ()), times)
     steps = []
     for _ in range(args.steps):
         before = {label: entry[0] for label, entry in times.items()}
