@@ -116,6 +116,30 @@ def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_
         in render_summary(rare_report)
 
 
+def test_a_split_no_longer_asked_stops_slowing_the_turns_of_the_others():
+    from thunderfx_debug.recording.check import CheckTurns
+
+    now = [0]  # seconds
+    turns = CheckTurns(1.0, counter=lambda: now[0] * 10**9)
+    live, gone = turns.join(), turns.join()  # `gone`: a graph compiled again, never called after its first call
+
+    def scheduled(turn, at, call):
+        now[0] = at
+        taken = turn.take(call)
+        if taken:
+            with turn.spending():
+                now[0] += 1  # each check costs 1 s
+        return taken
+
+    assert scheduled(live, 0, 1) and scheduled(gone, 1, 1)
+    # While `gone` counts, `live` earns half of the 1 % share; its first turn, spread to half the period, after 100 s.
+    assert [scheduled(live, at, call) for at, call in ((99, 51), (103, 101))] == [False, True]
+    # Ten minutes after `gone` was last asked it no longer counts: `live` earns the whole share, 1 s of credit in
+    # 100 s (with `gone` still counted: in 200 s).
+    assert [scheduled(live, at, call) for at, call in ((700, 151), (760, 201), (801, 251))] == [True, False, True]
+    assert (live.passed_over, gone.passed_over) == (2, 0)
+
+
 def test_a_mismatching_region_gets_a_script_that_runs_the_region_again(tmp_path, monkeypatch):
     """Real fusion regions check clean; a region flagged against a reference that is wrong (here on purpose): its
     script holds the region's inputs and outputs of that call, finds the run's outputs right against the true

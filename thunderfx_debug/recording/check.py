@@ -84,6 +84,9 @@ class CheckTurns:
         [[True, True], [False, False], [True, False], [False, False], [False, True]]
     """
 
+    #: A split not asked for this long (ns) is left out of the sum of the checks' costs (see `_take`).
+    STALE_NS = 600 * 10**9
+
     def __init__(self, percent: float, counter: Callable[[], int] = time.perf_counter_ns):
         self.share = None if percent >= 100 else percent / 100
         self.counter = counter
@@ -102,7 +105,10 @@ class CheckTurns:
                 turn.credit_ns += turn.spent_ns * (1 - (turn.index + 1) / len(self._turns))
             turn.cost_ns, turn.spent_ns = turn.spent_ns, 0.0
         if self.share is not None and call != 1:
-            total = sum(t.cost_ns or t.spent_ns for t in self._turns)
+            # Splits not asked for a while (a graph compiled again, an evaluation graph between evaluations) are
+            # left out of the sum until they are asked again: their costs would slow every live split's turns.
+            live = now - self.STALE_NS
+            total = sum(t.cost_ns or t.spent_ns for t in self._turns if t.accrued_at >= live or t is turn)
             if total > 0:
                 earned = self.share * (now - turn.accrued_at) * turn.cost_ns / total
                 turn.credit_ns = min(0.0, turn.credit_ns + earned)
