@@ -3,8 +3,8 @@
 A `Clock` makes marks: CUDA events recorded on the current stream (read later, once `query()` says they are
 complete, or at flush where waiting is allowed), or host perf_counter readings on CPU runs. A `SampleSeries` keeps
 the samples of one piece in bounded memory (`samples.SampleStream`: the first ones, a uniform sample and the most
-recent ones raw, totals over all, a time series); statistics are computed by the records (`records.Timing`). `Sampling` decides which
-calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
+recent ones raw, totals over all, a time series); statistics are computed by the records (`records.Timing`).
+`Sampling` decides which calls are timed: only every N-th call after a warm-up, so unsampled calls pay one comparison.
 
 `DeviceHold` makes the marks of a sampled call time device work rather than waits for the host (fusion-level
 timing on CUDA). `RegionTimer` receives the marks of the fusion regions of one thunder split, from the calls that
@@ -246,6 +246,7 @@ class _HeldPhase:
     before: Any  # the clock's mark before the sleep (None without a clock)
     after: Any  # and after it
     spans: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
+    ended: bool = False  # `DeviceHold.end` read the phase's host time
 
 
 class DeviceHold:
@@ -266,11 +267,11 @@ class DeviceHold:
     the largest lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host
     time, never more than FACTOR times the phase's host time. A device whose work keeps up with the host then
     sleeps less; a host-bound step sleeps about its host time, as it must (the H200's realistic Llama: lead-sized
-    sleeps of about its phases' host time; the Mixtral on a shared GPU: a quarter shorter, benchmarks/RESULTS.md). Where the last held call gives no answer
-    (its first sampled call, marks not complete, or a span the device may have reached before the host queued its
-    end: then its samples may hold a wait, and the sleep was too short), the sleep is FACTOR times the phase's
-    host time on its last sampled call (first sampled call: FIRST_MS), within `device_timer`'s limits for a hold
-    (1 ms to 1 s).
+    sleeps of about its phases' host time; the Mixtral on a shared GPU: a quarter shorter, benchmarks/RESULTS.md).
+    Where the last held call gives no answer (its first sampled call, marks not complete, or a span the device may
+    have reached before the host queued its end: then its samples may hold a wait, and the sleep was too short),
+    the sleep is FACTOR times the phase's host time on its last sampled call (first sampled call: FIRST_MS), within
+    `device_timer`'s limits for a hold (1 ms to 1 s).
 
     One hold serves a graph and its splits: `begin` sleeps once per phase of a call, whichever piece's mark comes
     first (in the backward, autograd may run a split's hook before the graph's), and only the graph calls `end`.
@@ -293,7 +294,6 @@ class DeviceHold:
         self._clock = clock
         self._host_ms: dict[Phase, float] = {}
         self._held: dict[Phase, _HeldPhase] = {}
-        self._ended: set[Phase] = set()
         #: How the sleeps were sized: "first" (nothing known), "whole" (the phase's host time), "lead" (the host's
         #: lead): [how many, milliseconds asked for in all]; for benchmarks that ask what the holds cost.
         self.sleeps: dict[str, list[float]] = {"first": [0, 0.0], "whole": [0, 0.0], "lead": [0, 0.0]}
@@ -326,13 +326,12 @@ class DeviceHold:
         self.sleep_ms(ms)
         after = clock.mark() if clock is not None else None
         self._held[phase] = _HeldPhase(call, host_start, before, after)
-        self._ended.discard(phase)
 
     def end(self, phase: Phase) -> None:
         """After the phase's last mark: how long the host took to queue it sizes the next sleep."""
         held = self._held.get(phase)
-        if held is not None and phase not in self._ended:
-            self._ended.add(phase)
+        if held is not None and not held.ended:
+            held.ended = True
             self._host_ms[phase] = (self._counter() - held.host_start) / 1e6
 
     def queued(self, phase: Phase, call: int) -> list[tuple[Any, int]] | None:
@@ -365,17 +364,17 @@ class DeviceHold:
         less the device's work before its start (after the sleep); None where a mark is not complete yet or a span's
         start may have come on the device before its end was queued (the sleep was too short for that call)."""
         clock = self._clock
-        last_start = held.spans[-1][0]
-        if clock.elapsed_ms(held.before, last_start, wait=False) is None:
-            return None  # on one stream, once the last start is complete so are the marks before it
         slept = clock.elapsed_ms(held.before, held.after, wait=False)
+        if slept is None:
+            return None
         lead = 0.0
-        for start, queued_ns in held.spans:
+        # The last span first: on one stream, once its start is complete so are the marks before it.
+        for start, queued_ns in reversed(held.spans):
             # The device came to `before` no earlier than the host read `host_start`, so it came to `start` at
             # least this long after it: reached after `queued_ms`, the span's kernels were all queued.
             reached_ms = clock.elapsed_ms(held.before, start, wait=False)
             queued_ms = (queued_ns - held.host_start) / 1e6
-            if reached_ms is None or slept is None or reached_ms < queued_ms:
+            if reached_ms is None or reached_ms < queued_ms:
                 return None
             lead = max(lead, queued_ms - (reached_ms - slept))
         return lead
@@ -464,6 +463,7 @@ class RegionTimer:
         self._phase = ""
         self._marks: list[tuple[str | None, Any]] = []
         self._queued: list[int] | None = None  # host counter after each mark, on calls the hold held
+        self._spans: list[tuple[Any, int]] | None = None  # where those calls' spans go (`DeviceHold.queued`)
 
     # ---- called by the instrumented traces ------------------------------------------------------------------------
     def begin_trace(self, phase: str) -> None:
@@ -478,7 +478,8 @@ class RegionTimer:
             series.resolve()
         self._call, self._phase = call, phase
         self._marks = [(None, self.clock.mark())]
-        if self.hold is not None and self.hold.queued(Phase(phase), call) is not None:
+        self._spans = self.hold.queued(Phase(phase), call) if self.hold is not None else None
+        if self._spans is not None:
             self._queued = [self.hold.now()]
 
     def begin_region(self, key: str, *inputs) -> None:
@@ -501,13 +502,11 @@ class RegionTimer:
         if self._call and phase == self._phase:
             self._mark(None)
             self._store(self._call, phase, self._marks)
-            if self._queued is not None:
-                spans = self.hold.queued(Phase(phase), self._call)
-                if spans is not None:  # each span's start mark, and when the host had queued its end
-                    spans.extend(zip((mark for _, mark in self._marks[:-1]), self._queued[1:]))
+            if self._spans is not None:  # each span's start mark, and when the host had queued its end
+                self._spans.extend(zip((mark for _, mark in self._marks[:-1]), self._queued[1:]))
             if phase == Phase.BACKWARD:
                 self.backward_call = 0  # one backward per sampled call
-        self._call, self._marks, self._queued = 0, [], None
+        self._call, self._marks, self._queued, self._spans = 0, [], None, None
         if self._ranges is not None:
             self._ranges.pop()
 
