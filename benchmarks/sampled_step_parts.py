@@ -73,12 +73,14 @@ WRAPPED_CHECK = (
     ("region_check", "RegionCheck", "begin_trace", "split inputs copied (region check)"),
 )
 
-#: What a call sampled at fusion level adds (`--timing fusion`): the region timers' marks (each a CUDA event on CUDA,
-#: inside "CUDA event marks" too) and their storing at a trace's end, and the device hold. The traces call the
-#: timers' `begin_trace` and `end_trace` through methods bound when Thunder built them, which no wrapper reaches.
+#: What a call sampled at fusion level adds (`--timing fusion`): the region timers' marks (each a CUDA event, pooled,
+#: on CUDA) and the reading of earlier traces' marks into samples, and the device hold. The traces call the timers'
+#: `begin_trace` and `end_trace` through methods bound when Thunder built them, which no wrapper reaches.
 WRAPPED_FUSION = (
     ("timing", "RegionTimer", "_mark", "region and op marks"),
-    ("timing", "RegionTimer", "_store", "storing a trace's marks"),
+    ("timing", "RegionTimer", "resolve", "reading earlier traces' marks"),
+    ("timing", "RegionTimer", "_store", "storing a trace's samples (inside the above)"),
+    ("timing", "DeviceHold", "trace_lead", "a trace's lead for the hold (inside the above)"),
     ("timing", "DeviceHold", "begin", "device hold: sizing and queueing the sleep"),
     ("timing", "DeviceHold", "_lead_ms", "device hold: the host's lead read (inside the above)"),
 )

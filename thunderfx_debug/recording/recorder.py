@@ -22,7 +22,7 @@ from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.memory import MemoryProbe, PieceMemory
-from thunderfx_debug.recording.timing import Clock, SampleSeries, clock_for
+from thunderfx_debug.recording.timing import Clock, RegionTimer, SampleSeries, clock_for
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
 from thunderfx_debug.thunder import provenance as thunder_provenance
@@ -45,6 +45,8 @@ class SplitState:
     error: str | None = None
     # Filled by the fusion-level timing of the split, keyed by region ("nvFusion0_forward") and "outside_forward".
     region_series: dict[str, SampleSeries] = dataclasses.field(default_factory=dict)
+    # The timer that fills them (and `op_series`) from the marks of the split's traces, read at its `resolve`.
+    region_timer: RegionTimer | None = dataclasses.field(default=None, repr=False)
     captured: Captured | None = None  # its first call (see `capture`)
     # Filled by the split's region observer (`capture.RegionCapture`), keyed by region ("nvFusion0_forward").
     region_captures: dict[str, Captured] = dataclasses.field(default_factory=dict)
@@ -102,7 +104,8 @@ class GraphState:
         return f"graph{self.index}"
 
     def series(self):
-        """Every sample series of the graph, its splits and their regions."""
+        """Every sample series of the graph, its splits and their regions; a split's region timer comes before the
+        series it fills, so that resolving them in this order reads its traces' marks into them first."""
         yield self.forward
         yield self.backward
         yield self.period
@@ -112,6 +115,8 @@ class GraphState:
         for split in self.splits:
             yield split.forward
             yield split.backward
+            if split.region_timer is not None:
+                yield split.region_timer
             yield from split.region_series.values()
             yield from split.op_series.values()
             yield from (s for s in (split.host_forward, split.host_backward, split.overhead) if s is not None)

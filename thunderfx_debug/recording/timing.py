@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -36,6 +37,17 @@ class Clock(Protocol):
     def elapsed_ms(self, start: Any, end: Any, wait: bool) -> float | None:
         """Milliseconds from `start` to `end`, or None if `end` is not complete yet and `wait` is False."""
 
+    def marker(self) -> Callable[[], Any]:
+        """A `mark` for a run of marks made in order on one stream (a trace's), cheaper per mark; its marks are read
+        with `offsets_ms` and then given back with `recycle`."""
+
+    def offsets_ms(self, marks: Sequence[Any], wait: bool) -> list[float] | None:
+        """Milliseconds from the first of a marker's `marks` to each of them (the first's is 0), or None if the last
+        is not complete yet and `wait` is False."""
+
+    def recycle(self, marks: Sequence[Any]) -> None:
+        """Takes back marks read with `offsets_ms`, which nothing reads again."""
+
 
 class HostClock:
     """perf_counter marks, for CPU runs (the work is done when the call returns)."""
@@ -51,18 +63,63 @@ class HostClock:
     def elapsed_ms(self, start: int, end: int, wait: bool) -> float:
         return (end - start) / 1e6
 
+    def marker(self) -> Callable[[], int]:
+        return self.mark
+
+    def offsets_ms(self, marks: Sequence[int], wait: bool) -> list[float]:
+        first = marks[0]
+        return [(mark - first) / 1e6 for mark in marks]
+
+    def recycle(self, marks: Sequence[int]) -> None:
+        pass
+
 
 class CudaClock:
     """CUDA events on the current stream (`device_timer`). `elapsed_ms` only waits (synchronises on the event) when
-    asked to, which happens at flush, never on the training path."""
+    asked to, which happens at flush, never on the training path.
+
+    A trace's marks (`marker`) skip what `device_timer.mark` does per event, which a trace of hundreds of marks
+    repeats on every sampled call: the stream is read once per trace (`Event.record()` without one asks torch for
+    the current stream each time, a few microseconds), and events read and given back (`recycle`) are recorded again
+    rather than created, up to POOL of them."""
 
     kind = ClockKind.CUDA
+    POOL = 4096
+
+    def __init__(self):
+        self._free: list[Any] = []
 
     def mark(self):
         return device_timer.mark()
 
     def elapsed_ms(self, start, end, wait: bool) -> float | None:
         return device_timer.elapsed_ms(start, end, wait)
+
+    def marker(self) -> Callable[[], Any]:
+        import torch
+
+        stream, free, new_event = torch.cuda.current_stream(), self._free, torch.cuda.Event
+
+        def mark():
+            try:
+                event = free.pop()
+            except IndexError:  # none free (another thread, the backward's, may have taken the last)
+                event = new_event(enable_timing=True)
+            event.record(stream)
+            return event
+
+        return mark
+
+    def offsets_ms(self, marks: Sequence[Any], wait: bool) -> list[float] | None:
+        # On one stream, once the last mark is complete so are those before it: one query, and no wait after it.
+        if device_timer.elapsed_ms(marks[0], marks[-1], wait) is None:
+            return None
+        first = marks[0]
+        return [0.0] + [first.elapsed_time(mark) for mark in marks[1:]]
+
+    def recycle(self, marks: Sequence[Any]) -> None:
+        free = self._free
+        free.extend(marks[: max(self.POOL - len(free), 0)])
 
 
 def clock_for(devices: set[str]) -> Clock:
@@ -239,14 +296,17 @@ class SampleSeries:
 @dataclasses.dataclass
 class _HeldPhase:
     """One held phase of a sampled call: when the host queued the hold, the marks before and after its sleep, and
-    what the region timers reported of its spans (see `DeviceHold.queued`)."""
+    the host's lead over the device in each trace the region timers marked in it (see `DeviceHold.held`)."""
 
     call: int
     host_start: int  # host counter (ns), read before the mark before the sleep
     before: Any  # the clock's mark before the sleep (None without a clock)
     after: Any  # and after it
-    spans: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
     ended: bool = False  # `DeviceHold.end` read the phase's host time
+    traces: int = 0  # traces marked in the phase, by the timers in `timers`
+    timers: list[Any] = dataclasses.field(default_factory=list)
+    leads: list[float | None] = dataclasses.field(default_factory=list)  # one per trace read so far (`trace_lead`)
+    slept_ms: float | None = None  # the sleep as the device ran it, once read
 
 
 class DeviceHold:
@@ -262,10 +322,11 @@ class DeviceHold:
 
     How long: the sleep must cover the host's lead, not its whole time. A span between two marks of a region timer
     times device work when the device reaches its start mark only after the host queued its end mark. With a
-    clock, the timers report each span's start mark and the host time once its end was queued (`queued`); on the
-    next sampled call of the phase, once those marks are complete (read without waiting), the sleep is FACTOR times
-    the largest lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host
-    time, never more than FACTOR times the phase's host time. A device whose work keeps up with the host then
+    clock, the timers keep the host time once each mark was queued on the calls it held (`held`), and when they
+    read a trace's marks (without waiting) they hand its largest lead to the hold (`trace_lead`); on the next
+    sampled call of the phase, once every trace of the last one was read, the sleep is FACTOR times the largest
+    lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host time, never
+    more than FACTOR times the phase's host time. A device whose work keeps up with the host then
     sleeps less; a host-bound step sleeps about its host time, as it must (the H200's realistic Llama: lead-sized
     sleeps of about its phases' host time; the Mixtral on a shared GPU: a quarter shorter, benchmarks/RESULTS.md).
     Where the last held call gives no answer (its first sampled call, marks not complete, or a span the device may
@@ -306,7 +367,7 @@ class DeviceHold:
 
     @property
     def now(self) -> Callable[[], int]:
-        """The host counter the hold reads (ns); timers read it for `queued`."""
+        """The host counter the hold reads (ns); timers read it for `trace_lead`."""
         return self._counter
 
     def sleep_ms(self, ms: float) -> None:
@@ -334,21 +395,43 @@ class DeviceHold:
             held.ended = True
             self._host_ms[phase] = (self._counter() - held.host_start) / 1e6
 
-    def queued(self, phase: Phase, call: int) -> list[tuple[Any, int]] | None:
-        """Where a timer of this graph reports the spans of `phase` of sampled call `call`: (the mark a span starts
-        at, the host counter once its end mark was queued) pairs; None where this hold did not hold that call, or
-        has no clock to read the marks with."""
+    def held(self, phase: Phase, call: int) -> _HeldPhase | None:
+        """The held `phase` of sampled call `call`, where a region timer of this graph reports its traces' leads
+        (`trace_lead`); None where this hold did not hold that call, or has no clock to read the marks with."""
         held = self._held.get(phase)
         if held is None or held.call != call or self._clock is None:
             return None
-        return held.spans
+        return held
+
+    def trace_lead(self, held: _HeldPhase, first: Any, offsets: Sequence[float], queued: Sequence[int]) -> None:
+        """Reads the host's largest lead over the device in one trace of `held`, whose marks came `offsets` ms after
+        its `first` mark on the device and were queued at host counter `queued` (ns), and keeps it for the next
+        sleep: for each span between two marks, the host's time until its end was queued less the device's work
+        before its start (after the sleep). None (the next sleep is the whole host time) where the device may have
+        reached a span's start before its end was queued (the sleep was too short for that call)."""
+        clock = self._clock
+        lead = None
+        if held.slept_ms is None:
+            held.slept_ms = clock.elapsed_ms(held.before, held.after, wait=False)
+        # The device came to `before` no earlier than the host read `host_start`, so it came to each span's start at
+        # least `reached` after it: reached after `queued_ms`, the span's kernels were all queued.
+        reached_first = clock.elapsed_ms(held.before, first, wait=False)
+        if held.slept_ms is not None and reached_first is not None:
+            lead, slept, host_start = 0.0, held.slept_ms, held.host_start
+            for offset, queued_ns in zip(offsets, queued[1:]):
+                reached, queued_ms = reached_first + offset, (queued_ns - host_start) / 1e6
+                if reached < queued_ms:
+                    lead = None
+                    break
+                lead = max(lead, queued_ms - (reached - slept))
+        held.leads.append(lead)
 
     def _sleep_ms(self, phase: Phase, previous: _HeldPhase | None) -> float:
         host_ms = self._host_ms.get(phase)
         if host_ms is None:
             return self._sized("first", self.FIRST_MS)
         whole = self.FACTOR * host_ms
-        lead = self._lead_ms(previous) if previous is not None and previous.spans else None
+        lead = self._lead_ms(previous) if previous is not None and previous.traces else None
         if lead is None or self.FACTOR * lead + self.SPARE * host_ms >= whole:
             return self._sized("whole", whole)
         return self._sized("lead", self.FACTOR * lead + self.SPARE * host_ms)
@@ -360,24 +443,14 @@ class DeviceHold:
         return ms
 
     def _lead_ms(self, held: _HeldPhase) -> float | None:
-        """The host's largest lead over the device in `held`: for each span, the host time until its end was queued
-        less the device's work before its start (after the sleep); None where a mark is not complete yet or a span's
-        start may have come on the device before its end was queued (the sleep was too short for that call)."""
-        clock = self._clock
-        slept = clock.elapsed_ms(held.before, held.after, wait=False)
-        if slept is None:
+        """The host's largest lead over the device in `held`, over all its traces; None where one of them is not
+        read yet (its marks are not complete) or gave no lead (`trace_lead`)."""
+        for timer in held.timers:  # the traces of a held call are read here at the latest: its sleep needs them
+            timer.resolve()
+        leads = held.leads
+        if len(leads) < held.traces or None in leads:
             return None
-        lead = 0.0
-        # The last span first: on one stream, once its start is complete so are the marks before it.
-        for start, queued_ns in reversed(held.spans):
-            # The device came to `before` no earlier than the host read `host_start`, so it came to `start` at
-            # least this long after it: reached after `queued_ms`, the span's kernels were all queued.
-            reached_ms = clock.elapsed_ms(held.before, start, wait=False)
-            queued_ms = (queued_ns - held.host_start) / 1e6
-            if reached_ms is None or reached_ms < queued_ms:
-                return None
-            lead = max(lead, queued_ms - (reached_ms - slept))
-        return lead
+        return max(leads)
 
 
 class Ranges:
@@ -415,9 +488,11 @@ class RegionTimer:
     forward of a sampled call, `backward_call` by the gradient hooks of that call (see `runners.BackwardMarks`).
     Other runs pay one attribute check per mark.
 
-    At `end_trace` each region's (start, end) goes to `series[key]`, and the gaps between regions (from the trace's
-    start to the first region, between regions, from the last region to the end) to `series["outside_<phase>"]`,
-    so the regions and the outside time of a call add up to the whole trace.
+    A recorded trace's marks are read later (`resolve`: without waiting at the start of the next sampled trace, and
+    by the hold that needs them; waiting at flush), all at once, each as its distance from the trace's first mark:
+    one reading per mark. Then each region's time goes to `series[key]`, and the gaps between regions (from the
+    trace's start to the first region, between regions, from the last region to the end) to
+    `series["outside_<phase>"]`, so the regions and the outside time of a call add up to the whole trace.
 
     Where the trace also marks its ops (`mark_op(symbol, executor)` before each op outside the regions, see
     `thunder.instrument`), the outside time is split further, by op group: from an op's mark to the next mark is
@@ -431,8 +506,9 @@ class RegionTimer:
         ranges: with a name prefix ("graph0/thunder_0"), every run (sampled or not) also opens a named range per
             region and per trace, "graph0/thunder_0/nvFusion0_forward" (see `Ranges`); None for no ranges.
         op_series, op_counts: the split's op groups, filled here (see above).
-        hold: the graph's `DeviceHold` (fusion timing on CUDA): on the calls it held, each span between two marks is
-            reported to it with the host time once its end was queued, which sizes its next sleep.
+        hold: the graph's `DeviceHold` (fusion timing on CUDA): on the calls it held, the host time once each mark
+            was queued is kept, and the trace's lead over the device read from it (`DeviceHold.trace_lead`) sizes
+            the hold's next sleep.
 
     Example (host clock counting one millisecond per mark):
         >>> ticks = iter(range(0, 10**9, 10**6))
@@ -440,7 +516,7 @@ class RegionTimer:
         >>> timer.forward_call = 6
         >>> timer.begin_trace("forward"); timer.begin_region("F0_forward"); timer.end_region("F0_forward")
         >>> timer.end_trace("forward"); timer.forward_call = 0
-        >>> for s in timer.series.values(): s.resolve()
+        >>> timer.resolve()
         >>> {k: (s.samples_ms, s.calls) for k, s in timer.series.items()}
         {'F0_forward': ([1.0], [6]), 'outside_forward': ([2.0], [6])}
     """
@@ -461,9 +537,13 @@ class RegionTimer:
         self._ranges, self._prefix = ranges if ranges is not None else (None, "")
         self._call = 0  # the sampled call the running trace records, 0 when it does not record
         self._phase = ""
-        self._marks: list[tuple[str | None, Any]] = []
+        self._mark_now: Callable[[], Any] | None = None  # the running trace's `Clock.marker`
+        self._keys: list[str | tuple[str, str] | None] = []  # what each mark of the running trace is
+        self._marks: list[Any] = []
         self._queued: list[int] | None = None  # host counter after each mark, on calls the hold held
-        self._spans: list[tuple[Any, int]] | None = None  # where those calls' spans go (`DeviceHold.queued`)
+        self._held: _HeldPhase | None = None
+        self._recorded: list[_RecordedTrace] = []  # traces whose marks are not read yet
+        self._reading = threading.Lock()
 
     # ---- called by the instrumented traces ------------------------------------------------------------------------
     def begin_trace(self, phase: str) -> None:
@@ -472,14 +552,12 @@ class RegionTimer:
         call = self.forward_call if phase == Phase.FORWARD else self.backward_call
         if not call:
             return
-        for series in self.series.values():  # earlier samples whose marks are complete, without waiting
-            series.resolve()
-        for series in self.op_series.values():
-            series.resolve()
+        self.resolve()  # earlier traces whose marks are complete, without waiting
         self._call, self._phase = call, phase
-        self._marks = [(None, self.clock.mark())]
-        self._spans = self.hold.queued(Phase(phase), call) if self.hold is not None else None
-        if self._spans is not None:
+        self._mark_now = self.clock.marker()
+        self._keys, self._marks = [None], [self._mark_now()]
+        self._held = self.hold.held(Phase(phase), call) if self.hold is not None else None
+        if self._held is not None:
             self._queued = [self.hold.now()]
 
     def begin_region(self, key: str, *inputs) -> None:
@@ -501,17 +579,21 @@ class RegionTimer:
     def end_trace(self, phase: str) -> None:
         if self._call and phase == self._phase:
             self._mark(None)
-            self._store(self._call, phase, self._marks)
-            if self._spans is not None:  # each span's start mark, and when the host had queued its end
-                self._spans.extend(zip((mark for _, mark in self._marks[:-1]), self._queued[1:]))
+            held = self._held
+            self._recorded.append(_RecordedTrace(self._call, phase, self._keys, self._marks, self._queued, held))
+            if held is not None:
+                held.traces += 1
+                if self not in held.timers:
+                    held.timers.append(self)
             if phase == Phase.BACKWARD:
                 self.backward_call = 0  # one backward per sampled call
-        self._call, self._marks, self._queued, self._spans = 0, [], None, None
+        self._call, self._keys, self._marks, self._queued, self._held, self._mark_now = 0, [], [], None, None, None
         if self._ranges is not None:
             self._ranges.pop()
 
     def _mark(self, key) -> None:
-        self._marks.append((key, self.clock.mark()))
+        self._keys.append(key)
+        self._marks.append(self._mark_now())
         if self._queued is not None:
             self._queued.append(self.hold.now())
 
@@ -519,36 +601,64 @@ class RegionTimer:
     def disarm_backward(self) -> None:
         self.backward_call = 0
 
-    def _store(self, call: int, phase: str, marks: list[tuple[Any, Any]]) -> None:
-        # marks: trace start (None), then in trace order a region's start and end (its key twice) and ops (a
-        # (symbol, executor) pair each), trace end (None)
+    # ---- reading the marks ----------------------------------------------------------------------------------------
+    def resolve(self, wait: bool = False) -> None:
+        """Reads the recorded traces whose marks are complete into the series (with `wait`, all of them: at flush);
+        the others stay recorded. One reader at a time: the training thread, autograd's and the flush may all ask,
+        and a trace is read once (without `wait`, a reader finding another at work leaves it to that one)."""
+        if not self._recorded or not self._reading.acquire(blocking=wait):
+            return
+        try:
+            count = len(self._recorded)  # the training thread may append more meanwhile
+            unread = [trace for trace in self._recorded[:count] if not self._read(trace, wait)]
+            self._recorded[:count] = unread
+        finally:
+            self._reading.release()
+
+    @property
+    def pending(self) -> int:
+        """Recorded traces not read yet."""
+        return len(self._recorded)
+
+    def _read(self, trace: _RecordedTrace, wait: bool) -> bool:
+        offsets = self.clock.offsets_ms(trace.marks, wait)
+        if offsets is None:
+            return False
+        self._store(trace.call, trace.phase, trace.keys, offsets)
+        if trace.held is not None:
+            self.hold.trace_lead(trace.held, trace.marks[0], offsets, trace.queued)
+        self.clock.recycle(trace.marks)
+        return True
+
+    def _store(self, call: int, phase: str, keys: list, at: list[float]) -> None:
+        # keys: trace start (None), then in trace order a region's start and end (its key twice) and ops (a
+        # (symbol, executor) pair each), trace end (None); at: each mark's ms after the trace's start
         between = (BETWEEN_OPS, "thunder")
-        gaps, op_spans, op_counts = [], {}, {}
-        gap_start = span_start = marks[0][1]
+        outside, op_ms, op_counts = 0.0, {}, {}
+        gap_start = span_start = 0.0
         current, region_start = between, None
-        for key, mark in marks[1:-1]:
+        for key, t in zip(keys[1:-1], at[1:-1]):
             if isinstance(key, tuple):  # an op: the time since the last mark was the previous op's
-                op_spans.setdefault(current, []).append((span_start, mark))
+                op_ms[current] = op_ms.get(current, 0.0) + (t - span_start)
                 op_counts[key] = op_counts.get(key, 0) + 1
-                current, span_start = key, mark
+                current, span_start = key, t
             elif region_start is None:  # a region starts: the gap before it ends
-                op_spans.setdefault(current, []).append((span_start, mark))
-                gaps.append((gap_start, mark))
-                region_start = mark
+                op_ms[current] = op_ms.get(current, 0.0) + (t - span_start)
+                outside += t - gap_start
+                region_start = t
             else:  # the region ends
-                self._series(key).add(call, region_start, mark)
-                region_start, current, gap_start, span_start = None, between, mark, mark
-        end = marks[-1][1]
-        gaps.append((gap_start, end))
-        self._series(f"outside_{phase}").add_spans(call, gaps)
+                self._series(key).add_measured(call, t - region_start)
+                region_start, current, gap_start, span_start = None, between, t, t
+        end = at[-1]
+        self._series(f"outside_{phase}").add_measured(call, outside + (end - gap_start))
         if op_counts:  # the trace marks its ops: the outside time by op group
-            op_spans.setdefault(current, []).append((span_start, end))
-            for (symbol, executor), spans in op_spans.items():
+            op_ms[current] = op_ms.get(current, 0.0) + (end - span_start)
+            for (symbol, executor), ms in op_ms.items():
                 key = (phase, symbol, executor)
                 series = self.op_series.get(key)
                 if series is None:
                     series = self.op_series[key] = SampleSeries(self.clock)
-                series.add_spans(call, spans)
+                series.add_measured(call, ms)
                 self.op_counts[key] = op_counts.get((symbol, executor), 0)
 
     def _series(self, key: str) -> SampleSeries:
@@ -556,3 +666,15 @@ class RegionTimer:
         if series is None:
             series = self.series[key] = SampleSeries(self.clock)
         return series
+
+
+@dataclasses.dataclass
+class _RecordedTrace:
+    """One sampled run of an instrumented trace, its marks not read yet (see `RegionTimer`)."""
+
+    call: int
+    phase: str
+    keys: list[str | tuple[str, str] | None]
+    marks: list[Any]
+    queued: list[int] | None  # host counter once each mark was queued, on calls the hold held
+    held: _HeldPhase | None

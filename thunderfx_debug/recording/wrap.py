@@ -136,6 +136,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts,
                                     hold=hold)
+                split.region_timer = timer
                 if level >= TimingLevel.FUSION:
                     runner.attach_regions(timer)
                 observers.append(timer)
