@@ -472,6 +472,33 @@ def test_the_device_hold_sleeps_for_the_hosts_lead_over_the_device_and_all_of_it
     assert hold.sleeps == {"first": [1, 10.0], "whole": [1, 12.5], "lead": [1, 5.8]}
 
 
+def test_the_backwards_hold_counts_what_the_device_had_not_made_up_of_the_forward_when_the_host_began_it():
+    slept = []
+    host_ms = iter([0, 1, 3, 4, 5, 6, 9, 9, 100, 105])
+    # The forward's sleep (10 ms) and work leave the device 20 ms into the call when the host, 5 ms in, begins the
+    # backward: the device is at least 15 ms behind, which the backward's own spans need no sleep for.
+    device_ms = iter([0, 10, 10, 12, 20, 30, 30, 31, 100, 105, 110, 112])
+    clock = DeviceMarks(device_ms)
+    hold = DeviceHold(slept.append, cycles_per_ms=1000, counter=lambda: next(host_ms) * 10**6, clock=clock)
+    timer = RegionTimer(clock, series={}, hold=hold)
+    hold.begin(Phase.FORWARD, 1)
+    timer.forward_call = 1
+    timer.begin_trace("forward"); timer.end_trace("forward")  # queued 1 and 3 ms after the forward began
+    timer.forward_call = 0
+    hold.end(Phase.FORWARD)
+    hold.begin(Phase.BACKWARD, 1)
+    timer.backward_call = 1
+    timer.begin_trace("backward"); timer.end_trace("backward")  # queued 1 and 4 ms after the backward began
+    hold.end(Phase.BACKWARD)
+    hold.begin(Phase.FORWARD, 2)
+    hold.begin(Phase.BACKWARD, 2)
+    # Forward: 1.25 x its lead of 3 ms + 0.1 x its 4 ms. Backward: no lead (the device came to its span 25 ms after
+    # the host began it, the host had queued it at 4 ms), so a tenth of its 4 ms, which the shortest hold (1 ms)
+    # covers; not 1.25 x 4 ms, as it would be if the device were taken to be level with the host.
+    assert slept == [10_000, 10_000, 4_150, 1_000]
+    assert hold.sleeps["lead"] == [2, pytest.approx(4.55)]
+
+
 def test_one_hold_per_phase_of_a_call_comes_before_every_mark_of_a_graph_and_its_splits():
     # In the backward, autograd runs the split's pre-hook before the graph's (the split registered its hooks first,
     # on the same output node): the hold must still come before the split's start mark, and only once.

@@ -307,6 +307,10 @@ class _HeldPhase:
     timers: list[Any] = dataclasses.field(default_factory=list)
     leads: list[float | None] = dataclasses.field(default_factory=list)  # one per trace read so far (`trace_lead`)
     slept_ms: float | None = None  # the sleep as the device ran it, once read
+    # The call's first held phase (its forward), where this is a later one: the device's lag behind the host at
+    # this phase's start is read against it (`DeviceHold.trace_lead`); and that lag in ms, once read.
+    origin: _HeldPhase | None = None
+    behind_ms: float | None = None
 
 
 class DeviceHold:
@@ -326,8 +330,9 @@ class DeviceHold:
     read a trace's marks (without waiting) they hand its largest lead to the hold (`trace_lead`); on the next
     sampled call of the phase, once every trace of the last one was read, the sleep is FACTOR times the largest
     lead of the host over the device's work up to a span (`_lead_ms`) plus SPARE of the phase's host time, never
-    more than FACTOR times the phase's host time. A device whose work keeps up with the host then
-    sleeps less; a host-bound step sleeps about its host time, as it must (the H200's realistic Llama: lead-sized
+    more than FACTOR times the phase's host time; in a call's backward, the device's lag behind the host left from
+    its forward counts toward the lead (`_behind_ms`). A device whose work keeps up with the host then sleeps
+    less; a host-bound step sleeps about its host time, as it must (the H200's realistic Llama: lead-sized
     sleeps of about its phases' host time; the Mixtral on a shared GPU: a quarter shorter, benchmarks/RESULTS.md).
     Where the last held call gives no answer (its first sampled call, marks not complete, or a span the device may
     have reached before the host queued its end: then its samples may hold a wait, and the sleep was too short),
@@ -386,7 +391,8 @@ class DeviceHold:
         before = clock.mark() if clock is not None else None
         self.sleep_ms(ms)
         after = clock.mark() if clock is not None else None
-        self._held[phase] = _HeldPhase(call, host_start, before, after)
+        origin = next((h for h in self._held.values() if h.call == call and h.origin is None), None)
+        self._held[phase] = _HeldPhase(call, host_start, before, after, origin=origin)
 
     def end(self, phase: Phase) -> None:
         """After the phase's last mark: how long the host took to queue it sizes the next sleep."""
@@ -413,11 +419,14 @@ class DeviceHold:
         lead = None
         if held.slept_ms is None:
             held.slept_ms = clock.elapsed_ms(held.before, held.after, wait=False)
-        # The device came to `before` no earlier than the host read `host_start`, so it came to each span's start at
-        # least `reached` after it: reached after `queued_ms`, the span's kernels were all queued.
+        if held.behind_ms is None:
+            held.behind_ms = self._behind_ms(held)
+        # The device came to `before` no earlier than `behind_ms` after the host read `host_start`, so it came to
+        # each span's start at least `reached` after it: reached after `queued_ms`, the span's kernels were all queued.
         reached_first = clock.elapsed_ms(held.before, first, wait=False)
         if held.slept_ms is not None and reached_first is not None:
             lead, slept, host_start = 0.0, held.slept_ms, held.host_start
+            reached_first += held.behind_ms
             for offset, queued_ns in zip(offsets, queued[1:]):
                 reached, queued_ms = reached_first + offset, (queued_ns - host_start) / 1e6
                 if reached < queued_ms:
@@ -425,6 +434,20 @@ class DeviceHold:
                     break
                 lead = max(lead, queued_ms - (reached - slept))
         held.leads.append(lead)
+
+    def _behind_ms(self, held: _HeldPhase) -> float:
+        """How far the device was behind the host at least when the host began `held`: 0 for a call's first held
+        phase; for a later one (the backward), what the device took from the first phase's `before` to this one's
+        beyond what the host took, since the device came to the first no earlier than the host began it. The
+        forward's sleep and work that the device has not made up by the backward's start then count toward the
+        backward's sleep instead of being slept again."""
+        origin = held.origin
+        if origin is None:
+            return 0.0
+        device_ms = self._clock.elapsed_ms(origin.before, held.before, wait=False)
+        if device_ms is None:
+            return 0.0
+        return max(device_ms - (held.host_start - origin.host_start) / 1e6, 0.0)
 
     def _sleep_ms(self, phase: Phase, previous: _HeldPhase | None) -> float:
         host_ms = self._host_ms.get(phase)
