@@ -36,6 +36,7 @@ class FakeDeviceClock:
         self.now_ms = 0.0
         self.marks: list[FakeEvent] = []
         self.waits = 0
+        self.recycled: list[FakeEvent] = []
 
     def mark(self) -> FakeEvent:
         event = FakeEvent(self.now_ms)
@@ -54,6 +55,9 @@ class FakeDeviceClock:
             self.waits += 1
             end.done = True
         return end.time_ms - start.time_ms
+
+    def recycle(self, marks) -> None:
+        self.recycled.extend(marks)
 
 
 class CountingHostClock(HostClock):
@@ -111,18 +115,17 @@ def test_flush_waits_for_what_is_still_pending_and_timing_orders_by_call():
     assert (timing.calls, timing.samples_ms, timing.clock) == ((6, 56), (1.0, 2.0), ClockKind.CUDA)
 
 
-def test_a_sample_of_spans_is_their_sum_and_waits_for_all_of_them():
+def test_a_series_gives_the_marks_it_read_back_to_its_clock_and_keeps_the_others():
     clock = FakeDeviceClock()
     series = SampleSeries(clock)
-    marks = [clock.mark() for _ in range(6)]  # at 0, 1, ..., 5 ms
-    series.add_spans(2, [(marks[0], marks[1]), (marks[3], marks[5])])
-    series.add_spans(5, [])
-    marks[1].done = True
+    first, second = (clock.mark(), clock.mark()), (clock.mark(), clock.mark())
+    series.add(2, *first)
+    series.add(5, *second)
+    first[1].done = True
     series.resolve()
-    assert (series.calls, series.samples_ms, series.pending) == ([5], [0.0], 1)  # the second span is not complete
-    clock.complete()
-    series.resolve()
-    assert (series.calls, series.samples_ms) == ([5, 2], [0.0, 3.0])
+    assert (series.calls, series.pending, clock.recycled) == ([2], 1, list(first))
+    series.resolve(wait=True)
+    assert (series.calls, series.samples_ms, clock.recycled) == ([2, 5], [1.0, 1.0], [*first, *second])
 
 
 # ---- PhaseSampler, BackwardMarks, RegionTimer ----------------------------------------------------------------------

@@ -78,10 +78,10 @@ class CudaClock:
     """CUDA events on the current stream (`device_timer`). `elapsed_ms` only waits (synchronises on the event) when
     asked to, which happens at flush, never on the training path.
 
-    A trace's marks (`marker`) skip what `device_timer.mark` does per event, which a trace of hundreds of marks
-    repeats on every sampled call: the stream is read once per trace (`Event.record()` without one asks torch for
-    the current stream each time, a few microseconds), and events read and given back (`recycle`) are recorded again
-    rather than created, up to POOL of them."""
+    Events read and given back (`recycle`: by the region timers and the sample series once they read them) are
+    recorded again rather than created, up to POOL of them: creating one cost 6-40 µs on the H200 under load, a few
+    hundred a sampled call on an MoE. A trace's marks (`marker`) also read the stream once per trace
+    (`Event.record()` without one asks torch for the current stream each time, a few microseconds)."""
 
     kind = ClockKind.CUDA
     POOL = 4096
@@ -90,7 +90,12 @@ class CudaClock:
         self._free: list[Any] = []
 
     def mark(self):
-        return device_timer.mark()
+        try:
+            event = self._free.pop()
+        except IndexError:
+            return device_timer.mark()
+        event.record()
+        return event
 
     def elapsed_ms(self, start, end, wait: bool) -> float | None:
         return device_timer.elapsed_ms(start, end, wait)
@@ -198,15 +203,16 @@ class Sampling:
 class SampleSeries:
     """The samples of one piece (a graph's forward, a split's backward, a fusion region...).
 
-    A sample is the time from a start mark to an end mark (`add`), or the sum of several such spans (`add_spans`:
-    the time of a split's trace outside its fusion regions). Marks are stored as pending and resolved later:
-    `resolve()` without waiting on sampled calls, `resolve(wait=True)` at flush. Resolved samples go to `stream`,
-    which holds any number of them in bounded memory (`samples.SampleStream`).
+    A sample is the time from a start mark to an end mark (`add`), or a time read already (`add_measured`: a
+    region timer's, which reads a trace's marks itself). Marks are stored as pending and resolved later: `resolve()`
+    without waiting on sampled calls, `resolve(wait=True)` at flush; once read, they go back to the clock
+    (`Clock.recycle`). Resolved samples go to `stream`, which holds any number of them in bounded memory
+    (`samples.SampleStream`).
 
     Example (a fake clock whose marks are numbers of milliseconds):
         >>> series = SampleSeries(HostClock(counter=iter([0, 2_000_000, 5_000_000, 6_000_000]).__next__))
         >>> series.add(6, series.clock.mark(), series.clock.mark())
-        >>> series.add_spans(11, [(series.clock.mark(), series.clock.mark())])
+        >>> series.add(11, series.clock.mark(), series.clock.mark())
         >>> series.resolve(); series.samples_ms, series.calls
         ([2.0, 1.0], [6, 11])
     """
@@ -214,7 +220,7 @@ class SampleSeries:
     def __init__(self, clock: Clock, stream: SampleStream | None = None):
         self.clock = clock
         self.stream = stream if stream is not None else SampleStream()
-        self._pending: list[tuple[int, tuple[tuple[Any, Any], ...]]] = []
+        self._pending: list[tuple[int, Any, Any]] = []
         self._timing: tuple[int, Timing] | None = None  # (samples it was built from, the record)
 
     @property
@@ -228,40 +234,29 @@ class SampleSeries:
         return [call for _, call, _ in self.stream.kept()]
 
     def add(self, call: int, start: Any, end: Any) -> None:
-        """One sample of call `call` (1-based call number of the piece's graph): from mark `start` to mark `end`."""
-        self._pending.append((call, ((start, end),)))
+        """One sample of call `call` (1-based call number of the piece's graph): from mark `start` to mark `end`,
+        two marks of its own (they go back to the clock once read)."""
+        self._pending.append((call, start, end))
 
     def add_measured(self, call: int, ms: float) -> None:
-        """One sample of call `call` already measured (host time read on the spot: nothing pending)."""
+        """One sample of call `call` already measured (nothing pending)."""
         self.stream.add(call, ms)
-
-    def add_spans(self, call: int, spans: Sequence[tuple[Any, Any]]) -> None:
-        """One sample of call `call`: the sum of the (start, end) spans (no span: a sample of 0 ms)."""
-        self._pending.append((call, tuple(spans)))
 
     def resolve(self, wait: bool = False) -> None:
         """Turns pending marks into samples; with `wait=False` (the training path) marks that are not complete stay
         pending and nothing waits for the device."""
         if not self._pending:
             return
-        still_pending = []
-        for call, spans in self._pending:
-            elapsed = self._elapsed_ms(spans, wait)
-            if elapsed is None:
-                still_pending.append((call, spans))
-            else:
-                self.stream.add(call, elapsed)
-        self._pending = still_pending
-
-    def _elapsed_ms(self, spans: tuple[tuple[Any, Any], ...], wait: bool) -> float | None:
-        total = 0.0
-        # The last end first: on one stream, once it is complete so are the marks before it.
-        for start, end in reversed(spans):
+        still_pending, read = [], []
+        for call, start, end in self._pending:
             elapsed = self.clock.elapsed_ms(start, end, wait)
             if elapsed is None:
-                return None
-            total += elapsed
-        return total
+                still_pending.append((call, start, end))
+            else:
+                self.stream.add(call, elapsed)
+                read += (start, end)
+        self._pending = still_pending
+        self.clock.recycle(read)
 
     @property
     def pending(self) -> int:
