@@ -92,9 +92,9 @@ class CudaClock:
     def mark(self):
         try:
             event = self._free.pop()
-        except IndexError:
+            event.record()
+        except (IndexError, RuntimeError):  # none free, or one of another device (a graph across devices)
             return device_timer.mark()
-        event.record()
         return event
 
     def elapsed_ms(self, start, end, wait: bool) -> float | None:
@@ -108,9 +108,12 @@ class CudaClock:
         def mark():
             try:
                 event = free.pop()
-            except IndexError:  # none free (another thread, the backward's, may have taken the last)
+                event.record(stream)
+            # None free (another thread, the backward's, may have taken the last), or one created on another device
+            # than the stream's (a graph across devices, whose backward runs on each device's thread): a new one.
+            except (IndexError, RuntimeError):
                 event = new_event(enable_timing=True)
-            event.record(stream)
+                event.record(stream)
             return event
 
         return mark
