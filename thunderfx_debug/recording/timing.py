@@ -120,10 +120,11 @@ class CudaClock:
 
     def offsets_ms(self, marks: Sequence[Any], wait: bool) -> list[float] | None:
         # On one stream, once the last mark is complete so are those before it: one query, and no wait after it.
-        if device_timer.elapsed_ms(marks[0], marks[-1], wait) is None:
+        last = device_timer.elapsed_ms(marks[0], marks[-1], wait)
+        if last is None:
             return None
         first = marks[0]
-        return [0.0] + [first.elapsed_time(mark) for mark in marks[1:]]
+        return [0.0] + [first.elapsed_time(mark) for mark in marks[1:-1]] + [last]
 
     def recycle(self, marks: Sequence[Any]) -> None:
         free = self._free
