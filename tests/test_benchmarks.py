@@ -292,14 +292,21 @@ def test_host_overhead_times_the_runners_alone_with_and_without_the_sentinels_sc
                                                     / (high - low))
 
 
-def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_that_do_not(tmp_path):
-    """benchmarks/sampled_step_parts.py on the tiny Llama, timed at fusion level: sampled calls 56 (the second: memory
-    measured) and 106 (the third: timed only), each with its parts, the region timers' among them; the wrappers
-    leave training as it was (a fresh process)."""
-    out = tmp_path / "parts.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "sampled_step_parts.py"), "--timing", "fusion", "--steps", "100",
-                    "--json", str(out)], check=True, capture_output=True, text=True, timeout=600)
-    results = json.loads(out.read_text())["results"]
+@pytest.fixture(scope="module")
+def sampled_step_parts(tmp_path_factory) -> dict:
+    """benchmarks/sampled_step_parts.py on the tiny Llama, timed at fusion level and checked every 50 calls (one
+    run for the tests below: a fresh process, its wrappers around the functions the calls run)."""
+    out = tmp_path_factory.mktemp("parts") / "parts.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "sampled_step_parts.py"), "--timing", "fusion", "--check",
+                    "fusion", "--check-every", "50", "--steps", "100", "--json", str(out)], check=True,
+                   capture_output=True, text=True, timeout=600)
+    return json.loads(out.read_text())["results"]
+
+
+def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_that_do_not(sampled_step_parts):
+    """Sampled calls 56 (the second: memory measured) and 106 (the third: timed only), each with its parts, the
+    region timers' among them."""
+    results = sampled_step_parts
     sampled = {s["call"]: s for s in results["sampled_steps"]}
     assert sorted(sampled) == [56, 106] and sampled[56]["memory"] and not sampled[106]["memory"]
     with_memory = results["parts_us_mean_sampled_with_memory"]
@@ -310,13 +317,10 @@ def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_t
     assert "saved-tensor hooks on" not in without_memory
 
 
-def test_sampled_step_parts_times_a_checked_steps_parts_with_the_check_on(tmp_path):
-    """--check fusion: the checked calls (1 + 5k after the warm-up) are listed with their checks' parts."""
-    out = tmp_path / "parts.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "sampled_step_parts.py"), "--check", "fusion", "--check-every",
-                    "5", "--steps", "10", "--json", str(out)], check=True, capture_output=True, text=True, timeout=600)
-    results = json.loads(out.read_text())["results"]
-    assert [s["call"] for s in results["checked_steps"]] == [11, 16]
+def test_sampled_step_parts_times_a_checked_steps_parts_with_the_check_on(sampled_step_parts):
+    """--check fusion: the checked calls (1 + 50k, after the warm-up of 8) are listed with their checks' parts."""
+    results = sampled_step_parts
+    assert [s["call"] for s in results["checked_steps"]] == [51, 101]
     assert {"region references and judging", "split forward check",
             "split backward check"} <= set(results["parts_us_mean_checked"])
 
