@@ -401,6 +401,62 @@ def test_nvtx_ranges_name_the_regions_in_the_profiler(runs):
     assert runs[2] == expected
 
 
+def test_a_mark_that_fails_drops_its_trace_is_logged_and_the_training_goes_on_unchanged(runs, monkeypatch):
+    """A mark runs inside Thunder's trace, in the training's own forward and backward: where recording one raises (a
+    CUDA error on a real device), that trace records nothing more, the failure is counted where the report says,
+    and the training computes what it computes without any timing. Strict mode raises it instead."""
+    from thunderfx_debug import ReportingBackend
+
+    (_, _, _, _, off_losses, off_params), _, _ = runs
+    traces = itertools.count(1)
+    marker = HostClock.marker
+
+    def failing_marker(clock):
+        mark, fails = marker(clock), next(traces) % 2 == 1  # every other recording trace
+        marks = itertools.count(1)
+
+        def mark_or_fail():
+            if fails and next(marks) == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return mark()
+
+        return mark_or_fail
+
+    monkeypatch.setattr(HostClock, "marker", failing_marker)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch._dynamo.reset()
+        model, config = tiny_gpt(seed=0)
+        backend = ReportingBackend(executors=cpu_executors(), timing="fusion", timing_every=EVERY,
+                                   timing_warmup=WARMUP)
+        losses = train(torch.compile(model, backend=backend), model, config, STEPS)
+        assert torch.equal(off_losses, losses), (off_losses, losses)
+        assert all(torch.equal(off_params[name], p) for name, p in model.named_parameters())
+        report = backend.report()
+        failed = [f for f in report.meta["reporting_failures"] if f["what"].startswith("timing the fusion regions")]
+        assert failed and all("illegal memory access" in f["error"] for f in failed), report.meta
+        recorded = 0
+        for split in [s for g in report.graphs for s in g.splits if s.fusions]:
+            for phase in ("forward", "backward"):  # a trace records all its marks or none
+                outside = split.outside_fusions_timing.get(f"outside_{phase}")
+                calls = {tuple(f.timing.calls) if f.timing is not None else () for f in split.fusions_in(phase)}
+                calls.add(tuple(outside.calls) if outside is not None else ())
+                assert len(calls) == 1, (split.name, phase, calls)
+                recorded += len(calls.pop())
+        assert 0 < recorded < 2 * len(SAMPLED) * sum(1 for g in report.graphs for s in g.splits if s.fusions)
+
+        torch._dynamo.reset()
+        model, config = tiny_gpt(seed=0)
+        strict = ReportingBackend(executors=cpu_executors(), timing="fusion", timing_every=EVERY,
+                                  timing_warmup=WARMUP, strict=True)
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            train(torch.compile(model, backend=strict), model, config, STEPS)
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+
+
 def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_learns_the_host_time():
     clock = CountingHostClock()
     FakeSplit.timer = RegionTimer(clock, series={})

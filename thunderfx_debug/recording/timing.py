@@ -21,11 +21,14 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from thunderfx_debug.records import BETWEEN_OPS, ClockKind, Phase, Timing
 from thunderfx_debug.recording.samples import SampleStream
 from thunderfx_debug.scripts import device_timer
+
+if TYPE_CHECKING:
+    from thunderfx_debug.settings.safety import ReportingFailures
 
 
 class Clock(Protocol):
@@ -531,6 +534,10 @@ class RegionTimer:
         hold: the graph's `DeviceHold` (fusion timing on CUDA): on the calls it held, the host time once each mark
             was queued is kept, and the trace's lead over the device read from it (`DeviceHold.trace_lead`) sizes
             the hold's next sleep.
+        failures, label: where a failure of a recording trace's marks goes ("timing the fusion regions of
+            <label>"): the marks run inside Thunder's trace, in the training's forward and backward, so a mark that
+            raises (a CUDA error recording an event) drops that trace's samples and the training goes on (strict
+            failures raise). Without `failures` the error goes on into the trace.
 
     Example (host clock counting one millisecond per mark):
         >>> ticks = iter(range(0, 10**9, 10**6))
@@ -548,9 +555,11 @@ class RegionTimer:
 
     def __init__(self, clock: Clock, series: dict[str, SampleSeries], ranges: tuple[Ranges, str] | None = None,
                  op_series: dict[tuple[str, str, str], SampleSeries] | None = None,
-                 op_counts: dict[tuple[str, str, str], int] | None = None, hold: DeviceHold | None = None):
+                 op_counts: dict[tuple[str, str, str], int] | None = None, hold: DeviceHold | None = None,
+                 failures: ReportingFailures | None = None, label: str = ""):
         self.clock = clock
         self.hold = hold
+        self.failures, self.label = failures, label
         self.series = series
         self.op_series = op_series if op_series is not None else {}
         self.op_counts = op_counts if op_counts is not None else {}
@@ -574,13 +583,16 @@ class RegionTimer:
         call = self.forward_call if phase == Phase.FORWARD else self.backward_call
         if not call:
             return
-        self.resolve()  # earlier traces whose marks are complete, without waiting
         self._call, self._phase = call, phase
-        self._mark_now = self.clock.marker()
-        self._keys, self._marks = [None], [self._mark_now()]
-        self._held = self.hold.held(Phase(phase), call) if self.hold is not None else None
-        if self._held is not None:
-            self._queued = [self.hold.now()]
+        try:
+            self.resolve()  # earlier traces whose marks are complete, without waiting
+            self._mark_now = self.clock.marker()
+            self._keys, self._marks = [None], [self._mark_now()]
+            self._held = self.hold.held(Phase(phase), call) if self.hold is not None else None
+            if self._held is not None:
+                self._queued = [self.hold.now()]
+        except Exception as error:
+            self._drop_trace(error)
 
     def begin_region(self, key: str, *inputs) -> None:
         if self._ranges is not None:
@@ -601,6 +613,7 @@ class RegionTimer:
     def end_trace(self, phase: str) -> None:
         if self._call and phase == self._phase:
             self._mark(None)
+        if self._call and phase == self._phase:  # the last mark did not fail
             held = self._held
             self._recorded.append(_RecordedTrace(self._call, phase, self._keys, self._marks, self._queued, held))
             if held is not None:
@@ -614,10 +627,24 @@ class RegionTimer:
             self._ranges.pop()
 
     def _mark(self, key) -> None:
-        self._keys.append(key)
-        self._marks.append(self._mark_now())
-        if self._queued is not None:
-            self._queued.append(self.hold.now())
+        try:
+            self._marks.append(self._mark_now())
+            self._keys.append(key)
+            if self._queued is not None:
+                self._queued.append(self.hold.now())
+        except Exception as error:
+            self._drop_trace(error)
+
+    def _drop_trace(self, error: Exception) -> None:
+        """A mark of the recording trace failed: the trace records nothing more (its later marks pass, its samples
+        are not kept), and the failure goes to `failures` (raised where strict, or where there are none)."""
+        if self._phase == Phase.BACKWARD:
+            self.backward_call = 0
+        self._call, self._keys, self._marks, self._queued, self._held, self._mark_now = 0, [], [], None, None, None
+        if self.failures is None:
+            raise error
+        with self.failures.guard(f"timing the fusion regions of {self.label or 'a thunder split'}"):
+            raise error
 
     # ---- called by the runner's hooks -----------------------------------------------------------------------------
     def disarm_backward(self) -> None:

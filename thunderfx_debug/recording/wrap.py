@@ -135,7 +135,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts,
-                                    hold=hold)
+                                    hold=hold, failures=failures, label=label)
                 split.region_timer = timer
                 if level >= TimingLevel.FUSION:
                     runner.attach_regions(timer)
