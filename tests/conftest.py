@@ -24,22 +24,14 @@ CUDA = torch.cuda.is_available()
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
-#: The files that take longest on a 2-core CPU machine (about 30-130 s each), longest first. They are collected first
-#: and handed out first (`pytest_configure`), so that `pytest -n 2 --dist loadfile`, which gives each worker whole
-#: files, ends on short files and both workers finish at about the same time. An order only; every other file
-#: follows, as collected.
-SLOWEST_FILES = ("test_triage_isolation.py", "test_benchmarks.py", "test_minimize.py", "test_repro.py",
-                 "test_check_zoo.py", "test_zoo.py", "test_check.py", "test_distributed.py", "test_zoo_moe.py",
-                 "test_html_browser.py", "test_zoo_t5.py", "test_triage_decoders.py", "test_verify.py",
-                 "test_exactness.py", "test_verdicts_beyond_decoders.py", "test_cli.py", "test_timing.py",
-                 "test_safety.py", "test_provenance.py")
-
-
-def pytest_configure(config):
-    # pytest-xdist's loadfile hands out the files with the most tests first by default, which leaves the files of one
-    # long test (the zoo's) to the end, one worker running them while the other waits; keep the order above instead.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
+#: The files that take longest on a 2-core CPU machine (about 45-140 s each), longest first. They are collected first,
+#: so that `pytest -n 2 --dist loadfile`, which hands out whole files in collection order, starts them early and ends
+#: on short files: both workers then finish at about the same time. An order only; every other file follows, as
+#: collected.
+SLOWEST_FILES = ("test_benchmarks.py", "test_triage_isolation.py", "test_repro.py", "test_check_zoo.py",
+                 "test_zoo.py", "test_html_browser.py", "test_zoo_moe.py", "test_minimize.py", "test_zoo_t5.py",
+                 "test_triage_decoders.py", "test_check.py", "test_exactness.py", "test_verify.py",
+                 "test_distributed.py", "test_verdicts_beyond_decoders.py")
 
 
 def pytest_collection_modifyitems(config, items):
