@@ -404,7 +404,7 @@ def test_nvtx_ranges_name_the_regions_in_the_profiler(runs):
 def test_a_mark_that_fails_drops_its_trace_is_logged_and_the_training_goes_on_unchanged(runs, monkeypatch):
     """A mark runs inside Thunder's trace, in the training's own forward and backward: where recording one raises (a
     CUDA error on a real device), that trace records nothing more, the failure is counted where the report says,
-    and the training computes what it computes without any timing. Strict mode raises it instead."""
+    and the training computes what it computes without any timing."""
     from thunderfx_debug import ReportingBackend
 
     (_, _, _, _, off_losses, off_params), _, _ = runs
@@ -445,16 +445,47 @@ def test_a_mark_that_fails_drops_its_trace_is_logged_and_the_training_goes_on_un
                 assert len(calls) == 1, (split.name, phase, calls)
                 recorded += len(calls.pop())
         assert 0 < recorded < 2 * len(SAMPLED) * sum(1 for g in report.graphs for s in g.splits if s.fusions)
-
-        torch._dynamo.reset()
-        model, config = tiny_gpt(seed=0)
-        strict = ReportingBackend(executors=cpu_executors(), timing="fusion", timing_every=EVERY,
-                                  timing_warmup=WARMUP, strict=True)
-        with pytest.raises(RuntimeError, match="illegal memory access"):
-            train(torch.compile(model, backend=strict), model, config, STEPS)
     finally:
         torch.set_num_threads(threads)
         torch._dynamo.reset()
+
+
+def run_trace(timer: RegionTimer) -> None:
+    """What an instrumented forward trace with one region calls."""
+    timer.begin_trace("forward")
+    timer.begin_region("F0_forward")
+    timer.end_region("F0_forward")
+    timer.end_trace("forward")
+
+
+@pytest.mark.parametrize("strict", [False, True, None])
+def test_a_failed_mark_is_recorded_raised_where_strict_and_raised_without_failures(strict):
+    """Where a failure goes: recorded (the trace dropped, the next sampled trace recorded again), raised in strict
+    mode, and raised into the trace by a timer that was given no failures to record it in."""
+    class FailingClock(CountingHostClock):
+        fail = True
+
+        def marker(self):
+            def mark():
+                if self.fail:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                return self.mark()
+            return mark
+
+    clock = FailingClock()
+    failures = ReportingFailures(strict=bool(strict)) if strict is not None else None
+    timer = RegionTimer(clock, series={}, failures=failures, label="graph0/thunder_0")
+    timer.forward_call = 2
+    if strict is not False:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            timer.begin_trace("forward")
+        return
+    run_trace(timer)
+    assert [f["what"] for f in failures.failures] == ["timing the fusion regions of graph0/thunder_0"]
+    clock.fail, timer.forward_call = False, 5
+    run_trace(timer)
+    timer.resolve(wait=True)
+    assert timer.series["F0_forward"].calls == [5] and failures.total == 1
 
 
 def test_the_device_hold_sleeps_before_the_first_mark_of_each_sampled_phase_and_learns_the_host_time():
