@@ -24,23 +24,11 @@ CUDA = torch.cuda.is_available()
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
-#: The files that take longest on a 2-core CPU machine (about 45-140 s each), longest first. They are collected first,
-#: so that `pytest -n 2 --dist loadfile`, which hands out whole files in collection order, starts them early and ends
-#: on short files: both workers then finish at about the same time. An order only; every other file follows, as
-#: collected.
-SLOWEST_FILES = ("test_benchmarks.py", "test_triage_isolation.py", "test_repro.py", "test_check_zoo.py",
-                 "test_zoo.py", "test_html_browser.py", "test_zoo_moe.py", "test_minimize.py", "test_zoo_t5.py",
-                 "test_triage_decoders.py", "test_check.py", "test_exactness.py", "test_verify.py",
-                 "test_distributed.py", "test_verdicts_beyond_decoders.py")
-
-
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "cuda" in item.keywords and not CUDA:
             item.add_marker(skip_cuda)
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)
