@@ -103,9 +103,10 @@ class GraphState:
     def name(self) -> str:
         return f"graph{self.index}"
 
-    def series(self):
-        """Every sample series of the graph, its splits and their regions; a split's region timer comes before the
-        series it fills, so that resolving them in this order reads its traces' marks into them first."""
+    def to_resolve(self):
+        """What holds the graph's unread timing marks, each with a `resolve(wait)`: every sample series of the graph,
+        its splits and their regions, and each split's region timer before the series it fills, so that resolving
+        them in this order reads its traces' marks into them first."""
         yield self.forward
         yield self.backward
         yield self.period
@@ -239,9 +240,9 @@ class Recorder:
 
     def graph_snapshot(self, state: GraphState, wait: bool) -> GraphSnapshot:
         """One graph's snapshot (see `snapshot`)."""
-        for series in state.series():
+        for marks in state.to_resolve():
             with self.failures.guard(f"reading timing samples of {state.name}"):
-                series.resolve(wait=wait)
+                marks.resolve(wait=wait)
         splits = [self._split_snapshot(state, split, wait) for split in state.splits]
         metas = self._observed(state.name, state.captured, state.input_meta, wait)
         return GraphSnapshot(state, splits, state.input_meta if metas is None else metas)

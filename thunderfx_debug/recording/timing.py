@@ -612,16 +612,16 @@ class RegionTimer:
 
     def end_trace(self, phase: str) -> None:
         if self._call and phase == self._phase:
-            self._mark(None)
-        if self._call and phase == self._phase:  # the last mark did not fail
-            held = self._held
-            self._recorded.append(_RecordedTrace(self._call, phase, self._keys, self._marks, self._queued, held))
-            if held is not None:
-                held.traces += 1
-                if self not in held.timers:
-                    held.timers.append(self)
-            if phase == Phase.BACKWARD:
-                self.backward_call = 0  # one backward per sampled call
+            self._mark(None)  # where it fails, the trace is dropped (`_call` is 0)
+            if self._call:
+                held = self._held
+                self._recorded.append(_RecordedTrace(self._call, phase, self._keys, self._marks, self._queued, held))
+                if held is not None:
+                    held.traces += 1
+                    if self not in held.timers:
+                        held.timers.append(self)
+                if phase == Phase.BACKWARD:
+                    self.backward_call = 0  # one backward per sampled call
         self._call, self._keys, self._marks, self._queued, self._held, self._mark_now = 0, [], [], None, None, None
         if self._ranges is not None:
             self._ranges.pop()
