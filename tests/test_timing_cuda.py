@@ -6,6 +6,8 @@ Run on a GPU machine: `python -m pytest tests/test_timing_cuda.py -q -m cuda`.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ def _train(**options):
 
     torch._dynamo.reset()
     model, config = tiny_gpt(seed=0, device="cuda")
-    backend = ReportingBackend(strict=True, **options)  # Thunder's default executors: nvFuser fuses on CUDA
+    backend = ReportingBackend(**{"strict": True, **options})  # Thunder's default executors: nvFuser fuses on CUDA
     compiled = torch.compile(model, backend=backend)
     losses = train(compiled, model, config, STEPS, device="cuda")
     torch.cuda.synchronize()
@@ -44,13 +46,44 @@ def _differences(a, b) -> list[str]:
     return names + [name for name in a_params if not torch.equal(a_params[name], b_params[name])]
 
 
-def test_fusion_timing_changes_no_number_on_cuda(runs):
-    off, fusion = runs
-    differences = _differences(off, fusion)
+def _assert_same_numbers(off, other) -> None:
+    differences = _differences(off, other)
     if differences:  # tell a real difference from a baseline that differs from itself (atomics in some kernels)
         again = _differences(off, _train(timing="off"))
         assert not again, f"two runs without timing differ already ({again}); this check needs a deterministic run"
     assert not differences, differences
+
+
+def test_fusion_timing_changes_no_number_on_cuda(runs):
+    _assert_same_numbers(*runs)
+
+
+def test_a_cuda_mark_that_fails_drops_its_trace_and_the_training_goes_on_unchanged(runs, monkeypatch):
+    """The marks run inside Thunder's traces on the training's forward and backward (behind the device hold): where
+    recording one raises, that trace records nothing more, the failure is reported, and no number changes."""
+    from thunderfx_debug.recording.timing import CudaClock
+
+    traces, marker = itertools.count(1), CudaClock.marker
+
+    def failing_marker(clock):
+        mark, fails = marker(clock), next(traces) % 2 == 1  # every other recording trace
+        marks = itertools.count(1)
+
+        def mark_or_fail():
+            if fails and next(marks) == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return mark()
+
+        return mark_or_fail
+
+    monkeypatch.setattr(CudaClock, "marker", failing_marker)
+    failing = _train(timing="fusion", timing_every=EVERY, timing_warmup=WARMUP, strict=False)
+    _assert_same_numbers(runs[0], failing)
+    report = failing[0].report()
+    failed = [f for f in report.meta["reporting_failures"] if f["what"].startswith("timing the fusion regions")]
+    assert failed and all("illegal memory access" in f["error"] for f in failed), report.meta
+    kept = [f.timing.calls for g in report.graphs for _, f in g.fusions() if f.timing is not None]
+    assert kept and all(set(calls) <= set(SAMPLED) for calls in kept), kept  # the traces that did not fail
 
 
 def test_every_nvfusion_region_is_timed_with_cuda_events_on_the_sampled_calls(runs):

@@ -19,7 +19,9 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `allocator_counts`, `allocator_history_recording`, `record_allocator_history`, `allocator_history`: the CUDA
   caching allocator's cumulative counts of allocations and frees, and its history of them
   (`torch.cuda.memory._record_memory_history`, `_snapshot`), from which the memory meter reads a piece's peak
-  without resetting the peak that `torch.cuda.max_memory_allocated` reports (`recording.memory`).
+  without resetting the peak that `torch.cuda.max_memory_allocated` reports (`recording.memory`);
+- `gradient_accumulator_type`: the class of a leaf's node in the autograd graph, whose `variable` is the leaf
+  (`recording.sampler.backward_nodes`).
 """
 
 from __future__ import annotations
@@ -155,6 +157,15 @@ def saved_tensors_hooks_in_use() -> tuple[Callable[[Any], Any], Callable[[Any], 
 
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
     return tuple(hooks) if hooks else None
+
+
+def gradient_accumulator_type() -> type:
+    """The class of autograd's node that accumulates a leaf's gradient (`torch._C._functions.AccumulateGrad`); its
+    `variable` is the leaf, so a walk of the graph knows a leaf's node without `get_gradient_edge`, which makes a view
+    of the leaf to find it."""
+    import torch
+
+    return torch._C._functions.AccumulateGrad
 
 
 def allocator_counts(device: int) -> tuple[int, int, int]:
