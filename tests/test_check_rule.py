@@ -97,6 +97,31 @@ def test_a_value_that_is_zero_but_for_rounding_is_judged_against_the_pieces_prec
     assert not SCRIPT.compare("gradients", wrong, eager, eager, [large * 10, gradient])
 
 
+def test_a_value_below_one_rounding_unit_of_its_piece_is_noise_however_close_eager_came_to_float64():
+    """As in BERT's forward fusion region on an AMD EPYC CPU: an output whose float64 value is ~1e-12 beside
+    outputs ~0.2, where eager's float32 error was a third of that magnitude and inductor's twice it. Both are far
+    below float32's precision at the piece's scale (~1e-8, computed here outside the package): no mismatch. A small
+    value that eager computes well, 30 % off, is still one."""
+    torch.manual_seed(0)
+    large = torch.randn(64, dtype=torch.float64) * 0.2
+    tiny = torch.randn(32, dtype=torch.float64) * 1e-12  # zero but for rounding, not exactly zero
+    eager_tiny = (tiny + tiny.abs().max() * 0.3).float()  # a third of the value's size off float64
+    compiled_tiny = (tiny + tiny.abs().max() * 2 * torch.randn(32, dtype=torch.float64)).float()
+    assert tiny.abs().max() < torch.finfo(torch.float32).eps * large.abs().max()  # below one unit: noise
+    actual, eager, float64 = [large.float(), compiled_tiny], [large.float(), eager_tiny], [large, tiny]
+    judged = compare.judge(["large", "tiny"], actual, eager, lambda: float64)
+    assert [j.mismatch for j in judged] == [False, False] and judged[1].reference == "float64 eager"
+    assert SCRIPT.compare("outputs", actual, eager, eager, float64)
+    error, noise = float((compiled_tiny.double() - tiny).abs().max()), float((eager_tiny.double() - tiny).abs().max())
+    scale = float(eager_tiny.abs().max())
+    assert 2 * noise < scale  # eager came closer than half the value's size, where the floor used to begin
+    assert SCRIPT.verdict(error, scale, 1e-4, 1e-4, own=error, noise=noise)[0] > 1  # without the floor: a mismatch
+    small = torch.randn(32, dtype=torch.float64) * 1e-3  # a small value float32 computes well: its own tolerance
+    judged = compare.judge(["large", "small"], [large.float(), (small * 1.3).float()], [large.float(), small.float()],
+                           lambda: [large, small])
+    assert [j.mismatch for j in judged] == [False, True]
+
+
 # ---- the float64 yardstick ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", [judging_rule.Float64Mode, SCRIPT.Float64Mode], ids=["sentinel", "script"])
