@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import os
 import shutil
 import tempfile
@@ -107,6 +108,25 @@ def train(compiled, model, config, steps: int, device: str = "cpu", batch_size: 
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
     return torch.stack(losses)
+
+
+def failing_every_other_trace(marker):
+    """A `Clock.marker` (unbound) whose every other recording trace raises on its third mark, as a CUDA error
+    recording an event would: for the tests of what a failed mark does to a trace and to the training."""
+    traces = itertools.count(1)
+
+    def failing_marker(clock):
+        mark, fails = marker(clock), next(traces) % 2 == 1
+        marks = itertools.count(1)
+
+        def mark_or_fail():
+            if fails and next(marks) == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return mark()
+
+        return mark_or_fail
+
+    return failing_marker
 
 
 def sitecustomize_source(body: str) -> str:

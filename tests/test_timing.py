@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import cpu_executors, tiny_gpt, train
+from conftest import cpu_executors, failing_every_other_trace, tiny_gpt, train
 from thunderfx_debug.records import ClockKind, Phase
 from thunderfx_debug.recording.sampler import PhaseSampler, backward_nodes
 from thunderfx_debug.recording.timing import DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling
@@ -421,21 +421,7 @@ def test_a_mark_that_fails_drops_its_trace_is_logged_and_the_training_goes_on_un
     from thunderfx_debug import ReportingBackend
 
     (_, _, _, _, off_losses, off_params), _, _ = runs
-    traces = itertools.count(1)
-    marker = HostClock.marker
-
-    def failing_marker(clock):
-        mark, fails = marker(clock), next(traces) % 2 == 1  # every other recording trace
-        marks = itertools.count(1)
-
-        def mark_or_fail():
-            if fails and next(marks) == 3:
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            return mark()
-
-        return mark_or_fail
-
-    monkeypatch.setattr(HostClock, "marker", failing_marker)
+    monkeypatch.setattr(HostClock, "marker", failing_every_other_trace(HostClock.marker))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -6,12 +6,10 @@ Run on a GPU machine: `python -m pytest tests/test_timing_cuda.py -q -m cuda`.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
-from conftest import tiny_gpt, train
+from conftest import failing_every_other_trace, tiny_gpt, train
 
 pytestmark = pytest.mark.cuda
 
@@ -63,20 +61,7 @@ def test_a_cuda_mark_that_fails_drops_its_trace_and_the_training_goes_on_unchang
     recording one raises, that trace records nothing more, the failure is reported, and no number changes."""
     from thunderfx_debug.recording.timing import CudaClock
 
-    traces, marker = itertools.count(1), CudaClock.marker
-
-    def failing_marker(clock):
-        mark, fails = marker(clock), next(traces) % 2 == 1  # every other recording trace
-        marks = itertools.count(1)
-
-        def mark_or_fail():
-            if fails and next(marks) == 3:
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            return mark()
-
-        return mark_or_fail
-
-    monkeypatch.setattr(CudaClock, "marker", failing_marker)
+    monkeypatch.setattr(CudaClock, "marker", failing_every_other_trace(CudaClock.marker))
     failing = _train(timing="fusion", timing_every=EVERY, timing_warmup=WARMUP, strict=False)
     _assert_same_numbers(runs[0], failing)
     report = failing[0].report()
