@@ -117,10 +117,10 @@ def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_
 
 
 def test_a_split_no_longer_asked_stops_slowing_the_turns_of_the_others():
-    from thunderfx_debug.recording.check import CheckTurns
+    from thunderfx_debug.recording.turns import Turns
 
     now = [0]  # seconds
-    turns = CheckTurns(1.0, counter=lambda: now[0] * 10**9)
+    turns = Turns(1.0, counter=lambda: now[0] * 10**9)
     live, gone = turns.join(), turns.join()  # `gone`: a graph compiled again, never called after its first call
 
     def scheduled(turn, at, call):

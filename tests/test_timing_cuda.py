@@ -71,6 +71,23 @@ def test_a_cuda_mark_that_fails_drops_its_trace_and_the_training_goes_on_unchang
     assert kept and all(set(calls) <= set(SAMPLED) for calls in kept), kept  # the traces that did not fail
 
 
+def test_a_small_timing_share_holds_and_marks_only_the_timed_calls_and_changes_no_number(runs):
+    """THUNDERFX_DEBUG_TIMING_SHARE: a sampled call passed over runs as an unsampled one (no hold, no mark); the
+    first two sampled calls are timed (the first is not charged, the second is charged its whole period)."""
+    shared = _train(timing="fusion", timing_every=1, timing_warmup=WARMUP, timing_share=0.001)
+    _assert_same_numbers(runs[0], shared)
+    report = shared[0].report()
+    timed = (WARMUP + 1, WARMUP + 2)
+    for graph in report.graphs:
+        assert graph.timing.calls == timed and graph.timing_passed_over == STEPS - WARMUP - len(timed)
+        regions = [f for _, f in graph.fusions()]
+        assert regions and all(f.timing.calls == timed for f in regions), [(f.name, f.timing) for f in regions]
+    holds = [state.timed_calls.hold for state in shared[0].recorder.graphs]
+    # each graph's hold slept once per phase (forward, backward) of each timed call
+    assert [sum(n for n, _ in h.sleeps.values()) for h in holds] == [2 * len(timed)] * len(holds), \
+        [h.sleeps for h in holds]
+
+
 def test_every_nvfusion_region_is_timed_with_cuda_events_on_the_sampled_calls(runs):
     backend = runs[1][0]
     report = backend.report()  # after synchronize: every event is complete, nothing waits

@@ -133,4 +133,5 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Tr
         disturbed=state.waits.disturbed(),
         source_excerpts=excerpts(_sources_of(splits)),
         memory=state.memory.record(),
+        timing_passed_over=state.timed_calls.passed_over if state.timed_calls is not None else 0,
     )

@@ -17,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from thunderfx_debug.records import MAX_CHECK_REASONS, Check
 from thunderfx_debug.recording.capture import Captured, InputCapture
 from thunderfx_debug.recording.compare import Judged
 from thunderfx_debug.recording.timing import NEVER
+from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.settings.safety import ReportingFailures
 
 
@@ -48,109 +48,6 @@ class CheckSchedule:
     def next_checked(self, after: int) -> int:
         """The first checked call after call `after`."""
         return 1 if after < 1 else 1 + ((after - 1) // self.every + 1) * self.every
-
-
-class CheckTurns:
-    """Which of its scheduled calls each Thunder split checks, so that the sentinel spends about `percent` % of the
-    training's wall time (THUNDERFX_DEBUG_CHECK_SHARE; 100: every split on every scheduled call).
-
-    Why: a check costs what its references cost on the device, waited for (an eager forward and backward of the
-    split, the float64 one where eager's own error is too large, a reference per fusion region): on the H200's
-    realistic Llama about 15 ordinary steps, so checking every split on every 50th call costs about 28 %. No
-    faster host path removes that; checking less does. Each split gets a credit of checking time that grows with
-    the training's wall time, in proportion to what its own check costs (so every split comes round equally
-    often: once per the sum of their costs over the share), and is checked on a scheduled call when its credit is
-    not below zero; what the check then spends (`spending`: the blocks of its work, waits for the device included)
-    is taken from the credit. A split's regions are checked with it. The credit does not build up beyond zero, so
-    no scheduled call checks more than each split once. The first call of each graph checks every split, as
-    THUNDERFX_DEBUG_CHECK_EVERY promises; their turns are then spread over the period, the k-th of n splits first
-    due after (k + 1) / n of it, so that their checks do not all fall on one call. A scheduled call a split passes
-    over is counted on its record (`Check.passed_over`).
-
-    Example (a host counter in ms: two splits whose checks cost 10 and 30 ms, a 10 % share: each comes round every
-    (10 + 30) / 0.1 = 400 ms of training, the first due 200 ms after the first call, the second 400 ms after):
-        >>> now = [0]
-        >>> turns = CheckTurns(10.0, counter=lambda: now[0] * 10**6)
-        >>> splits = [(turns.join(), 10), (turns.join(), 30)]
-        >>> def scheduled(at, call):
-        ...     now[0], taken = at, []
-        ...     for turn, cost in splits:
-        ...         taken.append(turn.take(call))
-        ...         if taken[-1]:
-        ...             with turn.spending():
-        ...                 now[0] += cost
-        ...     return taken
-        >>> [scheduled(at, call) for at, call in ((0, 1), (150, 51), (210, 101), (300, 151), (420, 201))]
-        [[True, True], [False, False], [True, False], [False, False], [False, True]]
-    """
-
-    #: A split not asked for this long (ns) is left out of the sum of the checks' costs (see `_take`).
-    STALE_NS = 600 * 10**9
-
-    def __init__(self, percent: float, counter: Callable[[], int] = time.perf_counter_ns):
-        self.share = None if percent >= 100 else percent / 100
-        self.counter = counter
-        self._turns: list[SplitTurn] = []
-
-    def join(self) -> "SplitTurn":
-        turn = SplitTurn(self, len(self._turns))
-        self._turns.append(turn)
-        return turn
-
-    def _take(self, turn: "SplitTurn", call: int) -> bool:
-        now = self.counter()
-        if turn.spent_ns:  # its last check is done (its backward ran before this scheduled call): that was its cost
-            if turn.first_charge:  # the first call's: spread the turns, the k-th of n due after (k + 1) / n
-                turn.first_charge = False
-                turn.credit_ns += turn.spent_ns * (1 - (turn.index + 1) / len(self._turns))
-            turn.cost_ns, turn.spent_ns = turn.spent_ns, 0.0
-        if self.share is not None and call != 1:
-            # Splits not asked for a while (a graph compiled again, an evaluation graph between evaluations) are
-            # left out of the sum until they are asked again: their costs would slow every live split's turns.
-            live = now - self.STALE_NS
-            total = sum(t.cost_ns or t.spent_ns for t in self._turns if t.accrued_at >= live or t is turn)
-            if total > 0:
-                earned = self.share * (now - turn.accrued_at) * turn.cost_ns / total
-                turn.credit_ns = min(0.0, turn.credit_ns + earned)
-        turn.accrued_at = now
-        if self.share is None or call == 1 or turn.credit_ns >= 0:
-            return True
-        turn.passed_over += 1
-        return False
-
-
-@dataclasses.dataclass(eq=False)
-class SplitTurn:
-    """One split's part of `CheckTurns`: its credit (ns of checking it may spend; it checks when not below zero),
-    what its last check cost, what its current one has spent so far, and the scheduled calls it passed over."""
-
-    turns: CheckTurns
-    index: int
-    credit_ns: float = 0.0
-    cost_ns: float = 0.0
-    spent_ns: float = 0.0
-    accrued_at: int = 0
-    passed_over: int = 0
-    first_charge: bool = True
-    depth: int = 0
-
-    def take(self, call: int) -> bool:
-        """Whether the split checks scheduled call `call` (accrues its credit, charges its last check's cost)."""
-        return self.turns._take(self, call)
-
-    @contextlib.contextmanager
-    def spending(self) -> Iterator[None]:
-        """A block of this split's check: its wall time is the check's cost (a block inside another counts once)."""
-        self.depth += 1
-        start = self.turns.counter() if self.depth == 1 else None
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if start is not None:
-                spent = self.turns.counter() - start
-                self.spent_ns += spent
-                self.credit_ns -= spent
 
 
 class TimingBesideChecks:
@@ -247,7 +144,7 @@ class CheckTally:
         self.verified_gradients = 0
         self.writes_unowned_memory = False
         self.overwritten = False
-        self.turn: SplitTurn | None = None  # a split's tally: its turns, whose passed-over calls its record counts
+        self.turn: Turn | None = None  # a split's tally: its turns, whose passed-over calls its record counts
 
     def checked(self, call: int) -> None:
         self._calls.add(call)

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from thunderfx_debug.recording.check import SplitTurn, kept_random_state, tensors
+from thunderfx_debug.recording.check import kept_random_state, tensors
+from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.thunder import torch_private
 
 
@@ -63,9 +64,9 @@ class CheckIsolation:
         return None
 
     @contextlib.contextmanager
-    def entered(self, values: Iterable[Any] = (), turn: SplitTurn | None = None) -> Iterator[None]:
+    def entered(self, values: Iterable[Any] = (), turn: Turn | None = None) -> Iterator[None]:
         """`turn`: the split whose check this work is, charged its wall time, the wait for the check's stream
-        included (`check.CheckTurns`)."""
+        included (`turns.Turns`)."""
         values = list(values)
         device = self._device(values)
         with turn.spending() if turn is not None else contextlib.nullcontext(), kept_random_state(values):

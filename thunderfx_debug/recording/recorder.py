@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from thunderfx_debug.thunder import traces as thunder_traces
 from thunderfx_debug.thunder.dynamo import GraphFacts
 from thunderfx_debug.thunder.splits import CompiledSplit
 from thunderfx_debug.thunder.traces import FusionRegion
+
+if TYPE_CHECKING:
+    from thunderfx_debug.recording.sampler import TimedCalls
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -98,6 +101,7 @@ class GraphState:
     period: SampleSeries = dataclasses.field(default_factory=host_series)
     waits: CallWaits = dataclasses.field(default_factory=CallWaits)
     memory: PieceMemory = dataclasses.field(default_factory=PieceMemory)  # its sampled calls (`recording.memory`)
+    timed_calls: TimedCalls | None = None  # which sampled calls are timed (THUNDERFX_DEBUG_TIMING_SHARE below 100)
 
     @property
     def name(self) -> str:

@@ -27,9 +27,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
-from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, SplitTurn, guarded, version
+from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
 from thunderfx_debug.recording.compare import Judged, judge, max_abs_difference, not_compared_for_ties
 from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.reference import RegionReferences
@@ -56,11 +57,11 @@ class RegionCheck:
 
     def __init__(self, label: str, references: RegionReferences, tallies: dict[str, CheckTally],
                  failures: ReportingFailures, evidence: EvidenceKeeper, split_tally: CheckTally | None = None,
-                 isolation: CheckIsolation | None = None, turn: SplitTurn | None = None):
+                 isolation: CheckIsolation | None = None, turn: Turn | None = None):
         self.label, self.references, self.tallies = label, references, tallies
         self.failures, self.evidence = failures, evidence
         self.isolation = isolation if isolation is not None else CheckIsolation()
-        self.turn = turn  # the split's turns (`check.CheckTurns`), which take what the regions' checks cost
+        self.turn = turn  # the split's turns (`turns.Turns`), which take what the regions' checks cost
         self.split_tally = split_tally if split_tally is not None else CheckTally()
         self.forward_call = 0
         self.backward_call = 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from thunderfx_debug.recording.memory import measures as memory_measures
-from thunderfx_debug.recording.sampler import PhaseSampler
+from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import compile_events
@@ -165,7 +165,8 @@ class SplitRunner(torch.nn.Module):
             return self._inner(*args)
         calls = self._graph.calls
         out = self._sampler.run(self._inner, args, calls)
-        if self._overhead is not None and self._split.calls > 1:  # the first call's is its compile
+        # The first call's is its compile; a call passed over (THUNDERFX_DEBUG_TIMING_SHARE) is not timed at all.
+        if self._overhead is not None and self._split.calls > 1 and self._sampler.times(calls):
             self._overhead.read(calls)
         return out
 
@@ -185,14 +186,18 @@ class GraphRunner:
     a failure to `on_error`, whose answer runs the graph from then on, and after each call starts the periodic
     flush when it is due (`periodic`; None: no periodic flushes). `first` times the first call on the host clock
     (compile cost); a sampled call's period runs from its start to the start of the next call (`GraphState.period`).
+    With `timed` (THUNDERFX_DEBUG_TIMING_SHARE below 100), each sampled call first asks whether it is timed, and its
+    period, with that of the call before it (an ordinary call's), tells `timed` what timing it cost.
     """
 
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
                  after_first_call: Callable[[GraphState], None] | None = None,
                  periodic: PeriodicFlush | None = None, first: FirstCallTimer | None = None,
-                 memory: GraphMemory | None = None):
+                 memory: GraphMemory | None = None, timed: TimedCalls | None = None):
         self.state, self.split_gm = state, split_gm
+        self._timed = timed
+        self._ordinary_start: tuple[int, int] | None = None  # (call, perf_counter_ns at its start), with `timed`
         self._memory = memory
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
@@ -229,8 +234,13 @@ class GraphRunner:
                 self._memory.finish()
             if self._period_start is not None:
                 call, started = self._period_start
-                state.period.add_measured(call, (time.perf_counter_ns() - started) / 1e6)
+                period_ms = (time.perf_counter_ns() - started) / 1e6
+                state.period.add_measured(call, period_ms)
                 self._period_start = None
+                if self._timed is not None:
+                    self._timed.charge(call, period_ms)
+            if self._timed is not None:
+                self._measure_ordinary_period(state.calls)
             if self._fallback is not None:
                 return self._fallback(*args)
             if state.calls == 1:
@@ -245,7 +255,19 @@ class GraphRunner:
             return 0
         if self._period_start is not None:
             return call + 1
-        return self._sampling.next_sampled(call) if self._sampler is not None or self._memory is not None else NEVER
+        following = (self._sampling.next_sampled(call) if self._sampler is not None or self._memory is not None
+                     else NEVER)
+        if self._timed is not None and call < following - 1 < NEVER:
+            return following - 1  # its start opens an ordinary call's period, which the sampled call's start ends
+        return following
+
+    def _measure_ordinary_period(self, call: int) -> None:
+        """With `timed`: the period of the call before this one where that call was an ordinary one (not sampled,
+        not the first, whose period holds the compile), and this call's start where it is one too."""
+        now = time.perf_counter_ns()
+        if self._ordinary_start is not None and self._ordinary_start[0] == call - 1:
+            self._timed.ordinary((now - self._ordinary_start[1]) / 1e6)
+        self._ordinary_start = None if call == 1 or self._sampling.is_sampled(call) else (call, now)
 
     def _failed(self, error: Exception, args):
         """Thunder failed on this graph: `on_error` records it and raises again, or falls back (see `fallback`)."""
@@ -258,6 +280,8 @@ class GraphRunner:
         try:
             if (self._sampler is not None or self._memory is not None) and self._sampling.is_sampled(state.calls):
                 self._period_start = (state.calls, time.perf_counter_ns())
+                if self._timed is not None:
+                    self._timed.decide(state.calls)
                 out = (self._sample(*args) if not _measures_memory(self._memory, self._sampling, state.calls)
                        else self._memory.graph.run(self._sample, args, state.calls))
             else:

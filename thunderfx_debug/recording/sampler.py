@@ -4,6 +4,7 @@ start and end of its backward. Marks are read later (see `timing`); nothing here
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,8 +14,93 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
+from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
+
+
+class TimedCalls:
+    """Which of a graph's sampled calls its samplers (the graph's and its splits') time, where
+    THUNDERFX_DEBUG_TIMING_SHARE keeps timing within a share of the training's wall time: one turn per graph
+    (`turns.Turns`). The graph's runner asks at each sampled call (`decide`), before any sampler runs; on a call it
+    passes over, the samplers run their pieces untimed.
+
+    What a timed call cost is charged to the turn once known (`charge`, at the graph's next call): its period (the
+    host's wall time from its start to the graph's next call) less an ordinary call's (`ordinary`: the median of
+    the last few periods of calls that were not timed), plus the sleeps the device hold asked for it. The period
+    holds the host's work on the call's marks and hooks, and the device's lateness where the step waits for the
+    device (a loss read each step); the sleeps count again for a step that never waits: a bound from above, so
+    that timing takes at most about its share. A timed call whose period was not read (a periodic flush ran after
+    it) is charged what the last one cost. A graph's first timed call is not charged: on CPU a tiny GPT's first
+    fusion-timed call took 470 ms against 4 for an ordinary call, once.
+
+    Example (a 10 % share on a host counter in ms; each call lasts 10 ms, a timed one 60: its cost is 50 ms, so
+    after the first timed call, which is not charged, the graph comes round once per 500 ms of training, the timed
+    call's own included: every 45 calls):
+        >>> from thunderfx_debug.recording.turns import Turns
+        >>> now = [0]
+        >>> timed = TimedCalls(Turns(10.0, counter=lambda: now[0] * 10**6).join())
+        >>> taken = []
+        >>> for call in range(1, 201):
+        ...     if call % 5 == 0:  # sampled every 5 calls
+        ...         taken.append(call) if timed.decide(call) else None
+        ...     lasts = 60 if timed.times(call) else 10
+        ...     timed.ordinary(10) if lasts == 10 else timed.charge(call, lasts)
+        ...     now[0] += lasts
+        >>> taken, timed.passed_over
+        ([5, 10, 55, 100, 145, 190], 34)
+    """
+
+    RECENT = 5  # ordinary periods kept: their median is an ordinary call's
+
+    def __init__(self, turn: Turn, hold: DeviceHold | None = None):
+        self.turn, self.hold = turn, hold
+        self.call = 0  # the timed call whose cost is not charged yet; 0: none
+        self._ordinary_ms: list[float] = []
+        self._slept_ms_before = 0.0
+        self._first = True  # the graph's first timed call, which is not charged
+
+    @property
+    def passed_over(self) -> int:
+        return self.turn.passed_over
+
+    def times(self, call: int) -> bool:
+        return self.call == call
+
+    def decide(self, call: int) -> bool:
+        """Whether sampled call `call` is timed; asked once per call, before the graph's sampler runs."""
+        if self.call:  # the last timed call's period was not read: what the one before cost, again
+            self.turn.charge(self.turn.cost_ns)
+        taken = self.turn.take(call)
+        self.call = call if taken else 0
+        if taken:
+            self._slept_ms_before = self._slept_ms()
+        return taken
+
+    def ordinary(self, period_ms: float) -> None:
+        """The period of a call that was not timed."""
+        recent = self._ordinary_ms
+        recent.append(period_ms)
+        if len(recent) > self.RECENT:
+            del recent[0]
+
+    def charge(self, call: int, period_ms: float) -> None:
+        """Sampled call `call` lasted `period_ms` (host wall time, to the graph's next call). Before any ordinary
+        call's period is known (every call sampled), the whole period counts: the calls passed over then tell what
+        an ordinary one costs."""
+        if self.call != call:
+            self.ordinary(period_ms)
+            return
+        self.call = 0
+        if self._first:  # once per graph (the instrumented traces' first runs): no measure of the calls after
+            self._first = False
+            return
+        recent = self._ordinary_ms
+        excess = max(period_ms - statistics.median(recent), 0.0) if recent else period_ms
+        self.turn.charge((excess + self._slept_ms() - self._slept_ms_before) * 1e6)
+
+    def _slept_ms(self) -> float:
+        return sum(ms for _, ms in self.hold.sleeps.values()) if self.hold is not None else 0.0
 
 
 class PhaseSampler:
@@ -32,23 +118,34 @@ class PhaseSampler:
     `watch` takes the host's readings of the same calls (wall time beside device time, disturbances; see
     `host.HostWatch`), outside the clock's marks: its readings are not inside what the marks time.
 
+    `timed` (THUNDERFX_DEBUG_TIMING_SHARE below 100), shared by a graph's samplers, says which sampled calls are
+    timed: on the others the piece runs as on an unsampled call.
+
     The bookkeeping around the piece's own function is guarded by `failures`: a failing clock or hook loses that
     sample (logged once), while the function itself runs exactly once and its exceptions are the user's, raised as
     they are.
     """
 
     def __init__(self, label: str, forward: SampleSeries, backward: SampleSeries, failures: ReportingFailures,
-                 hold: DeviceHold | None = None, owns_hold: bool = True, watch: HostWatch | None = None):
+                 hold: DeviceHold | None = None, owns_hold: bool = True, watch: HostWatch | None = None,
+                 timed: TimedCalls | None = None):
         self.label = label
         self.forward, self.backward = forward, backward
         self.failures = failures
         self.hold, self.owns_hold = hold, owns_hold
         self.watch = watch
+        self.timed = timed
         self.regions: RegionTimer | None = None
         self._backward_marks: BackwardMarks | None = None
 
+    def times(self, call: int) -> bool:
+        """Whether sampled call `call` is timed (every one, unless THUNDERFX_DEBUG_TIMING_SHARE passes it over)."""
+        return self.timed is None or self.timed.times(call)
+
     def run(self, fn: Callable, args: Sequence[Any], call: int) -> Any:
         """`fn(*args)` as sampled call number `call` (1-based, the graph's call count)."""
+        if self.timed is not None and not self.timed.times(call):
+            return fn(*args)
         regions = self.regions
         start = host = None
         with self.failures.guard(f"starting a timing sample of {self.label}"):

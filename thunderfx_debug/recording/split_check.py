@@ -39,11 +39,12 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_leaves
 
-from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, SplitTurn,
-                                             guarded, version)
+from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
+                                             version)
 from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, judge, max_abs_difference, not_compared_for_ties,
                                                scalars)
 from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
@@ -69,11 +70,11 @@ class SplitCheck:
     """Checks one Thunder split on the calls `schedule` picks; results go to `tally`. `regions` (a
     `region_check.RegionCheck`, at `fusion` level) is armed for the forward and backward of the checked calls.
     `isolation` is where the check's work runs (its own memory pool and stream on CUDA); `turn` says which of the
-    scheduled calls the split checks (`check.CheckTurns`; None: all of them) and takes what its work costs."""
+    scheduled calls the split checks (`turns.Turns`; None: all of them) and takes what its work costs."""
 
     def __init__(self, label: str, module: torch.fx.GraphModule, input_names: list[str], schedule: CheckSchedule,
                  tally: CheckTally, failures: ReportingFailures, evidence: EvidenceKeeper, regions=None,
-                 isolation: CheckIsolation | None = None, turn: SplitTurn | None = None):
+                 isolation: CheckIsolation | None = None, turn: Turn | None = None):
         self.label, self.module, self.input_names = label, module, input_names
         self.schedule, self.tally, self.failures, self.evidence = schedule, tally, failures, evidence
         self.regions = regions

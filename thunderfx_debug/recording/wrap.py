@@ -10,8 +10,7 @@ import torch
 from thunderfx_debug.settings.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
-from thunderfx_debug.recording.check import (CheckSchedule, CheckTally, CheckTurns, EvidenceKeeper,
-                                             TimingBesideChecks)
+from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.isolation import CheckIsolation
@@ -21,8 +20,9 @@ from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.region_check import RegionCheck
 from thunderfx_debug.recording.regions import RegionObservers
 from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead
-from thunderfx_debug.recording.sampler import PhaseSampler
+from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.split_check import SplitCheck
+from thunderfx_debug.recording.turns import Turns
 from thunderfx_debug.recording.timing import (
     CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
 )
@@ -57,12 +57,14 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                capture: InputCapture | None, on_error: GraphErrorHandler,
                after_first_call: Callable[[GraphState], None] | None = None,
                periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None,
-               memory: MemoryProbe | None = None, turns: CheckTurns | None = None) -> GraphRunner:
+               memory: MemoryProbe | None = None, turns: Turns | None = None,
+               timing_turns: Turns | None = None) -> GraphRunner:
     """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
     `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
     `periodic`, shared by the backend's graphs, is the trigger of the periodic flush; `isolation`, shared too, is
     where the correctness checks run (their memory pool and stream on CUDA), and `turns`, shared too, which of its
-    scheduled calls each split checks (THUNDERFX_DEBUG_CHECK_SHARE); `memory`, shared too, measures what the
+    scheduled calls each split checks (THUNDERFX_DEBUG_CHECK_SHARE), and `timing_turns`, shared too, which of its
+    sampled calls each graph times (THUNDERFX_DEBUG_TIMING_SHARE); `memory`, shared too, measures what the
     graph and its splits hold in memory on sampled calls (with any timing level but `off`; None: not measured).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
@@ -73,7 +75,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     evidence = None
     if schedule is not None:
         isolation = isolation if isolation is not None else CheckIsolation()
-        turns = turns if turns is not None else CheckTurns(config.check_share)
+        turns = turns if turns is not None else Turns(config.check_share)
         evidence = EvidenceKeeper(config.inputs_max_mb, failures)
     hold = None
     if level >= TimingLevel.FUSION and isinstance(state.clock, CudaClock):
@@ -81,6 +83,10 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         # rather than waits for the host's launches (see `timing.DeviceHold`).
         with failures.guard(f"preparing the fusion timing of {state.name}"):
             hold = DeviceHold.for_current_cuda_device()
+    timed_calls = None
+    if timed and config.timing_share < 100:
+        timing_turns = timing_turns if timing_turns is not None else Turns(config.timing_share)
+        state.timed_calls = timed_calls = TimedCalls(timing_turns.join(), hold)
     split_meters: list[MemoryMeter] = []
     if not timed:
         memory = None
@@ -97,7 +103,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                 if split.host_forward is not None:
                     watch = HostWatch(split.host_forward, split.host_backward, None, _compiles_started)
                 sampler = PhaseSampler(label, split.forward, split.backward, failures, hold, owns_hold=False,
-                                       watch=watch)
+                                       watch=watch, timed=timed_calls)
                 if split.split.kind is SplitKind.THUNDER:
                     split.overhead = host_series()
                     overhead = ThunderOverhead(split.split.compiled, split.overhead, failures, label)
@@ -149,7 +155,8 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     if timed:
         state.host_forward, state.host_backward = _host_series(state)
         watch = HostWatch(state.host_forward, state.host_backward, state.waits, _compiles_started)
-        sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold, watch=watch)
+        sampler = PhaseSampler(state.name, state.forward, state.backward, failures, hold, watch=watch,
+                               timed=timed_calls)
         first = FirstCallTimer(state.name, failures)
         state.first = first.first
     if after_first_call is not None:
@@ -160,7 +167,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             graph_memory = GraphMemory(MemoryMeter(state.name, memory, state.memory, failures,
                                                    constants=list(state.gm.parameters()), step=True), split_meters)
     return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first,
-                       graph_memory)
+                       graph_memory, timed_calls)
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:

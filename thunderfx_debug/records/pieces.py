@@ -243,7 +243,8 @@ class GraphRecord(JsonRecord):
     headline statistics leave out (see `Disturbance`); their samples stay in every timing of the graph.
     `source_excerpts` holds, by source line ("file:line function"), the code around each line its pieces name in
     their `sources` and `reads_saved_from`, read at flush (a file that could not be read has none). `memory` is what
-    the graph held in memory on its sampled calls, all its splits together (see `Memory`).
+    the graph held in memory on its sampled calls, all its splits together (see `Memory`). `timing_passed_over`
+    counts the sampled calls that were not timed, to keep timing within THUNDERFX_DEBUG_TIMING_SHARE.
     """
 
     name: str
@@ -270,6 +271,7 @@ class GraphRecord(JsonRecord):
     disturbed: tuple[DisturbedCall, ...] = ()
     source_excerpts: Mapping[str, SourceExcerpt] = json_field(default_factory=dict, omit_default=True)
     memory: Memory | None = json_field(None, omit_default=True)
+    timing_passed_over: int = json_field(0, omit_default=True)
 
     @property
     def reasons(self) -> tuple[SplitReason, ...]:

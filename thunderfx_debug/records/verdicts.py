@@ -60,7 +60,7 @@ class Check(JsonRecord):
     region's output, an input of the split) changed while it ran with no write PyTorch knows of, and `overwritten`
     where a value it returned changed that way after it returned it (the region that wrote it is named on the next
     checked call). `passed_over` counts a split's scheduled calls that it did not check, to keep the sentinel within
-    its share of the training's time (`recording.check.CheckTurns`; its regions were passed over with it).
+    its share of the training's time (`recording.turns.Turns`; its regions were passed over with it).
     """
 
     calls: Count = 0

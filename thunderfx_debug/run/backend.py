@@ -27,7 +27,7 @@ from thunderfx_debug.recording.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
 from thunderfx_debug.recording.fallback import GraphFailureHandler
-from thunderfx_debug.recording.check import CheckTurns
+from thunderfx_debug.recording.turns import Turns
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
@@ -112,7 +112,8 @@ class ReportingBackend(ThunderCompiler):
         self._flusher: DumpFlusher | None = None
         self._periodic: PeriodicFlush | None = None
         self._check_isolation = CheckIsolation()  # the correctness checks' memory pool and stream (CUDA), shared
-        self._check_turns = CheckTurns(self.config.check_share)  # which scheduled calls each split checks, shared
+        self._check_turns = Turns(self.config.check_share)  # which scheduled calls each split checks, shared
+        self._timing_turns = Turns(self.config.timing_share)  # which sampled calls each graph times, shared
         self._collectives = None  # the last flight-recorder log read (see `recording.collectives`)
         self._closed = False
         self._built_ns = time.time_ns()  # the flight recorder's clock: the collectives from here on are this run's
@@ -136,7 +137,9 @@ class ReportingBackend(ThunderCompiler):
     def is_sampled(self, call: int) -> bool:
         """Whether a graph's `call`-th call (1-based; in a training loop, the step's number) is timed, and its memory
         measured where `recording.memory.measures` says so: a step that costs more host time than the others (to
-        leave out of your own step timing, or to know which steps a profile shows)."""
+        leave out of your own step timing, or to know which steps a profile shows). With THUNDERFX_DEBUG_TIMING_SHARE
+        below 100 such a call may yet be passed over, which only the call itself decides (the graph's record counts
+        them)."""
         sampling, _ = self._schedules
         return sampling.is_sampled(call)
 
@@ -195,7 +198,7 @@ class ReportingBackend(ThunderCompiler):
             self._torch_trace.graph_compiled(state)
         return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
                           self._after_first_call, self._periodic, self._check_isolation, self.recorder.memory,
-                          self._check_turns)
+                          self._check_turns, self._timing_turns)
 
     def _after_first_call(self, state) -> None:
         """Once a graph's first call has returned (Thunder has compiled its splits)."""

@@ -82,6 +82,7 @@ class Config:
     timing: TimingLevel = TimingLevel.GRAPH
     timing_every: int = 50
     timing_warmup: int = 5
+    timing_share: float = 100.0  # percent of the training's wall time timing's sampled calls may take (100: no limit)
     ranks: frozenset[int] | None = None  # None: all ranks record
     on_error: OnError = OnError.RAISE
     strict: bool = False
@@ -109,6 +110,7 @@ class Config:
             "timing": self.timing.name.lower(),
             "timing_every": self.timing_every,
             "timing_warmup": self.timing_warmup,
+            "timing_share": self.timing_share,
             "ranks": "all" if self.ranks is None else sorted(self.ranks),
             "on_error": self.on_error.value,
             "strict": self.strict,
@@ -248,6 +250,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "timing": ("THUNDERFX_DEBUG_TIMING", _choice({t.name.lower(): t for t in TimingLevel})),
     "timing_every": ("THUNDERFX_DEBUG_TIMING_EVERY", _int_at_least(1)),
     "timing_warmup": ("THUNDERFX_DEBUG_TIMING_WARMUP", _int_at_least(0)),
+    "timing_share": ("THUNDERFX_DEBUG_TIMING_SHARE", _percent),
     "ranks": ("THUNDERFX_DEBUG_RANKS", _parse_ranks),
     "on_error": ("THUNDERFX_DEBUG_ON_ERROR", _choice({o.value: o for o in OnError})),
     "strict": ("THUNDERFX_DEBUG_STRICT", _parse_bool),
