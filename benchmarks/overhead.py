@@ -21,7 +21,10 @@ AdamW):
                  do not come within a run of this length)
 `--every` changes the 50 of the two fusion configurations; `--check-share` is check=fusion's
 THUNDERFX_DEBUG_CHECK_SHARE (default 100: every split on every scheduled call; the record then says how many
-scheduled calls each split checked and passed over).
+scheduled calls each split checked and passed over), `--timing-share` timing=fusion's THUNDERFX_DEBUG_TIMING_SHARE
+(default 100: every sampled call timed; the record then says how many sampled calls each graph passed over). Both
+are shares of the process's wall time, which the copies divide among them: with two copies, 0.5 is about 1 % of
+the copy's own steps.
 
 Method. The model's frames are compiled once first, for no configuration (`compile_frames_once`: the first compile
 of a frame is slower to switch to). Each copy is compiled and warmed up (`--warmup` steps) one after the other.
@@ -103,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "configurations (default 50)")
     parser.add_argument("--check-share", type=float, default=100.0, help="check=fusion's check_share, percent of "
                         "the training's time (default 100: no limit)")
+    parser.add_argument("--timing-share", type=float, default=100.0, help="timing=fusion's timing_share, percent "
+                        "of the training's time (default 100: no limit)")
     parser.add_argument("--deadline", type=float, default=480.0, help="seconds from the start by which the run "
                         "ends its measurement and profile (default 480; compiles are not cut short)")
     parser.add_argument("--profile", action="store_true", help="also profile the host side (see below)")
@@ -165,7 +170,7 @@ def make_backend(name: str, args, dump_dir: str):
     if name == "defaults":
         return ReportingBackend(**options)
     if name == "timing=fusion":
-        return ReportingBackend(timing="fusion", timing_every=args.every, **options)
+        return ReportingBackend(timing="fusion", timing_every=args.every, timing_share=args.timing_share, **options)
     if name == "check=fusion":
         return ReportingBackend(check="fusion", check_every=args.every, check_share=args.check_share, **options)
     if name == "dump":
@@ -342,6 +347,19 @@ def checked_and_passed_over(backend) -> dict | None:
         return {"error": repr(error)}
 
 
+def timing_passed_over(backend) -> dict | None:
+    """Per graph of a timing backend: [sampled calls timed, sampled calls passed over by its share] (None: none
+    passed over)."""
+    report = getattr(backend, "report", None)
+    if report is None:
+        return None
+    try:
+        return {g.name: [g.timing.count if g.timing else 0, g.timing_passed_over] for g in report().graphs
+                if g.timing_passed_over} or None
+    except Exception as error:  # a figure of the record, not of the measurement
+        return {"error": repr(error)}
+
+
 def device_holds() -> dict | None:
     """How fusion timing's device holds in this process sized their sleeps (`DeviceHold.sleeps`, summed over the
     graphs: only timing=fusion holds the device): {rule: [sleeps, ms asked for in all]}; None without a hold."""
@@ -383,6 +401,9 @@ def figures(copies: dict[str, Copy], rounds: int) -> dict:
         turns = checked_and_passed_over(c.backend)
         if turns:
             entry["split_checks"] = turns
+        passed_over = timing_passed_over(c.backend)
+        if passed_over:
+            entry["timing_passed_over"] = passed_over
         entry["block_ms"] = totals  # per round, in round order: the paired ratios are these over plain's
         results[name] = entry
     return {"rounds": rounds, "configurations": results, "device_hold_sleeps": device_holds()}
@@ -543,6 +564,8 @@ def print_model(name: str, data: dict) -> None:
                     line += f"   target <= {r['target']}: {'met' if r['meets_target'] else 'MISSED'}"
                 if "split_checks" in r:
                     line += f"   split checks [checked, passed over]: {r['split_checks']}"
+                if "timing_passed_over" in r:
+                    line += f"   sampled calls [timed, passed over]: {r['timing_passed_over']}"
             print(line)
         holds = measurement.get("device_hold_sleeps")
         if holds:
