@@ -7,6 +7,7 @@ import torch
 
 from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
+from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_summary
 
 STEPS, WARMUP = 10, 1
@@ -50,6 +51,7 @@ def test_a_small_timing_share_passes_sampled_calls_over_counts_them_and_leaves_t
     assert ("timing: 7 sampled calls passed over, to keep timing within THUNDERFX_DEBUG_TIMING_SHARE"
             in render_summary(report))
     assert "passed over" not in render_summary(every.report())
+    assert "timing: 7 sampled calls passed over" in render_html({0: report})
 
 
 def test_a_timed_call_costs_its_period_over_an_ordinary_calls_and_the_sleeps_it_asked_for():

@@ -5,7 +5,8 @@ Each runner keeps the number of the next call on which it has more to do than ru
 sampled or checked call, the call that ends a sampled call's period: `_special_call_after`); the calls before it pay
 a counter and one comparison (a split also its one Python call), and with a dump directory one clock reading per
 graph call for the periodic flush (`periodic`). On the call after a sampled one, a graph reads the clock (the end of
-its call period). Sampled calls add clock marks before and after, and gradient hooks that mark the start and end of
+its call period); with THUNDERFX_DEBUG_TIMING_SHARE below 100 also on the call before it (an ordinary call's period,
+against which a timed call's is charged: `sampler.TimedCalls`). Sampled calls add clock marks before and after, and gradient hooks that mark the start and end of
 the backward (see `sampler`). The first call of a graph and of each split is timed on the host clock, forward and
 backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs
 when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call of a thunder split

@@ -22,10 +22,10 @@ from thunderfx_debug.recording.regions import RegionObservers
 from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead
 from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.split_check import SplitCheck
-from thunderfx_debug.recording.turns import Turns
 from thunderfx_debug.recording.timing import (
     CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
 )
+from thunderfx_debug.recording.turns import Turns
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import instrument
 from thunderfx_debug.thunder.compile_events import SPANS
