@@ -13,6 +13,7 @@ Prints "step N" every 100 steps (N counted from 1), once the first step has run.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
@@ -25,6 +26,8 @@ import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imp
 
 def main(dump_dir: str, mode: str) -> None:
     from thunderfx_debug import ReportingBackend
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a child that hangs
 
     if mode == "own-handler":
 

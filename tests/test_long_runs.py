@@ -343,7 +343,15 @@ def _start(dump_dir: Path, mode: str) -> tuple[subprocess.Popen, list[str]]:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(line.strip() for line in child.stdout), daemon=True).start()
+    # stderr is read as it comes too: a pipe nobody reads blocks the child once it is full.
+    child.stderr_lines = errors = []
+    threading.Thread(target=lambda: errors.extend(child.stderr), daemon=True).start()
     return child, lines
+
+
+def _stderr_tail(child: subprocess.Popen) -> str:
+    time.sleep(0.5)  # what the reader thread has not taken yet
+    return "".join(child.stderr_lines)[-6000:]
 
 
 def _wait_for(condition, child: subprocess.Popen, what: str, timeout: float = 240) -> None:
@@ -351,8 +359,21 @@ def _wait_for(condition, child: subprocess.Popen, what: str, timeout: float = 24
     while not condition():
         if child.poll() is not None or time.monotonic() > deadline:
             child.kill()
-            raise AssertionError(f"the child died or hung before {what}: {child.stderr.read()[-3000:]}")
+            raise AssertionError(f"the child died or hung before {what}: {_stderr_tail(child)}")
         time.sleep(0.02)
+
+
+def _wait_exit(child: subprocess.Popen, what: str, timeout: float) -> int:
+    """The child's exit status; where it has not ended within `timeout`, its threads' stacks (long_run.py dumps
+    them on SIGUSR1) and the rest of its stderr go into the failure."""
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        child.kill()
+        raise AssertionError(f"the child did not end within {timeout:.0f} s of {what}; its stacks and stderr: "
+                             f"{_stderr_tail(child)}") from None
 
 
 def test_sigkill_at_a_random_moment_after_the_first_periodic_flush_leaves_a_dump_that_loads(tmp_path):
@@ -384,7 +405,7 @@ def terminated_runs(tmp_path_factory):
         try:
             _wait_for(lambda: any(line.startswith("step 101") for line in lines), child, "training")
             child.send_signal(signal.SIGTERM)
-            results[mode] = child.wait(timeout=120)
+            results[mode] = _wait_exit(child, "SIGTERM", timeout=120)
         finally:
             if child.poll() is None:
                 child.kill()
