@@ -123,12 +123,13 @@ def _margins(text: str) -> list[tuple[float, float]]:
 def _margins_summary(rows: list[dict], margins: list[tuple[float, float]]) -> list[dict]:
     """Per (FACTOR, SPARE) setting: the sampled steps' excess wall time, the holds' sleeps and the leads their calls
     left, and each region's median against the first setting's (the regions' samples split by their call)."""
-    for timer in (o for o in gc.get_objects() if type(o) is RegionTimer):
+    timers = [o for o in gc.get_objects() if type(o) is RegionTimer]
+    for timer in timers:
         timer.resolve(wait=True)  # every trace read: its lead is on its held phase
     by_call = {r["call"]: r for r in rows}
     setting_of = {r["call"]: r["setting"] for r in rows if r["sampled"]}
     region_medians: list[dict[str, float]] = [{} for _ in margins]
-    for timer in (o for o in gc.get_objects() if type(o) is RegionTimer):
+    for timer in timers:
         for key, series in timer.series.items():
             split: list[list[float]] = [[] for _ in margins]
             for call, ms in zip(series.calls, series.samples_ms):

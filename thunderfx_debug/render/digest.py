@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
 from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
+from thunderfx_debug.render.text import plural
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,3 +270,11 @@ def compare_ranks(reports: Mapping[int, RankRecord]) -> list[RankRow]:
         )
         for rank, report in reports.items()
     ]
+
+
+def timing_passed_over(graph: GraphRecord) -> str | None:
+    """What the summary and the page say of the sampled calls THUNDERFX_DEBUG_TIMING_SHARE passed over (None: none)."""
+    if not graph.timing_passed_over:
+        return None
+    return (f"timing: {plural(graph.timing_passed_over, 'sampled call')} passed over, to keep timing within "
+            "THUNDERFX_DEBUG_TIMING_SHARE (its samples, and its splits' and regions', come from the others)")

@@ -275,9 +275,9 @@ def _graph(graph: GraphRecord, prefix: str | None, sources: provenance.SourceInd
         html += f'<p><span class="flag">error</span></p><pre>{esc(graph.error)}</pre>'
     if graph.files:
         html += f"<p>Scripts: {_links(graph.files, prefix)}</p>"
-    if graph.timing_passed_over:
-        html += (f'<p class="muted">timing: {plural(graph.timing_passed_over, "sampled call")} passed over, to keep '
-                 "timing within THUNDERFX_DEBUG_TIMING_SHARE (the samples below come from the others)</p>")
+    passed_over = digest.timing_passed_over(graph)
+    if passed_over:
+        html += f'<p class="muted">{esc(passed_over)}</p>'
     rows = []
     left_out = left_out_calls(graph)
     for s in graph.splits:

@@ -319,9 +319,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
         lines.append(f"  recompiled because: {_first_line(graph.recompile_reason)}")
     left_out = left_out_calls(graph)
     lines += _phase_timing_lines(graph, left_out, "  ")
-    if graph.timing_passed_over:
-        lines.append(f"  timing: {plural(graph.timing_passed_over, 'sampled call')} passed over, to keep timing within "
-                     "THUNDERFX_DEBUG_TIMING_SHARE (its samples, and its splits' and regions', come from the others)")
+    passed_over = digest.timing_passed_over(graph)
+    if passed_over:
+        lines.append(f"  {passed_over}")
     cost = _cost_line(graph.compile_cost)
     if cost:
         lines.append(f"  {cost}")
