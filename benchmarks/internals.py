@@ -27,6 +27,9 @@ The training path's parts, measured alone:
   class, so it imports the package's modules by their paths.
 
 The sentinel:
+- `CheckTally` (recording.check): overhead.py sums what each split's checks were charged against
+  THUNDERFX_DEBUG_CHECK_SHARE (its `turn`'s totals): their own blocks, and what the checked calls' periods held
+  beyond them.
 - `watching_backward_captures`: sentinel_zoo.py's capture diagnostic sets each gradient the sentinel captured of a
   parameter, and whether it proved the capture, against that parameter's .grad after the backward: it reads them off
   each backward check (recording.split_check's `BackwardCheck`) before the check judges them, and each parameter's
@@ -71,7 +74,8 @@ HANDED_OUT: dict[str, tuple[str, str | None]] = {
     **{name: ("thunderfx_debug.recording.timing", name)
        for name in ("CudaClock", "HostClock", "DeviceHold", "bracket_cost_ms", "RegionTimer", "Sampling")},
     **{name: ("thunderfx_debug.recording.runners", name) for name in ("GraphRunner", "SplitRunner")},
-    **{name: ("thunderfx_debug.recording.check", name) for name in ("CheckSchedule", "TimingBesideChecks")},
+    **{name: ("thunderfx_debug.recording.check", name)
+       for name in ("CheckSchedule", "TimingBesideChecks", "CheckTally")},
     "host_series": ("thunderfx_debug.recording.host", "host_series"),
     "PeriodicFlush": ("thunderfx_debug.recording.periodic", "PeriodicFlush"),
     "MAX_EVENTS": ("thunderfx_debug.recording.memory", "MAX_EVENTS"),

@@ -347,6 +347,21 @@ def checked_and_passed_over(backend) -> dict | None:
         return {"error": repr(error)}
 
 
+def check_costs() -> dict | None:
+    """What the checks in this process were charged against THUNDERFX_DEBUG_CHECK_SHARE, summed over the splits
+    (only check=fusion checks): the wall time of their own blocks, and what their checked calls' periods held beyond
+    those (`check.CheckedCalls`, with a share below 100), in ms; None without a check."""
+    import gc
+
+    from internals import CheckTally
+
+    turns = [o.turn for o in gc.get_objects() if type(o) is CheckTally and o.turn is not None]
+    if not turns:
+        return None
+    return {"splits": len(turns), "blocks_ms": sum(t.blocks_total_ns for t in turns) / 1e6,
+            "beyond_blocks_ms": sum(t.charged_total_ns for t in turns) / 1e6}
+
+
 def timing_passed_over(backend) -> dict | None:
     """Per graph of a timing backend: [sampled calls timed, sampled calls passed over by its share] (None: none
     passed over)."""
@@ -406,7 +421,8 @@ def figures(copies: dict[str, Copy], rounds: int) -> dict:
             entry["timing_passed_over"] = passed_over
         entry["block_ms"] = totals  # per round, in round order: the paired ratios are these over plain's
         results[name] = entry
-    return {"rounds": rounds, "configurations": results, "device_hold_sleeps": device_holds()}
+    return {"rounds": rounds, "configurations": results, "device_hold_sleeps": device_holds(),
+            "check_costs": check_costs()}
 
 
 # ---- profile ------------------------------------------------------------------------------------------------------
@@ -571,6 +587,10 @@ def print_model(name: str, data: dict) -> None:
         if holds:
             print("device hold sleeps by rule [count, ms in all]: " + ", ".join(f"{k} {v[0]}, {v[1]:.1f}"
                                                                           for k, v in holds.items()))
+        costs = measurement.get("check_costs")
+        if costs:
+            print(f"checks charged against the share ({costs['splits']} splits, the warm-up included): their blocks "
+                  f"{costs['blocks_ms']:.1f} ms, beyond their blocks {costs['beyond_blocks_ms']:.1f} ms")
     profiled = data.get("profile")
     if profiled:
         print("host time per step by part of the path, cProfile (us per ordinary step, calls; per sampled or "

@@ -116,6 +116,30 @@ def test_a_small_check_share_passes_scheduled_calls_over_counts_them_and_leaves_
         in render_summary(rare_report)
 
 
+def test_what_a_checked_step_costs_beyond_the_checks_own_work_is_charged_to_the_splits_that_took_it():
+    import time
+
+    # Each step lasts 100 ms or more (a sleep after it): a check's own work (a few ms) is small beside that. At a
+    # 50 % share both splits take call 4 (half of 300 ms of training since call 1 covers their first checks).
+    # Where step 4 then takes 1.5 s longer outside the checks' own work (a stall the step pays for its checks),
+    # that is charged to them: their credit after it is about -1.5 s + 0.5 x 1.8 s, and call 7 is passed over;
+    # where it does not, call 7 is checked.
+    def run(stall_s):
+        torch.manual_seed(0)
+        backend = ReportingBackend(check="split", check_every=3, check_share=50, timing="off", strict=True,
+                                   executors=[*cpu_executors()])
+        model = ThreeSplits()
+        compiled = torch.compile(model, backend=backend)
+        for step in range(1, 8):
+            compiled(torch.randn(4, 8)).backward()
+            time.sleep(0.1 + (stall_s if step == 4 else 0.0))
+        return {name: (s.check.calls, s.check.passed_over) for name, s in _splits(backend.report()).items()
+                if s.check is not None}
+
+    assert run(0.0) == {"graph0/thunder_0": (3, 0), "graph0/thunder_2": (3, 0)}
+    assert run(1.5) == {"graph0/thunder_0": (2, 1), "graph0/thunder_2": (2, 1)}
+
+
 def test_a_split_no_longer_asked_stops_slowing_the_turns_of_the_others():
     from thunderfx_debug.recording.turns import Turns
 

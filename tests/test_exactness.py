@@ -52,14 +52,15 @@ def test_losses_and_parameters_match_plain_thundercompiler(tmp_path, one_thread,
 
 def test_with_every_feature_switched_on_training_is_bit_for_bit_plain_thundercompilers(tmp_path, one_thread, plain):
     """Timing of every fusion region on every call (within half of the training's time, THUNDERFX_DEBUG_TIMING_SHARE),
-    the sentinel at fusion level on every other call, every repro script with real inputs, the flush-time triage of
-    every split and region against inductor (at a periodic flush during training, and at the last one), the
-    minimizer: none of it may change what the model computes."""
+    the sentinel at fusion level on every other call (within half of it too, THUNDERFX_DEBUG_CHECK_SHARE), every
+    repro script with real inputs, the flush-time triage of every split and region against inductor (at a periodic
+    flush during training, and at the last one), the minimizer: none of it may change what the model computes."""
     plain_losses, plain_params = plain
     losses, params, backend = _run(
         lambda: ReportingBackend(
             dump_dir=tmp_path, repro="all", inputs="real", timing="fusion", timing_every=1, timing_warmup=0,
-            timing_share=50, check="fusion", check_every=2, triage="fusion", minimize=True, flush_every=1.0,
+            timing_share=50, check="fusion", check_every=2, check_share=50, triage="fusion", minimize=True,
+            flush_every=1.0,
             executors=cpu_executors(), strict=True,
         )
     )

@@ -195,6 +195,8 @@ def _train_unsampled_steps_in_sync_error_mode(**options):
         pytest.param(dict(timing="fusion", timing_every=50, timing_warmup=2, nvtx=True), id="fusion+nvtx"),
         # the correctness sentinel checks call 1 (in the warm-up) and 51: the calls between pay nothing
         pytest.param(dict(timing_warmup=2, check="fusion", check_every=50), id="check-fusion"),
+        # within a share, the graph reads the host clock around the checked call's period, no more
+        pytest.param(dict(timing_warmup=2, check="fusion", check_every=50, check_share=1), id="check-fusion-share"),
     ],
 )
 def test_unsampled_steps_never_synchronise_the_device(options):

@@ -75,5 +75,5 @@ def test_a_timed_call_costs_its_period_over_an_ordinary_calls_and_the_sleeps_it_
     now[0] = 1000
     assert not timed.decide(106) and not timed.times(106)  # 85 ms at 1 %: 8.5 s to earn back
     timed.charge(106, 33.0)  # a call passed over is an ordinary call
-    assert timed._ordinary_ms == [30.0, 40.0, 35.0, 33.0]
+    assert timed.periods._recent_ms == [30.0, 40.0, 35.0, 33.0]
     assert timed.passed_over == 1

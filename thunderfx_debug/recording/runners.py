@@ -6,10 +6,12 @@ sampled or checked call, the call that ends a sampled call's period: `_special_c
 a counter and one comparison (a split also its one Python call), and with a dump directory one clock reading per
 graph call for the periodic flush (`periodic`). On the call after a sampled one, a graph reads the clock (the end of
 its call period); with THUNDERFX_DEBUG_TIMING_SHARE below 100 also on the call before it (an ordinary call's period,
-against which a timed call's is charged: `sampler.TimedCalls`). Sampled calls add clock marks before and after, and gradient hooks that mark the start and end of
-the backward (see `sampler`). The first call of a graph and of each split is timed on the host clock, forward and
-backward, for its compile cost (`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs
-when the run asks for real inputs (`capture`). With the correctness sentinel on, a checked call of a thunder split
+against which a timed call's is charged: `sampler.TimedCalls`), and with THUNDERFX_DEBUG_CHECK_SHARE below 100 on a
+checked call, the call after it and the call before it (`check.CheckedCalls`). Sampled calls add clock marks before
+and after, and gradient hooks that mark the start and end of the backward (see `sampler`). The first call of a graph
+and of each split is timed on the host clock, forward and backward, for its compile cost
+(`compile_cost.FirstCallTimer`), and keeps host copies of its inputs and outputs when the run asks for real inputs
+(`capture`). With the correctness sentinel on, a checked call of a thunder split
 also runs its check after it (`split_check`), outside the split's first-call timing (a graph's
 first call, which is always checked, includes it). Some sampled calls (`memory.measures`: the first two, then ever
 rarer) also measure what each piece holds in memory (`memory`: saved-tensor hooks around the forward, windows on the
@@ -33,6 +35,7 @@ from thunderfx_debug.thunder import compile_events
 
 if TYPE_CHECKING:
     from thunderfx_debug.recording.capture import InputCapture
+    from thunderfx_debug.recording.check import CheckedCalls
     from thunderfx_debug.recording.compile_cost import FirstCallTimer
     from thunderfx_debug.recording.memory import GraphMemory, MemoryMeter
     from thunderfx_debug.recording.periodic import PeriodicFlush
@@ -188,17 +191,22 @@ class GraphRunner:
     flush when it is due (`periodic`; None: no periodic flushes). `first` times the first call on the host clock
     (compile cost); a sampled call's period runs from its start to the start of the next call (`GraphState.period`).
     With `timed` (THUNDERFX_DEBUG_TIMING_SHARE below 100), each sampled call first asks whether it is timed, and its
-    period, with that of the call before it (an ordinary call's), tells `timed` what timing it cost.
+    period, with that of the call before it (an ordinary call's), tells `timed` what timing it cost; with `checked`
+    (THUNDERFX_DEBUG_CHECK_SHARE below 100) a checked call's period does the same for the splits' checks.
     """
 
     def __init__(self, state: GraphState, split_gm: torch.fx.GraphModule, sampling: Sampling,
                  sampler: PhaseSampler | None, capture: InputCapture | None, on_error: GraphErrorHandler,
                  after_first_call: Callable[[GraphState], None] | None = None,
                  periodic: PeriodicFlush | None = None, first: FirstCallTimer | None = None,
-                 memory: GraphMemory | None = None, timed: TimedCalls | None = None):
+                 memory: GraphMemory | None = None, timed: TimedCalls | None = None,
+                 checked: CheckedCalls | None = None):
         self.state, self.split_gm = state, split_gm
-        self._timed = timed
-        self._ordinary_start: tuple[int, int] | None = None  # (call, perf_counter_ns at its start), with `timed`
+        self._timed, self._checked = timed, checked
+        # what an ordinary call's period is told to (shared by `timed` and `checked`); None: neither
+        self._periods = timed.periods if timed is not None else checked.periods if checked is not None else None
+        self._ordinary_start: tuple[int, int] | None = None  # (call, perf_counter_ns at its start), with `_periods`
+        self._checked_start: tuple[int, int] | None = None  # (checked call, perf_counter_ns at its start)
         self._memory = memory
         self._sampling, self._sampler, self._capture = sampling, sampler, capture
         self._on_error = on_error
@@ -224,7 +232,7 @@ class GraphRunner:
             out = self._run_special(args)
         periodic = self._periodic
         if periodic is not None and periodic.clock() >= periodic.due_at:
-            self._period_start = None  # a period with a flush in it is not a step's
+            self._period_start = self._checked_start = None  # a period with a flush in it is not a step's
             periodic.fire()  # between two graph calls of the training thread (see `periodic`)
         return out
 
@@ -240,7 +248,11 @@ class GraphRunner:
                 self._period_start = None
                 if self._timed is not None:
                     self._timed.charge(call, period_ms)
-            if self._timed is not None:
+            if self._checked_start is not None:
+                call, started = self._checked_start
+                self._checked.charge(call, (time.perf_counter_ns() - started) / 1e6)
+                self._checked_start = None
+            if self._periods is not None:
                 self._measure_ordinary_period(state.calls)
             if self._fallback is not None:
                 return self._fallback(*args)
@@ -254,21 +266,27 @@ class GraphRunner:
         """The first call after `call` that has more to do than run the split graph (0: every call)."""
         if self._fallback is not None:
             return 0
-        if self._period_start is not None:
+        if self._period_start is not None or self._checked_start is not None:
             return call + 1
         following = (self._sampling.next_sampled(call) if self._sampler is not None or self._memory is not None
                      else NEVER)
         if self._timed is not None and call < following - 1 < NEVER:
-            return following - 1  # its start opens an ordinary call's period, which the sampled call's start ends
+            following -= 1  # its start opens an ordinary call's period, which the sampled call's start ends
+        if self._checked is not None:
+            checked = self._checked.next_checked(call)
+            following = min(following, checked - 1 if checked - 1 > call else checked)  # as for a timed call
         return following
 
     def _measure_ordinary_period(self, call: int) -> None:
-        """With `timed`: the period of the call before this one where that call was an ordinary one (not sampled,
-        not the first, whose period holds the compile), and this call's start where it is one too."""
+        """With `timed` or `checked`: the period of the call before this one where that call was an ordinary one (not
+        sampled, not checked, not the first, whose period holds the compile), and this call's start where it is one
+        too."""
         now = time.perf_counter_ns()
         if self._ordinary_start is not None and self._ordinary_start[0] == call - 1:
-            self._timed.ordinary((now - self._ordinary_start[1]) / 1e6)
-        self._ordinary_start = None if call == 1 or self._sampling.is_sampled(call) else (call, now)
+            self._periods.add((now - self._ordinary_start[1]) / 1e6)
+        ordinary = (call > 1 and not self._sampling.is_sampled(call)
+                    and (self._checked is None or not self._checked.is_checked(call)))
+        self._ordinary_start = (call, now) if ordinary else None
 
     def _failed(self, error: Exception, args):
         """Thunder failed on this graph: `on_error` records it and raises again, or falls back (see `fallback`)."""
@@ -286,6 +304,8 @@ class GraphRunner:
                 out = (self._sample(*args) if not _measures_memory(self._memory, self._sampling, state.calls)
                        else self._memory.graph.run(self._sample, args, state.calls))
             else:
+                if self._checked is not None and state.calls > 1 and self._checked.is_checked(state.calls):
+                    self._checked_start = (state.calls, time.perf_counter_ns())
                 out = self.split_gm(*args)
         except Exception as e:
             return self._failed(e, args)

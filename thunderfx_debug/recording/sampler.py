@@ -4,7 +4,6 @@ start and end of its backward. Marks are read later (see `timing`); nothing here
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
-from thunderfx_debug.recording.turns import Turn
+from thunderfx_debug.recording.turns import OrdinaryPeriods, Turn
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
@@ -51,12 +50,10 @@ class TimedCalls:
         ([5, 10, 55, 100, 145, 190], 34)
     """
 
-    RECENT = 5  # ordinary periods kept: their median is an ordinary call's
-
-    def __init__(self, turn: Turn, hold: DeviceHold | None = None):
+    def __init__(self, turn: Turn, hold: DeviceHold | None = None, periods: OrdinaryPeriods | None = None):
         self.turn, self.hold = turn, hold
+        self.periods = periods if periods is not None else OrdinaryPeriods()  # shared with `check.CheckedCalls`
         self.call = 0  # the timed call whose cost is not charged yet; 0: none
-        self._ordinary_ms: list[float] = []
         self._slept_ms_before = 0.0
         self._first = True  # the graph's first timed call, which is not charged
 
@@ -79,10 +76,7 @@ class TimedCalls:
 
     def ordinary(self, period_ms: float) -> None:
         """The period of a call that was not timed."""
-        recent = self._ordinary_ms
-        recent.append(period_ms)
-        if len(recent) > self.RECENT:
-            del recent[0]
+        self.periods.add(period_ms)
 
     def charge(self, call: int, period_ms: float) -> None:
         """Sampled call `call` lasted `period_ms` (host wall time, to the graph's next call). Before any ordinary
@@ -95,8 +89,8 @@ class TimedCalls:
         if self._first:  # once per graph (the instrumented traces' first runs): no measure of the calls after
             self._first = False
             return
-        recent = self._ordinary_ms
-        excess = max(period_ms - statistics.median(recent), 0.0) if recent else period_ms
+        excess = self.periods.excess_ms(period_ms)
+        excess = period_ms if excess is None else excess
         self.turn.charge((excess + self._slept_ms() - self._slept_ms_before) * 1e6)
 
     def _slept_ms(self) -> float:

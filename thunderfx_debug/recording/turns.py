@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Iterator
 
@@ -70,13 +71,18 @@ class Turns:
         if self.share is not None and call != 1:
             # Pieces not asked for a while (a graph compiled again, an evaluation graph between evaluations) are
             # left out of the sum until they are asked again: their costs would slow every live piece's turns.
+            # Each piece's latest complete turn: one taken on this call is under way (its last is `cost_ns`); the
+            # others' last turn is done, its cost not moved to `cost_ns` until they are asked (`check.CheckedCalls`
+            # charges it after the call).
             live = now - self.STALE_NS
-            total = sum(t.cost_ns or t.spent_ns for t in self._turns if t.accrued_at >= live or t is turn)
+            total = sum(t.cost_ns if t.taken == call else t.spent_ns or t.cost_ns
+                        for t in self._turns if t.accrued_at >= live or t is turn)
             if total > 0:
                 earned = self.share * (now - turn.accrued_at) * turn.cost_ns / total
                 turn.credit_ns = min(0.0, turn.credit_ns + earned)
         turn.accrued_at = now
         if self.share is None or call == 1 or turn.credit_ns >= 0:
+            turn.taken = call
             return True
         turn.passed_over += 1
         return False
@@ -96,6 +102,10 @@ class Turn:
     passed_over: int = 0
     first_charge: bool = True
     depth: int = 0
+    taken: int = 0  # the last scheduled call it took
+    # all it spent in its blocks, and all it was charged afterwards (`charge`), over the run: for benchmarks
+    blocks_total_ns: float = 0.0
+    charged_total_ns: float = 0.0
 
     def take(self, call: int) -> bool:
         """Whether the piece takes scheduled call `call` (accrues its credit, charges its last turn's cost)."""
@@ -114,8 +124,33 @@ class Turn:
                 spent = self.turns.counter() - start
                 self.spent_ns += spent
                 self.credit_ns -= spent
+                self.blocks_total_ns += spent
 
     def charge(self, ns: float) -> None:
         """What this piece's turn cost, measured after it ended (where no `spending` block could hold it)."""
         self.spent_ns += ns
         self.credit_ns -= ns
+        self.charged_total_ns += ns
+
+
+class OrdinaryPeriods:
+    """The periods (host wall time from a call's start to the graph's next call) of a graph's last few ordinary
+    calls: neither timed nor checked, nor the first. Their median is what a call costs without either, against
+    which a timed or checked call's period is charged (`sampler.TimedCalls`, `check.CheckedCalls`)."""
+
+    RECENT = 5
+
+    def __init__(self):
+        self._recent_ms: list[float] = []
+
+    def add(self, period_ms: float) -> None:
+        self._recent_ms.append(period_ms)
+        if len(self._recent_ms) > self.RECENT:
+            del self._recent_ms[0]
+
+    def excess_ms(self, period_ms: float) -> float | None:
+        """What `period_ms` lasted beyond an ordinary call (never below 0); None while no ordinary period is known."""
+        if not self._recent_ms:
+            return None
+        return max(period_ms - statistics.median(self._recent_ms), 0.0)
+

@@ -10,7 +10,9 @@ import torch
 from thunderfx_debug.settings.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
-from thunderfx_debug.recording.check import CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks
+from thunderfx_debug.recording.check import (
+    CheckedCalls, CheckSchedule, CheckTally, EvidenceKeeper, TimingBesideChecks,
+)
 from thunderfx_debug.recording.compile_cost import FirstCallTimer
 from thunderfx_debug.recording.host import HostWatch, host_series
 from thunderfx_debug.recording.isolation import CheckIsolation
@@ -25,7 +27,7 @@ from thunderfx_debug.recording.split_check import SplitCheck
 from thunderfx_debug.recording.timing import (
     CudaClock, DeviceHold, HostClock, Ranges, RegionTimer, SampleSeries, Sampling,
 )
-from thunderfx_debug.recording.turns import Turns
+from thunderfx_debug.recording.turns import OrdinaryPeriods, Turns
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import instrument
 from thunderfx_debug.thunder.compile_events import SPANS
@@ -83,10 +85,14 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         # rather than waits for the host's launches (see `timing.DeviceHold`).
         with failures.guard(f"preparing the fusion timing of {state.name}"):
             hold = DeviceHold.for_current_cuda_device()
-    timed_calls = None
+    # A graph's ordinary calls' periods, against which its timed and checked calls are charged within a share.
+    periods = OrdinaryPeriods()
+    timed_calls = checked_calls = None
     if timed and config.timing_share < 100:
         timing_turns = timing_turns if timing_turns is not None else Turns(config.timing_share)
-        state.timed_calls = timed_calls = TimedCalls(timing_turns.join(), hold)
+        state.timed_calls = timed_calls = TimedCalls(timing_turns.join(), hold, periods)
+    if schedule is not None and config.check_share < 100:
+        checked_calls = CheckedCalls(schedule, [], periods)
     split_meters: list[MemoryMeter] = []
     if not timed:
         memory = None
@@ -132,6 +138,8 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
                     regions = None
                     split.check = CheckTally()
                     split.check.turn = turn = turns.join()
+                    if checked_calls is not None:
+                        checked_calls.turns.append(turn)
                     if config.check >= CheckLevel.FUSION:
                         regions = RegionCheck(label, RegionReferences(split.split.compiled), split.region_checks,
                                               failures, evidence, split.check, isolation, turn)
@@ -167,7 +175,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             graph_memory = GraphMemory(MemoryMeter(state.name, memory, state.memory, failures,
                                                    constants=list(state.gm.parameters()), step=True), split_meters)
     return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first,
-                       graph_memory, timed_calls)
+                       graph_memory, timed_calls, checked_calls)
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:
