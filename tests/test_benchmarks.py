@@ -92,6 +92,9 @@ def test_overhead_measures_and_profiles_every_configuration_against_plain_in_one
         assert row["measured_steps"] == 6 and len(row["block_ms"]) == 3
         assert row["amortised_ratio"]["low"] <= row["amortised_ratio"]["ratio"] <= row["amortised_ratio"]["high"]
     assert measured["configurations"]["check=fusion"]["checked_steps"] == 2  # calls 13 and 16 of 11-16
+    costs = measured["check_costs"]  # what the checks were charged: their blocks only, at the default share of 100
+    assert costs["splits"] == len(measured["configurations"]["check=fusion"]["split_checks"])
+    assert costs["blocks_ms"] > 0 and costs["beyond_blocks_ms"] == 0
     profiled = llama["profile"]
     splits = sum(llama["splits"]["splits_per_graph"])
     assert not any(profiled["plain"]["ordinary_step"][part]["calls"] for part in ("graph wrapper", "split runners"))

@@ -153,4 +153,3 @@ class OrdinaryPeriods:
         if not self._recent_ms:
             return None
         return max(period_ms - statistics.median(self._recent_ms), 0.0)
-
