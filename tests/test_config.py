@@ -51,6 +51,7 @@ BAD_VALUES = {
     "THUNDERFX_DEBUG_MINIMIZE": ["", "2", "on", "split"],
     "THUNDERFX_DEBUG_MINIMIZE_BUDGET": ["", "0", "-1", "nan", "inf", "2m"],
     "THUNDERFX_DEBUG_TRIAGE_TIMEOUT": ["", "0", "-5", "nan", "inf", "ten"],
+    "THUNDERFX_DEBUG_DEVICE_MARGIN": ["", "-1", "100.5", "nan", "inf", "25%", "4GiB"],
 }
 
 # variable -> (text, field, parsed value)
@@ -85,6 +86,8 @@ GOOD_VALUES = [
     ("THUNDERFX_DEBUG_MINIMIZE", "1", "minimize", True),
     ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", " 30.5 ", "minimize_budget", 30.5),
     ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", "90", "triage_timeout", 90.0),
+    ("THUNDERFX_DEBUG_DEVICE_MARGIN", "0", "device_margin", 0.0),
+    ("THUNDERFX_DEBUG_DEVICE_MARGIN", " 100 ", "device_margin", 100.0),
 ]
 
 

@@ -28,7 +28,7 @@ import io
 import json
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,20 +188,28 @@ class Results:
         (True, 'not judged: an example')
         >>> Results(folder).last_step("graph0/thunder_0")
         ('compiling the split with Thunder', 0)
+        >>> results.retry(["graph0/thunder_0"])  # to be judged again: what was written of it is set aside
+        >>> Results(folder).started("graph0/thunder_0"), Results(folder).records()
+        (False, {})
     """
 
     def __init__(self, folder: Path):
         self.path = folder / RESULTS
 
     def _lines(self) -> list[dict[str, Any]]:
+        """The lines, each piece's from its last `retry` on."""
         if not self.path.exists():
             return []
         lines = []
         for line in self.path.read_text().splitlines():
             try:
-                lines.append(json.loads(line))
+                entry = json.loads(line)
             except json.JSONDecodeError:  # the last line of a child killed while writing it
                 continue
+            if entry.get("retry"):
+                lines = [kept for kept in lines if kept["piece"] != entry["piece"]]
+            else:
+                lines.append(entry)
         return lines
 
     def _append(self, entry: dict[str, Any]) -> None:
@@ -215,6 +223,11 @@ class Results:
 
     def done(self, piece: str, triage: Triage) -> None:
         self._append({"piece": piece, "triage": triage.to_json()})
+
+    def retry(self, pieces: Sequence[str]) -> None:
+        """`pieces` are to be judged again: what children wrote of them so far is set aside."""
+        for piece in pieces:
+            self._append({"piece": piece, "retry": True})
 
     def started(self, piece: str) -> bool:
         return any(line["piece"] == piece for line in self._lines())

@@ -302,7 +302,8 @@ class TriageSettings:
     (THUNDERFX_DEBUG_TRIAGE_TIMEOUT); `processes` "fork" (children forked from the training process, which has every
     executor it registered; only where it has not initialised CUDA), "workers" (fresh interpreters), or "auto"
     (fork where it may); `workers` how many fresh interpreters at once (0: a quarter of the cores, at most 4; they
-    compile at once and take turns on the device)."""
+    compile at once and take turns on the device); `device_margin` THUNDERFX_DEBUG_DEVICE_MARGIN, the percent of the
+    device that stays free beyond the training's high-water mark before a child compiles ahead of the flush."""
 
     level: TriageLevel = TriageLevel.OFF
     deviation: float = DEVIATION
@@ -311,6 +312,7 @@ class TriageSettings:
     timeout_s: float = PIECE_TIMEOUT_S
     processes: str = "auto"
     workers: int = 0
+    device_margin: float = 25.0
 
 
 class NotJudged(Exception):

@@ -69,6 +69,8 @@ log = logging.getLogger("thunderfx_debug")
 #: owner key ("graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> its triage
 TriageIndex = Mapping[str, Triage]
 
+#: The flushes after which the training process trains no more (`occasion` of `Triager.triage`).
+TRAINING_OVER = ("the flush at exit", "backend.close()")
 #: Lines of a dead child's output kept in the piece's verdict; of a hung one's, from its watchdog's first line.
 TAIL_LINES, WATCHDOG_LINES = 25, 200
 #: Children per split at most: a child that dies takes one piece with it; a split has its regions after it.
@@ -110,7 +112,7 @@ class Triager:
                        thunder_options(), run_tensors_too=False)
 
         self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
-                                        lambda key: key in self._done)
+                                        lambda key: key in self._done, settings.device_margin)
 
     def holding_still(self) -> contextlib.AbstractContextManager:
         """Within it, no split is read or compiled ahead of the flush: the flush reads the records that the thread
@@ -129,6 +131,14 @@ class Triager:
         time (`unable` says why) they carry that reason, and a later flush that can times them."""
         if settings.level is TriageLevel.OFF:
             return {}
+        try:
+            return self._triage(snapshots, settings, failures, thunder_options, occasion, unable)
+        finally:
+            if self.ahead is not None:
+                self.ahead.end_all()  # none of the children started before this flush outlives it
+
+    def _triage(self, snapshots: Sequence[GraphSnapshot], settings: TriageSettings, failures: ReportingFailures,
+                thunder_options: Mapping[str, Any], occasion: str, unable: str | None) -> dict[str, Triage]:
         steps = min((s.state.calls for s in snapshots if s.state.calls > 0), default=0) or 1
         pending, untimed = [], {}
         for snapshot in snapshots:
@@ -163,6 +173,10 @@ class Triager:
                     "included; the children's compiles often take far less)" if estimate is not None else "")
                  + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
         started = time.perf_counter()
+        if occasion in TRAINING_OVER and torch.cuda.is_available() and torch.cuda.is_initialized():
+            # The training has ended: its allocator's cached, unused blocks go back to the device for the children.
+            # Not at a flush during training, whose steps would then allocate their memory afresh, elsewhere.
+            torch.cuda.empty_cache()
         with tempfile.TemporaryDirectory(prefix="thunderfx_debug_triage_") as root:
             folders: dict[str, Path] = {}
             found: dict[str, dict[str, Triage]] = {}
@@ -196,6 +210,8 @@ class Triager:
                         launcher = _launcher(Path(root))
                         attempts.update({child.folder: _finish_ahead(child, settings, launcher)
                                          for child in ahead.values()})
+                    if len(folders) > 1 and workers(settings) > 1:
+                        attempts.update(_again_alone(list(folders.values()), settings, Path(root)))
                 except Exception as e:  # noqa: BLE001  (no child could be run: every piece says why, none is lost)
                     failures.record("running the triage's children", e)
                     attempts = {folder: [Attempt(0, None, folder / "attempt0.log",
@@ -332,6 +348,24 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
             _go_on(folder, attempts[folder],
                    lambda attempt, log, folder=folder: _fresh(launcher, folder, attempt, log, env, settings), settings)
     return attempts
+
+
+def _again_alone(folders: Sequence[Path], settings: TriageSettings, root: Path) -> dict[Path, list[Attempt]]:
+    """The jobs some of whose pieces ran out of device memory while other children shared the device, run again one
+    child at a time (their attempts); a piece that runs out alone keeps that verdict."""
+    short = {}
+    for folder in folders:
+        job, _, _ = jobs.read(folder)
+        pieces = [piece for piece, t in jobs.Results(folder).records().items()
+                  if t.error and t.error.startswith(triage_child.OUT_OF_MEMORY)]
+        if pieces:
+            jobs.Results(folder).retry(job.pieces if job.key in pieces else pieces)
+            short[folder] = pieces
+    if not short:
+        return {}
+    log.info("thunderfx_debug: %s ran out of device memory beside other children of the triage; again, one at a time",
+             _count(sum(len(p) for p in short.values()), "piece"))
+    return run_children(list(short), dataclasses.replace(settings, workers=1), root)
 
 
 def _launcher(root: Path) -> tuple[Path, dict[str, str]]:

@@ -15,18 +15,25 @@ the word (`jobs.GO`); the child goes on as any child of the flush, its compile d
 for the others. Where the compile ahead does not serve (its inputs laid out otherwise than the run's, its traces
 not the run's, a failure on the made inputs), the child compiles again after the word, as a child of the flush would.
 
-Limits, and why they keep the training safe:
+Limits, and why they keep the training safe (docs/memory.md):
+- A child starts only where the device has room for it (`recording.device_room.room`): its free memory less what the
+  training process may take back without growing past its high-water mark, less THUNDERFX_DEBUG_DEVICE_MARGIN percent
+  of the device (25 by default: a memory-tight run gets no child before the flush). Each child gets an equal part of
+  that room: its CUDA context (`device_room.PROCESS_CONTEXT_BYTES`) and an allocator capped at the rest
+  (`torch.cuda.set_per_process_memory_fraction`); where a part is below `device_room.MIN_CHILD_BYTES`, no child
+  starts (`device_room.child_cap`). A child
+  that runs out of its cap compiles again after the word, when the cap is lifted.
+- While children ahead are alive, the thread reads the device every `POLL_S`: once the room is gone (the training
+  grew past its high-water mark into the margin, or another process took the device's memory), every child ahead is
+  ended at once, and their splits compile at the flush.
 - At most `triage.workers(settings)` children ahead at once, the splits whose first call took longest first; the
-  others compile at the flush as before.
-- Each child's allocator is capped (`torch.cuda.set_per_process_memory_fraction`) at a share of the device memory
-  free when it starts, half of it split between the children ahead, so that it cannot take what the training
-  allocates later; a child that runs out compiles again after the word, when the cap is lifted.
-- A child takes a CPU core while it compiles, and runs its one call's kernels beside the training's; then it lets
-  go of the inputs it made and holds its CUDA context and what Thunder compiled until the flush. Nothing is timed
-  before the flush: a child timing on the GPU the training uses would time the training's kernels with its own.
-- A child whose training process is gone ends and removes its folder; at exit (after the exit's flush) and at
-  `backend.close()` the children no flush was handed are ended. A split compiled again in the run (new traces) is
-  compiled at the flush, not ahead.
+  others compile at the flush. A child takes a CPU core while it compiles, and runs its one call's kernels beside the
+  training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
+  flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time the training's
+  kernels with its own.
+- None outlives the flush after it: the flush hands each its job or ends it (`end_all`), and a child whose training
+  process is gone ends and removes its folder; `backend.close()` and the exit's flush end those no flush was handed.
+  A split compiled again in the run (new traces) is compiled at the flush, not ahead.
 - Where the flush's children are forks (a process that has not initialised CUDA), nothing is compiled ahead: a fork
   starts with the training process's memory, and forking it mid-training would copy it mid-step.
 """
@@ -49,6 +56,7 @@ from typing import Any
 
 from thunderfx_debug.flush import jobs, worker_pool
 from thunderfx_debug.records import SplitKind
+from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder
 
 log = logging.getLogger("thunderfx_debug")
@@ -57,8 +65,6 @@ log = logging.getLogger("thunderfx_debug")
 POLL_S = 1.0
 #: Calls of a split before it is compiled ahead: the first backward done and the optimizer's state made.
 READY_CALLS = 2
-#: The share of the device memory free when they start that the children ahead hold at most, all together.
-MEMORY_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -70,6 +76,7 @@ class AheadChild:
     folder: Path
     process: subprocess.Popen
     log: Path
+    device: int | None = None  # the CUDA device index it compiles on (the split's inputs')
 
 
 class Ahead:
@@ -77,11 +84,16 @@ class Ahead:
 
     `slots()` says how many children compile ahead at once (0 while the flush's children would be forks);
     `write_job(folder, snapshot, split)` writes a split's job without the run's tensors; `done(key)` whether the
-    triage has the split's verdicts already."""
+    triage has the split's verdicts already; `margin_percent` is THUNDERFX_DEBUG_DEVICE_MARGIN; `read(device)` reads
+    a device's memory (`device_room.HighWater().read`; a test gives readings of its own)."""
 
     def __init__(self, recorder: Recorder, slots: Callable[[], int],
-                 write_job: Callable[[Path, GraphSnapshot, Any], None], done: Callable[[str], bool]):
+                 write_job: Callable[[Path, GraphSnapshot, Any], None], done: Callable[[str], bool],
+                 margin_percent: float = 25.0, read: Callable[[int], device_room.DeviceReading] | None = None):
         self._recorder, self._slots, self._write_job, self._done = recorder, slots, write_job, done
+        self._margin = margin_percent
+        self._read = read if read is not None else device_room.HighWater().read
+        self._said: set[str] = set()  # what the thread logged once
         self._children: dict[str, AheadChild] = {}
         self._tried: set[str] = set()  # split keys compiled ahead, or that could not be: each once
         # The thread's looks and a flush's reading of the records and hand-over, one at a time (reentrant: the flush
@@ -98,7 +110,7 @@ class Ahead:
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the backend (Lightning deep-copies it) compiles nothing ahead: the original does.
         return {"_recorder": None, "_slots": None, "_write_job": None, "_done": None, "_children": {},
-                "_tried": set(), "_pid": -1}
+                "_tried": set(), "_pid": -1, "_margin": self._margin, "_read": None, "_said": set()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock(), _stop=threading.Event(), _thread=None)
@@ -119,6 +131,7 @@ class Ahead:
                     return
 
     def _start_ready(self) -> None:
+        self._end_without_room()
         slots = self._slots() - len(self._children)
         if slots <= 0:
             return
@@ -132,10 +145,43 @@ class Ahead:
                     took = 0.0 if first is None else sum(first.forward.samples_ms) + sum(first.backward.samples_ms)
                     ready.append((took, key, state, split))
         for _, key, state, split in sorted(ready, key=lambda r: -r[0])[:slots]:
+            device = _device_of(split)
+            if device is None:  # no device memory to keep for the training (a CPU run made to use fresh children)
+                self._tried.add(key)
+                self._start(key, state, split, 0)
+                continue
+            reading = self._read(device)
+            cap = device_room.child_cap(reading, self._margin, self._slots() - len(self._children))
+            if not cap:
+                self._once("no room", "thunderfx_debug: the triage's children compile at the flush, not during "
+                           "training: the device has %.1f GiB free beyond the training's high-water mark, and %.0f %% "
+                           "of it (%.1f GiB, THUNDERFX_DEBUG_DEVICE_MARGIN) stays free for the training",
+                           reading.beyond_the_training / 2**30, self._margin, reading.total * self._margin / 1e2 / 2**30)
+                return  # not tried: room may come (the training's high-water mark does not fall, other processes end)
             self._tried.add(key)
-            self._start(key, state, split, MEMORY_SHARE / self._slots())
+            self._start(key, state, split, cap)
 
-    def _start(self, key: str, state, split, memory_share: float) -> None:
+    def _end_without_room(self) -> None:
+        """Ends every child ahead once the device's room is gone (see the module docstring)."""
+        devices = {device for child in self._children.values() if (device := child.device) is not None}
+        for device in devices:
+            reading = self._read(device)
+            if not device_room.no_room(reading, self._margin):
+                continue
+            self._once("ended", "thunderfx_debug: the triage's children compiling ahead of the flush were ended: the "
+                       "device has %.1f GiB free beyond the training's high-water mark, less than THUNDERFX_DEBUG_DEVICE"
+                       "_MARGIN's %.0f %%; their splits compile at the flush", reading.beyond_the_training / 2**30,
+                       self._margin)
+            for key, child in list(self._children.items()):
+                if child.device == device:
+                    self.discard(self._children.pop(key))
+
+    def _once(self, what: str, message: str, *args: Any) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.info(message, *args)
+
+    def _start(self, key: str, state, split, cap_bytes: int) -> None:
         snapshot = self._recorder.one_split(state, split)
         split_snapshot = snapshot.splits[0]
         if split_snapshot.fwd_trace is None:
@@ -149,11 +195,11 @@ class Ahead:
             return
         log_path = folder / "ahead.log"
         process = worker_pool.start_process(
-            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(memory_share),
+            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(cap_bytes),
              str(os.getpid())],
             log_path, worker_pool.this_module_path())
         self._children[key] = AheadChild((split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
-                                         process, log_path)
+                                         process, log_path, _device_of(split))
 
     # ---- the flush ------------------------------------------------------------------------------------------------
     def __enter__(self) -> Ahead:
@@ -188,17 +234,30 @@ class Ahead:
             worker_pool.end_process(child.process, timeout_s=0)  # ended at once, with what it started
         shutil.rmtree(child.folder.parent, ignore_errors=True)
 
-    def close(self) -> None:
-        """Stops the thread and ends every child not handed to a flush."""
-        self._stop.set()
+    def end_all(self) -> None:
+        """Ends every child no flush was handed: none outlives the flush that calls this."""
         with self._lock:
             for child in list(self._children.values()):
                 self.discard(child)
             self._children.clear()
 
+    def close(self) -> None:
+        """Stops the thread and ends every child not handed to a flush."""
+        self._stop.set()
+        self.end_all()
+
     @property
     def children(self) -> Mapping[str, AheadChild]:
         return dict(self._children)
+
+
+def _device_of(split) -> int | None:
+    """The CUDA device index of a split's first CUDA input (its children compile there), None where it has none."""
+    for meta in split.captured.observed:
+        device = getattr(meta, "device", None) or ""
+        if device.startswith("cuda"):
+            return int(device.partition(":")[2] or 0)
+    return None
 
 
 def _close_at_exit(ahead: weakref.ref) -> None:

@@ -39,6 +39,7 @@ from thunderfx_debug.flush import graph_codec, jobs, judging
 from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
 from thunderfx_debug.flush.piece_inputs import made_inputs
 from thunderfx_debug.records import InputKind, Memory, Phase, Triage
+from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.check import kept_random_state
 from thunderfx_debug.recording.piece_facts import split_facts
 from thunderfx_debug.thunder import counterparts, rerun, torch_private
@@ -48,6 +49,9 @@ from thunderfx_debug.thunder.traces import fusion_regions
 #: The steps that every piece of a job goes through first: a process that dies in one of them would die there again
 #: for each piece, so the parent gives the pieces left that verdict instead of another child.
 SHARED_STEPS = ("reading the job", "compiling the split with Thunder and calling it once")
+
+#: How the verdict of a piece whose process ran out of device memory begins (`out_of_memory`).
+OUT_OF_MEMORY = "not triaged: out of device memory"
 
 #: What the watchdog writes first when it ends a piece's process (faulthandler's own words).
 TIMEOUT_MARK = "Timeout ("
@@ -278,8 +282,9 @@ def run(folder: Path, attempt: int = 0) -> None:
             with _watched(job.piece_timeout_s):
                 split = _Split(job, graph, tensors)
         except Exception as e:  # noqa: BLE001  (not judged, said whole)
-            error = str(e) if isinstance(e, NotJudged) else because(
-                "compiling the split with Thunder as the run did, or its first call, failed", e)
+            error = out_of_memory(e, "compiling the split and calling it once") or (
+                str(e) if isinstance(e, NotJudged) else because(
+                    "compiling the split with Thunder as the run did, or its first call, failed", e))
             for piece in left:
                 results.done(piece, Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error))
             return
@@ -299,11 +304,10 @@ def run(folder: Path, attempt: int = 0) -> None:
                 else:
                     triage = _region_verdict(split, piece.rpartition("/")[2], regions[piece.rpartition("/")[2]],
                                              step)
-        except NotJudged as e:
-            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=str(e))
-        except Exception as e:  # noqa: BLE001  (anything else a piece raises is its verdict, said whole)
-            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step,
-                            error=because("the triage of this piece failed", e))
+        except Exception as e:  # noqa: BLE001  (anything a piece raises is its verdict, said whole)
+            error = out_of_memory(e, (results.last_step(piece) or ("starting",))[0]) or (
+                str(e) if isinstance(e, NotJudged) else because("the triage of this piece failed", e))
+            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error)
         results.done(piece, triage)
         if not _device_usable():
             # An error a piece left on the device (a device-side assert) fails every later CUDA call of this
@@ -320,10 +324,10 @@ AHEAD = "(ahead of the flush)"
 AHEAD_POLL_S = 0.2
 
 
-def run_ahead(folder: Path, memory_share: float, training_pid: int) -> None:
+def run_ahead(folder: Path, cap_bytes: int, training_pid: int) -> None:
     """A child started during training (`flush.triage_ahead`): compiles the job's split with Thunder on inputs made
-    from its metadata (the job holds none of the run's tensors yet) and calls it once, holding at most
-    `memory_share` of the device memory free when it starts; then waits for the flush's word (`jobs.GO`), and goes
+    from its metadata (the job holds none of the run's tensors yet) and calls it once, its allocator holding at most
+    `cap_bytes` of device memory (0: no cap, for a split with no CUDA input); then waits for the flush's word (`jobs.GO`), and goes
     on as any child (`run`) with the job the flush wrote, its compile done where it serves (`_Split.given_the_run`).
     A compile that fails here is not a verdict: the child compiles again on the run's inputs after the word. It ends,
     and removes its folder, when the training process (`training_pid`, its parent) is gone without a word."""
@@ -333,7 +337,7 @@ def run_ahead(folder: Path, memory_share: float, training_pid: int) -> None:
         results.step(AHEAD, "compiling the split with Thunder ahead of the flush, on inputs made from its metadata", 0)
         try:
             job, graph, _ = jobs.read(folder)
-            _cap_device_memory(memory_share)
+            _cap_device_memory(cap_bytes or None)
             with _watched(job.piece_timeout_s):
                 ahead = _Split(job, graph, {}, against_the_run=False)
             ahead.release_inputs()
@@ -362,15 +366,30 @@ def run_ahead(folder: Path, memory_share: float, training_pid: int) -> None:
     run(folder, 0)
 
 
-def _cap_device_memory(share: float | None) -> None:
-    """At most `share` of the device memory free now for this process's allocator (None: no cap)."""
+def _cap_device_memory(cap_bytes: int | None) -> None:
+    """At most `cap_bytes` of device memory for this process's allocator (None: no cap)."""
     if not torch.cuda.is_available():
         return
-    if share is None:
+    if cap_bytes is None:
         torch.cuda.set_per_process_memory_fraction(1.0)
         return
-    free, total = torch.cuda.mem_get_info()
-    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, share * free / total)))
+    _, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, cap_bytes / total)))
+
+
+def out_of_memory(error: BaseException, step: str) -> str | None:
+    """The verdict of a piece whose process ran out of device memory during `step` (the error itself, or the one a
+    `NotJudged` was raised from), with what the device had free then; None for any other error."""
+    cause = error if device_room.is_out_of_memory(error) else error.__cause__
+    if cause is None or not device_room.is_out_of_memory(cause):
+        return None
+    free = ""
+    with contextlib.suppress(Exception):
+        free_bytes, total = torch.cuda.mem_get_info()
+        free = f"; the device had {free_bytes / 2**30:.1f} of its {total / 2**30:.1f} GiB free just after"
+    return (f"{OUT_OF_MEMORY} in its process of its own while {step} ({device_room.out_of_memory_line(cause)})"
+            f"{free}: the training, which holds its memory while it waits for the flush, was not touched; the "
+            "flush at exit or backend.close(), after training, gives the children the training's unused cached memory")
 
 
 def _device_usable() -> bool:
@@ -400,10 +419,10 @@ class _watched:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 4 and argv[1] == "--ahead":
-        run_ahead(Path(argv[0]), float(argv[2]), int(argv[3]))
+        run_ahead(Path(argv[0]), int(argv[2]), int(argv[3]))
         return
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead SHARE "
+        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead CAP_BYTES "
                          "TRAINING_PID]")
     run(Path(argv[0]), int(argv[1]) if len(argv) > 1 else 0)
 

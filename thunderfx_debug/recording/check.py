@@ -24,12 +24,12 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import MAX_CHECK_REASONS, Check
+from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.capture import Captured, InputCapture
 from thunderfx_debug.recording.compare import Judged
 from thunderfx_debug.recording.timing import NEVER
 from thunderfx_debug.recording.turns import OrdinaryPeriods, Turn
 from thunderfx_debug.settings.safety import ReportingFailures
-
 
 @dataclasses.dataclass(frozen=True)
 class CheckSchedule:
@@ -269,15 +269,30 @@ class CheckTally:
 def guarded(failures: ReportingFailures, tally: CheckTally | None, call: int, what: str, label: str) -> Iterator[None]:
     """Runs a block of a check: an exception in it is noted on `tally` (the check of the piece failed on `call`, so
     the piece is not counted clean) and handed to `failures` as "`what` of `label`" (logged once, raised in strict
-    mode), as `ReportingFailures.guard` does."""
+    mode), as `ReportingFailures.guard` does. A block that ran out of device memory is no failure of the check: the
+    call is not checked, and says why (`OUT_OF_MEMORY`), logged once."""
     try:
         yield
     except Exception as error:
+        if device_room.is_out_of_memory(error):
+            if tally is not None:
+                tally.skip(call, f"{OUT_OF_MEMORY} while {what} ({device_room.out_of_memory_line(error)}): the check "
+                                 "takes device memory of its own only while it runs, and gives it back; the training "
+                                 "was not touched")
+            failures.note_once(OUT_OF_MEMORY, "thunderfx_debug: the correctness check of %s (call %d) could not get "
+                               "the device memory it needed while %s: not checked (%s); the training goes on as it "
+                               "was, and later checks try again", label, call, what,
+                               device_room.out_of_memory_line(error))
+            return
         if tally is not None:
             tally.fail(call, what, error)
         failures.record(f"{what} of {label}", error)
         if failures.strict:
             raise
+
+
+#: How the reason of a call not checked for want of device memory begins.
+OUT_OF_MEMORY = "not checked: out of device memory"
 
 
 def describe_findings(mismatches: Sequence[Judged]) -> list[str]:

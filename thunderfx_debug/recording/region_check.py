@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.check import CheckTally, EvidenceKeeper, guarded, version
 from thunderfx_debug.recording.compare import Judged, judge, max_abs_difference, not_compared_for_ties
-from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.recording.isolation import CheckIsolation, on_device, to_host
 from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.settings.safety import ReportingFailures
@@ -47,7 +47,7 @@ class _Watched:
     key: str | None
     label: str
     tensor: weakref.ref
-    copy: torch.Tensor
+    copy: torch.Tensor  # on the host
     version: int | None
 
 
@@ -68,6 +68,7 @@ class RegionCheck:
         self._call = 0
         self._phase = ""
         self._inputs: tuple = ()
+        self._before: dict[int, torch.Tensor] = {}  # host copies of the inputs the running region writes into
         self._written: list[torch.Tensor] = []  # the inputs the running region writes into as the graph asks
         self._watched: dict[int, _Watched] = {}
         self._next_id = 0
@@ -105,23 +106,25 @@ class RegionCheck:
         if not self._call:
             return
         self._inputs = inputs
-        self._written = []
+        self._before, self._written = {}, []
         with guarded(self.failures, self._tally(key), self._call, "preparing the check", f"{self.label}/{key}"):
             written = self.references.get(key).written_inputs
             # the graph's own in-place ops, written by the region: not a stray write to the tensors they hit
             self._written = [inputs[i] for i in written if i < len(inputs) and isinstance(inputs[i], torch.Tensor)]
             if written:  # the reference needs the inputs as the region got them
                 with self.isolation.entered(inputs, self.turn):
-                    self._inputs = tuple(x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+                    self._before = {i: to_host(x) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
 
     def end_region(self, key: str, *outputs) -> None:
         if not self._call:
             return
         inputs, self._inputs = self._inputs, ()
+        before, self._before = self._before, {}
         written, self._written = self._written, []
         tally, where = self._tally(key), f"{self.label}/{key}"
         with guarded(self.failures, tally, self._call, "checking the fusion region", where), \
                 self.isolation.entered([*inputs, *outputs], self.turn):
+            inputs = tuple(on_device(before[i], x.device) if i in before else x for i, x in enumerate(inputs))
             self._check(key, inputs, outputs)
         with guarded(self.failures, tally, self._call, "checking that the fusion regions' outputs held", where), \
                 self.isolation.entered([*written, *outputs], self.turn):
@@ -201,7 +204,7 @@ class RegionCheck:
         def forget(_, entry_id=entry_id, watched=watched):  # the tensor died: its copy is not needed
             watched.pop(entry_id, None)
 
-        watched[entry_id] = _Watched(key, label, weakref.ref(value, forget), value.detach().clone(), version(value))
+        watched[entry_id] = _Watched(key, label, weakref.ref(value, forget), to_host(value), version(value))
 
     def _rewatch_written(self, written: list[torch.Tensor]) -> None:
         """The watched tensors that share memory with what the region just wrote as the graph asked (`copy_` into
@@ -212,8 +215,7 @@ class RegionCheck:
         for entry_id, entry in list(self._watched.items()):
             tensor = entry.tensor()
             if tensor is not None and tensor.untyped_storage().data_ptr() in storages:
-                self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone(),
-                                                              version=version(tensor))
+                self._watched[entry_id] = dataclasses.replace(entry, copy=to_host(tensor), version=version(tensor))
 
     def _alive(self) -> list[torch.Tensor]:
         return [t for t in (entry.tensor() for entry in self._watched.values()) if t is not None]
@@ -221,7 +223,8 @@ class RegionCheck:
     def _compare_watched(self, call: int, culprit: str | None) -> bool:
         """Compares the watched tensors still alive (and not updated through PyTorch) with their copies; records
         each one that changed, on `culprit` (the region that just ran) or, without one, on the tensor's own piece.
-        Returns whether any changed. One synchronisation."""
+        Returns whether any changed. Each copy comes back to the device in turn (one at a time: the entry's memory is
+        that of the largest), and the differences are read with one synchronisation."""
         alive = []
         for entry_id, entry in list(self._watched.items()):
             tensor = entry.tensor()
@@ -230,7 +233,8 @@ class RegionCheck:
         if not alive:
             return False
         device = alive[0][2].device
-        differences = torch.stack([max_abs_difference(t, e.copy).to(device) for _, e, t in alive]).tolist()
+        differences = torch.stack([max_abs_difference(t, on_device(e.copy, t.device)).to(device)
+                                   for _, e, t in alive]).tolist()
         changed = False
         for (entry_id, entry, tensor), difference in zip(alive, differences):
             owner = "the split's " + entry.label if entry.key is None else f"{entry.label} of {entry.key}"
@@ -239,7 +243,7 @@ class RegionCheck:
                     self._tally(culprit).writes_unowned_memory = True
                     self._note(culprit, call, [_changed(f"{owner} changed while {culprit} ran (it is not an output "
                                                         f"of {culprit})", difference)])
-                    self._watched[entry_id] = dataclasses.replace(entry, copy=tensor.detach().clone())
+                    self._watched[entry_id] = dataclasses.replace(entry, copy=to_host(tensor))
                     changed = True
                 continue
             where = f"the end of the split's {self._phase}"

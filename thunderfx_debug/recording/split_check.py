@@ -41,9 +41,8 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.recording.check import (AutocastState, CheckSchedule, CheckTally, EvidenceKeeper, guarded,
                                              version)
-from thunderfx_debug.recording.compare import (NOT_COMPARED_TIE, judge, max_abs_difference, not_compared_for_ties,
-                                               scalars)
-from thunderfx_debug.recording.isolation import CheckIsolation
+from thunderfx_debug.recording.compare import NOT_COMPARED_TIE, judge, max_abs_difference, not_compared_for_ties
+from thunderfx_debug.recording.isolation import CheckIsolation, on_device, to_host
 from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
@@ -54,16 +53,12 @@ from thunderfx_debug.thunder import torch_private
 
 @dataclasses.dataclass
 class _Call:
-    """One checked call between `before` and `after`: copies of the inputs the split writes into, and the version
-    counters of all inputs, from before the split ran."""
+    """One checked call between `before` and `after`: host copies of the inputs the split writes into, and the
+    version counters of all inputs, from before the split ran."""
 
     call: int
     copies: dict[int, torch.Tensor]
     versions: list[int | None]
-
-
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone()
 
 
 class SplitCheck:
@@ -95,7 +90,7 @@ class SplitCheck:
             return None
         with self.guarded(call, "preparing the check"):
             with self.isolation.entered(args, self.turn):
-                copies = {i: _copy(args[i]) for i in self.facts.mutated_inputs
+                copies = {i: to_host(args[i]) for i in self.facts.mutated_inputs
                           if i < len(args) and isinstance(args[i], torch.Tensor)}
             pending = _Call(call, copies, [version(a) for a in args])
             if self.regions is not None:
@@ -132,8 +127,8 @@ class SplitCheck:
             self.tally.skip(pending.call, f"the split wrote into inputs its graph shows no write to ({names}): "
                                           "their values before the call are gone, nothing compared")
             return None
-        return [pending.copies[i] if i in pending.copies else (a.detach() if isinstance(a, torch.Tensor) else a)
-                for i, a in enumerate(args)]
+        return [on_device(pending.copies[i], a.device) if i in pending.copies else
+                (a.detach() if isinstance(a, torch.Tensor) else a) for i, a in enumerate(args)]
 
     def describe_input(self, i: int) -> str:
         """Input `i` as the records name it: "input 2 (l_x_)", its name in the split's graph where it has one."""
@@ -208,29 +203,29 @@ def _as_received(inputs: list[Any], requires_grad: list[bool]) -> list[Any]:
 
 def _kept(x: Any, arg: Any) -> Any:
     """What the backward check keeps of a reference input until the split's backward: a parameter as it is (the
-    model keeps it alive anyway; copied once the split's backward ran), any other tensor as a copy, so that the run's
-    own tensors are freed when the run frees them."""
+    model keeps it alive anyway; copied once the split's backward ran), any other tensor as a host copy, so that the
+    run's own tensors are freed when the run frees them and the check holds no device memory meanwhile."""
     if not isinstance(x, torch.Tensor) or isinstance(arg, torch.nn.Parameter):
         return x
-    return x.detach().clone()
+    return to_host(x)
 
 
-def _total(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The sum of the gradients passed to one input along its edges, as a copy of the check's own."""
-    total = grads[0].detach().clone()
-    for g in grads[1:]:
+def _total(grads: list[torch.Tensor], before: torch.Tensor | None) -> torch.Tensor:
+    """The sum of the gradients passed to one input along its edges (after `before`, a host copy of an earlier part),
+    summed where they are and kept as a host copy."""
+    total = on_device(before, grads[0].device) if before is not None else grads[0].detach().clone()
+    for g in grads if before is not None else grads[1:]:
         total += g
-    return total
+    return to_host(total)
 
 
-def _agreement(delivered: torch.Tensor | None, captured: torch.Tensor | None) -> torch.Tensor | bool:
-    """Whether autograd's total for an input is what the split passed on to it: True or False where that is known at
-    once, else a 0-dim tensor on the device (0 where equal), read with the other numbers of the check."""
+def _agreement(delivered: torch.Tensor | None, captured: torch.Tensor | None) -> bool:
+    """Whether autograd's total for an input is exactly what the split passed on to it (`captured`, a host copy)."""
     if delivered is None or captured is None:
         return delivered is None and captured is None
-    if delivered.shape != captured.shape or delivered.dtype != captured.dtype or delivered.device != captured.device:
+    if delivered.shape != captured.shape or delivered.dtype != captured.dtype:
         return False
-    return max_abs_difference(delivered, captured)
+    return float(max_abs_difference(delivered, on_device(captured, delivered.device))) == 0.0
 
 
 class BackwardCheck:
@@ -249,6 +244,9 @@ class BackwardCheck:
                  first: list, last: list):
         self.owner, self.call, self.wanted = owner, call, wanted
         self.inputs = [_kept(x, a) for x, a in zip(inputs, args)]
+        # where each input and each output's incoming gradient lived in the run (their copies here are on the host)
+        self.devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
+        self.output_devices = [o.device if o is not None else None for o in outputs]
         self.parameters = [i for i, (x, a) in enumerate(zip(inputs, args))
                            if isinstance(x, torch.Tensor) and isinstance(a, torch.nn.Parameter)]
         self.requires_grad = _requires_grad(args)
@@ -264,8 +262,8 @@ class BackwardCheck:
         # outputs the split computed (not an input passed through): their gradients flow through its backward
         self.own = [o is not None and id(o.grad_fn) in first_ids for o in outputs]
         self.incoming: list[torch.Tensor | None] = [None] * len(outputs)
-        self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a copy)
-        self.delivered: dict[int, torch.Tensor | bool] = {}  # input position -> agreement with autograd's total
+        self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a host copy)
+        self.delivered: dict[int, bool] = {}  # input position -> whether autograd's total is exactly that
         self.settled = False
         self._queued = False
         self._last_left = len(last)
@@ -300,7 +298,7 @@ class BackwardCheck:
                     owner.regions.backward_call = self.call  # before the split's backward trace runs
                 if grad is not None:  # torch < 2.12 also calls a tensor's hook for a gradient that is not there
                     with owner.isolation.entered([grad], owner.turn):
-                        self.incoming[i] = grad.detach().clone()
+                        self.incoming[i] = to_host(grad)
             return None  # the gradient passes unchanged
 
         return hook
@@ -317,7 +315,7 @@ class BackwardCheck:
                 with owner.isolation.entered([*grad_inputs, *self.inputs], owner.turn):
                     for position, grads in routed.items():
                         before = self.passed_on.get(position)
-                        self.passed_on[position] = _total(grads if before is None else [before, *grads])
+                        self.passed_on[position] = _total(grads, before)
                     self._last_left -= 1
                     if self._last_left == 0:
                         self._split_backward_done()
@@ -350,7 +348,7 @@ class BackwardCheck:
         self.changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
                         if v is not None and ref is not None and ref() is not None and version(ref()) != v]
         for i in self.parameters:
-            self.inputs[i] = self.inputs[i].detach().clone()
+            self.inputs[i] = to_host(self.inputs[i])
         self.args = []
 
     def _at_end_of_backward(self) -> None:
@@ -363,7 +361,7 @@ class BackwardCheck:
                                                 "gradients were not compared")
                 elif not self.settled:
                     self.settled = True
-                    with owner.isolation.entered([*self.inputs, *self.incoming], owner.turn):
+                    with owner.isolation.entered(self.inputs, owner.turn, device=self._cuda_device()):
                         self.check()
         finally:
             self.remove_hooks()
@@ -378,8 +376,13 @@ class BackwardCheck:
             regions.backward_call = 0
 
     def captured(self, i: int) -> torch.Tensor | None:
-        """The gradient this split passed on to input `i` in this backward (a copy), None where it passed none."""
+        """The gradient this split passed on to input `i` in this backward (a host copy), None where it passed
+        none."""
         return self.passed_on.get(i)
+
+    def _cuda_device(self) -> int | None:
+        cuda = [d for d in self.devices if d is not None and d.type == "cuda"]
+        return None if not cuda else (cuda[0].index if cuda[0].index is not None else torch.cuda.current_device())
 
     # ---- the comparison, at the end of the backward ---------------------------------------------------------------
     def check(self) -> None:
@@ -398,13 +401,16 @@ class BackwardCheck:
                                    f"({', '.join(owner.facts.random_ops)}), which Thunder and eager draw differently")
         if not chosen:
             return
-        eager = self._eager_gradients(self.inputs, self.incoming, chosen, wide=False)
-        thunder = [self.captured(i) for i in chosen]
+        # What the hooks kept on the host, back on the device for this entry (in the check's pool).
+        inputs = [on_device(x, d) for x, d in zip(self.inputs, self.devices)]
+        incoming = [on_device(g, d) for g, d in zip(self.incoming, self.output_devices)]
+        eager = self._eager_gradients(inputs, incoming, chosen, wide=False)
+        thunder = [on_device(self.captured(i), self.devices[i]) for i in chosen]
         thunder = [t if t is not None or e is None else torch.zeros_like(e) for t, e in zip(thunder, eager)]
         eager = [e if e is not None or t is None else torch.zeros_like(t) for t, e in zip(thunder, eager)]
 
         def float64():
-            wide = self._eager_gradients(to_float64(self.inputs, requires_grad=True), self.incoming, chosen, wide=True)
+            wide = self._eager_gradients(to_float64(inputs, requires_grad=True), incoming, chosen, wide=True)
             return [w if w is not None else (torch.zeros_like(e, dtype=torch.float64) if isinstance(e, torch.Tensor)
                                              else None) for w, e in zip(wide, eager)]
 
@@ -440,10 +446,8 @@ class BackwardCheck:
                                 values=[self.wanted.index(i) for i in chosen], grad_outputs=self.incoming)
 
     def verified(self, chosen: list[int]) -> set[int]:
-        """The inputs whose gradient autograd delivered is exactly what this split passed on (one synchronisation)."""
-        pending = [(i, d) for i, d in self.delivered.items() if i in chosen and isinstance(d, torch.Tensor)]
-        differences = dict(zip([i for i, _ in pending], scalars([d for _, d in pending])))
-        return {i for i in chosen if self.delivered.get(i) is True or differences.get(i) == 0.0}
+        """The inputs whose gradient autograd delivered is exactly what this split passed on."""
+        return {i for i in chosen if self.delivered.get(i) is True}
 
     def _eager_gradients(self, inputs: list[Any], incoming: list, chosen: list[int], wide: bool) -> list:
         wanted = set(self.wanted)

@@ -28,6 +28,7 @@ _WHY = (
     ("wrote into inputs", "inputs written in place"),
     ("changed in place", "inputs written in place"),
     ("no checked call", "never run on a checked call"),
+    ("out of device memory", "no device memory for the check"),
 )
 
 

@@ -122,7 +122,8 @@ class ReportingBackend(ThunderCompiler):
         if self.config.dump_dir is not None:
             check_writable(self.config.dump_dir)
             on_report = self._torch_trace.flushed if self._torch_trace is not None else None
-            triage = TriageSettings(self.config.triage, self.config.deviation, timeout_s=self.config.triage_timeout)
+            triage = TriageSettings(self.config.triage, self.config.deviation, timeout_s=self.config.triage_timeout,
+                                    device_margin=self.config.device_margin)
             self._flusher = DumpFlusher(lambda: self.config.dump_dir, self.recorder, self._artifact_settings,
                                         lambda: self.rank, self._run_facts, self._run.process_uid, on_report,
                                         triage, MinimizeSettings(self.config.minimize, self.config.minimize_budget))
@@ -257,7 +258,7 @@ class ReportingBackend(ThunderCompiler):
         several models one after another, each with its own backend, so that an earlier backend's dump stays as it
         was when its training ended."""
         try:
-            return self.flush()
+            return self._flush_now("backend.close()")
         finally:
             self._closed = True
             if self._flusher is not None:

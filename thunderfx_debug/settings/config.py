@@ -97,6 +97,9 @@ class Config:
     triage_timeout: float = 600.0  # seconds a triaged piece may take in its process of its own, compiles included
     minimize: bool = False  # at flush, shrink every piece the sentinel flagged to its minimal failing script
     minimize_budget: float = 120.0  # seconds of minimizing per piece
+    # percent of the device's memory that stays free beyond the training's high-water mark before anything of the
+    # tool's starts on the device during training (the triage's children compiling ahead); 100: nothing does
+    device_margin: float = 25.0
 
     def records_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -125,6 +128,7 @@ class Config:
             "triage_timeout": self.triage_timeout,
             "minimize": self.minimize,
             "minimize_budget": self.minimize_budget,
+            "device_margin": self.device_margin,
         }
 
 
@@ -191,6 +195,17 @@ def _percent(text: str) -> float:
         raise ValueError("allowed: a percentage > 0 and <= 100, such as 1") from None
     if not 0 < value <= 100:
         raise ValueError("allowed: a percentage > 0 and <= 100, such as 1")
+    return value
+
+
+def _margin_percent(text: str) -> float:
+    allowed = "allowed: a percentage of the device's memory >= 0 and <= 100, such as 25 (100: nothing starts early)"
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(allowed) from None
+    if not 0 <= value <= 100:
+        raise ValueError(allowed)
     return value
 
 
@@ -265,6 +280,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "triage_timeout": ("THUNDERFX_DEBUG_TRIAGE_TIMEOUT", _budget_seconds),
     "minimize": ("THUNDERFX_DEBUG_MINIMIZE", _parse_bool),
     "minimize_budget": ("THUNDERFX_DEBUG_MINIMIZE_BUDGET", _budget_seconds),
+    "device_margin": ("THUNDERFX_DEBUG_DEVICE_MARGIN", _margin_percent),
 }
 
 OWN_OPTIONS = frozenset(_SETTINGS)

@@ -39,6 +39,7 @@ class ReportingFailures:
         self.strict = strict
         self.failures: list[dict[str, str]] = []
         self.counts: Counter[tuple[str, str]] = Counter()
+        self._noted: set[str] = set()
 
     @property
     def total(self) -> int:
@@ -57,6 +58,13 @@ class ReportingFailures:
             self.record(what, e)
             if self.strict:
                 raise
+
+    def note_once(self, kind: str, message: str, *args: object) -> None:
+        """Logs `message % args` as a warning the first time `kind` is noted: something the reporting could not do
+        for a reason that is no failure of its own (the device had no memory for a check), said once per run."""
+        if kind not in self._noted:
+            self._noted.add(kind)
+            log.warning(message, *args)
 
     def record(self, what: str, error: BaseException) -> None:
         summary = f"{type(error).__name__}: {error}"
