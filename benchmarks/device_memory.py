@@ -22,6 +22,10 @@ longer batch, a checkpoint's staging copy do). Each says how many steps it did, 
 parameters (bit-equal to plain's, or not), and every feature's run how its flush judged each Thunder split (judged,
 or why not).
 
+`--configurations check=fusion+pools` runs CHECK=fusion with the allocator's history recorded (Python stacks) and
+lists, at the end of training, what lies in the allocator's pools other than the training's and where in the Python
+code the blocks still in use there were allocated (`other_pools` in the record).
+
 The record (`--json`) holds every figure in bytes; the printed table in GiB.
 """
 
@@ -52,6 +56,9 @@ CONFIGURATIONS = {
     "triage=split ahead": {"TRIAGE": "split", "DEVICE_MARGIN": "0"},
     "triage=split at flush": {"TRIAGE": "split", "DEVICE_MARGIN": "100"},
     "every feature": None,  # EVERY_FEATURE
+    # CHECK=fusion, and what lies in the allocator's pools other than the training's at the end, with where in the
+    # Python code each block still in use there was allocated (the allocator's history, with stacks)
+    "check=fusion+pools": {"CHECK": "fusion", "CHECK_EVERY": "5"},
 }
 #: Every feature on, as a user who switched everything on (tests/test_exactness.py's, zoo.py's --every-feature).
 EVERY_FEATURE = {"TIMING": "fusion", "TIMING_EVERY": "5", "CHECK": "fusion", "CHECK_EVERY": "5", "TRIAGE": "split",
@@ -69,8 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="zoo size (default: realistic on CUDA, tiny on CPU)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--steps", type=int, default=None, help="steps per configuration (features 12, tight 40)")
-    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS),
-                        help=f"features: comma list of {', '.join(CONFIGURATIONS)}")
+    parser.add_argument("--configurations", default=",".join(c for c in CONFIGURATIONS if not c.endswith("+pools")),
+                        help=f"features: comma list of {', '.join(CONFIGURATIONS)} (default: all but the last)")
     parser.add_argument("--headroom-gib", type=float, default=3.0, help="tight: free memory beyond plain's footprint")
     parser.add_argument("--late-step", type=int, default=None, help="tight: the step that allocates the buffer "
                         "(default: 5 before the end)")
@@ -108,6 +115,9 @@ def child(spec: dict) -> dict:
             figures["ballast_bytes"] = torch.cuda.memory_reserved() - before
             figures["free_after_ballast"] = torch.cuda.mem_get_info()[0]
         figures["used_before_model"] = _device_used_here()
+    pools = cuda and spec["config"].endswith("+pools")
+    if pools:
+        torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
     model, batch = harness.build(spec["model"], spec["size"], spec["device"], "bfloat16" if cuda else "float32")
     options = harness.thunder_options(spec["device"])
     if spec["settings"] is None:
@@ -132,6 +142,8 @@ def child(spec: dict) -> dict:
         figures["peak_reserved"] = torch.cuda.max_memory_reserved() - figures.get("ballast_bytes", 0)
         figures["reserved_end"] = torch.cuda.memory_reserved() - figures.get("ballast_bytes", 0)
         figures["used_after_training"] = _device_used_here()
+    if pools:
+        figures["other_pools"] = _other_pools()
     Path(spec["phase_file"]).write_text("flush")
     if spec["settings"] is not None:
         started = time.perf_counter()
@@ -141,6 +153,37 @@ def child(spec: dict) -> dict:
     Path(spec["phase_file"]).write_text("done")
     del ballast
     return figures
+
+
+def _other_pools(top: int = 12) -> dict:
+    """What the allocator holds outside its default pool: segments and bytes per pool, and the places in the Python
+    code that allocated the blocks still in use there, the largest first."""
+    import collections
+
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    per_pool: dict = collections.defaultdict(lambda: {"segments": 0, "bytes": 0, "active_bytes": 0})
+    sites: collections.Counter = collections.Counter()
+    for segment in snapshot["segments"]:
+        pool = tuple(segment.get("segment_pool_id", (0, 0)))
+        if pool == (0, 0):
+            continue
+        entry = per_pool[str(pool)]
+        entry["segments"] += 1
+        entry["bytes"] += segment["total_size"]
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            entry["active_bytes"] += block["size"]
+            frames = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in block.get("frames", [])
+                      if f.get("filename", "").endswith(".py")][:4]
+            sites[" < ".join(frames) or "(no Python frame)"] += segment["total_size"] if len(segment["blocks"]) == 1 \
+                else block["size"]
+    return {"pools": len(per_pool), "segments": sum(p["segments"] for p in per_pool.values()),
+            "bytes": sum(p["bytes"] for p in per_pool.values()),
+            "active_bytes": sum(p["active_bytes"] for p in per_pool.values()),
+            "sites": sites.most_common(top)}
 
 
 def _device_used_here() -> int | None:

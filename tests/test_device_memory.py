@@ -90,6 +90,25 @@ def test_a_check_without_device_memory_is_not_checked_is_no_failure_and_leaves_t
     assert len(said) == 1, said
 
 
+def test_a_backward_check_whose_hook_had_no_device_memory_compares_nothing_and_says_only_that(monkeypatch):
+    """A hook of the gradient check that could not get device memory leaves the capture incomplete: that call's
+    gradients are not compared (a half-captured gradient would be a false mismatch), its reason is the memory, and
+    nothing else is said of it (not "the backward did not run all of the split's nodes")."""
+    from thunderfx_debug.recording import split_check
+
+    def no_memory(grads, before):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 48.00 MiB.")
+
+    monkeypatch.setattr(split_check, "_total", no_memory)
+    backend = ReportingBackend(check="split", check_every=1, strict=True, executors=cpu_executors())
+    _train(backend, steps=2)
+    checks = [s.check for s in backend.report().graphs[0].splits if s.check is not None]
+    assert checks and all(c.mismatches == 0 and not c.failed and c.compared for c in checks)  # forwards compared
+    for check in checks:
+        assert any(r.startswith(OUT_OF_MEMORY + " while noting the gradients passed on") for r in check.skipped)
+        assert not any("did not run all of the split's autograd nodes" in r for r in check.skipped), check.skipped
+
+
 class _Recorder:
     """The little of a `Recorder` the compiles ahead read: graphs with splits that ran, on CUDA device 0."""
 

@@ -31,6 +31,7 @@ Outputs and gradients that depend on random ops are not compared (`piece_facts`)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from typing import Any
@@ -265,6 +266,7 @@ class BackwardCheck:
         self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a host copy)
         self.delivered: dict[int, bool] = {}  # input position -> whether autograd's total is exactly that
         self.settled = False
+        self.broken = False  # a hook did not finish its part (see `_part`)
         self._queued = False
         self._last_left = len(last)
         self.handles = []
@@ -292,7 +294,7 @@ class BackwardCheck:
     def _incoming(self, i: int):
         def hook(grad):
             owner = self.owner
-            with owner.guarded(self.call, "noting the incoming gradients"):
+            with self._part("noting the incoming gradients"):
                 self._started()
                 if owner.regions is not None:
                     owner.regions.backward_call = self.call  # before the split's backward trace runs
@@ -306,7 +308,7 @@ class BackwardCheck:
     def _passed_on(self, routes: list[tuple[int, int]]):
         def hook(grad_inputs, grad_outputs):
             owner = self.owner
-            with owner.guarded(self.call, "noting the gradients passed on"):
+            with self._part("noting the gradients passed on"):
                 self._started()
                 routed: dict[int, list[torch.Tensor]] = {}
                 for j, position in routes:
@@ -326,7 +328,7 @@ class BackwardCheck:
     def _delivered_to(self, positions: list[tuple[int, int]]):
         def hook(grad_outputs):
             owner = self.owner
-            with owner.guarded(self.call, "verifying the captured gradients"):
+            with self._part("verifying the captured gradients"):
                 with owner.isolation.entered(list(grad_outputs), owner.turn):
                     for i, output_nr in positions:
                         grad = grad_outputs[output_nr] if output_nr < len(grad_outputs) else None
@@ -334,6 +336,16 @@ class BackwardCheck:
             return None
 
         return hook
+
+    @contextlib.contextmanager
+    def _part(self, what: str):
+        """A hook's work, guarded (`check.guarded`: its failure, or the device's want of memory, is noted on the
+        tally once); a hook that did not finish leaves the capture incomplete, and nothing of it is compared."""
+        done = False
+        with self.owner.guarded(self.call, what):
+            yield
+            done = True
+        self.broken = self.broken or not done
 
     def _started(self) -> None:
         """The backward reached this split: the comparison runs at its end."""
@@ -355,7 +367,9 @@ class BackwardCheck:
         owner = self.owner
         try:
             with owner.guarded(self.call, "checking the backward"):
-                if self._last_left > 0:
+                if self.broken:
+                    pass  # a hook did not finish: why is on the tally already
+                elif self._last_left > 0:
                     owner.tally.skip(self.call, f"the backward of checked call {self.call} did not run all of the "
                                                 "split's autograd nodes (a backward to some inputs only): its "
                                                 "gradients were not compared")
