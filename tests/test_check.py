@@ -656,6 +656,25 @@ def test_summary_and_html_name_the_mismatching_piece():
     assert "correctness" not in render_summary(_report_with(None))
 
 
+def test_the_summary_ends_with_what_to_do_next():
+    """The page and verify for every dump with scripts; for a mismatch not shrunk yet, minimize on its script (in the
+    rank's folder, as typed), and where to file it; nothing of the kind for `report()` without a dump directory."""
+    report = _report_with(MISMATCH)
+    root = report.meta["config"]["dump_dir"]
+    lines = render_summary(report).splitlines()
+    after = lines[lines.index("next:") + 1:]
+    commands = [line.split("#")[0].split() for line in after if line.startswith("  thunderfx-debug ")]
+    assert commands == [["thunderfx-debug", "html", root], ["thunderfx-debug", "verify", root],
+                        ["thunderfx-debug", "minimize",
+                         f"{root}/rank0/graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"]]
+    assert any("https://github.com/Lightning-AI/lightning-thunder/issues" in line
+               and "docs/minimize-and-filing-a-bug.md" in line for line in after)
+    clean = render_summary(_report_with(None))
+    assert "thunderfx-debug verify" in clean and "minimize" not in clean.split("\nnext:\n")[1]
+    without_dir = dataclasses.replace(report, meta={**report.meta, "config": {**report.meta["config"], "dump_dir": None}})
+    assert "\nnext:\n" not in render_summary(without_dir)
+
+
 def test_the_headline_names_a_region_that_writes_memory_it_does_not_own():
     report = load_report(dump_fixtures() / "normal")
     graph = report.graphs[0]

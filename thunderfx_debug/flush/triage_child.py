@@ -208,7 +208,7 @@ def _split_verdict(split: _Split, step) -> Triage:
         step("timing the split")
         compile_s = time.perf_counter() - started  # not the wait for the device below (another child's compile)
         with on_the_device(job, exclusive=True):
-            triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
+            triage = judging.judge(split.call, inductor_call, split.args, _settings(job),
                                    split.inputs, compile_s)
     return dataclasses.replace(triage, thunder_memory=memory["thunder"], inductor_memory=memory["inductor"])
 
@@ -248,7 +248,7 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
         step("timing the region")
         compile_s = time.perf_counter() - started
         with on_the_device(job, exclusive=True):
-            return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
+            return judging.judge(thunder_call, inductor_call, args, _settings(job), kind,
                                  compile_s)
 
 
@@ -281,7 +281,7 @@ def run(folder: Path, attempt: int = 0) -> None:
             error = str(e) if isinstance(e, NotJudged) else because(
                 "compiling the split with Thunder as the run did, or its first call, failed", e)
             for piece in left:
-                results.done(piece, Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error))
+                results.done(piece, Triage(deviation=job.deviation, error=error))
             return
         _COMPILED.clear()
         _COMPILED[str(folder)] = split
@@ -300,9 +300,9 @@ def run(folder: Path, attempt: int = 0) -> None:
                     triage = _region_verdict(split, piece.rpartition("/")[2], regions[piece.rpartition("/")[2]],
                                              step)
         except NotJudged as e:
-            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=str(e))
+            triage = Triage(deviation=job.deviation, error=str(e))
         except Exception as e:  # noqa: BLE001  (anything else a piece raises is its verdict, said whole)
-            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step,
+            triage = Triage(deviation=job.deviation,
                             error=because("the triage of this piece failed", e))
         results.done(piece, triage)
         if not _device_usable():
