@@ -8,7 +8,9 @@ an optimizer the run says that they were estimated, and from what. Where the run
 few samples, the triage says so and does not use it.
 
 No bound here is a timing threshold: each figure is compared with the loop's measurement of the same thing, within a
-factor that a machine shared with other work leaves room for (the faults these tests hold were 10-40x off).
+factor that a machine shared with other work leaves room for (the faults these tests hold were 10-40x off). On CUDA
+(nvFuser, marked `cuda`) the loop waits for the device after each backward and each step, as a loop that times
+itself must.
 """
 
 from __future__ import annotations
@@ -47,21 +49,30 @@ class RarelyBranching(GPT):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def _train(backend, optimizer: bool):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def _executors(device: str) -> dict:
+    return {"executors": cpu_executors()} if device == "cpu" else {}  # on CUDA, Thunder's own: nvFuser
+
+
+def _train(backend, optimizer: bool, device: str = "cpu"):
     """STEPS steps of the model under `backend` (AdamW, or a plain update by hand); the loop's own clock: each step's
     wall time (ms), and its forward and backward's, the steps that compiled left out."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, graph_break=True,
                        sinc_gate=True)
-    model = RarelyBranching(config)
+    model = RarelyBranching(config).to(device)
     compiled = torch.compile(model, backend=backend)
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    batches = synthetic_batches(config, batch_size=4, device="cpu")
+    batches = synthetic_batches(config, batch_size=4, device=device)
+    wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     step_ms, forward_backward_ms = [], []
     for step in range(STEPS):
         started = time.perf_counter()
         tokens, targets = next(batches)
         compiled(tokens, targets, step == RARE_STEP).backward()
+        wait()
         ran = time.perf_counter()
         if optimizer:
             adamw.step()
@@ -71,26 +82,28 @@ def _train(backend, optimizer: bool):
                 for parameter in model.parameters():
                     parameter -= 1e-3 * parameter.grad
                     parameter.grad = None
+        wait()
         if step >= 2 and step != RARE_STEP:
             step_ms.append((time.perf_counter() - started) * 1e3)
             forward_backward_ms.append((ran - started) * 1e3)
     return statistics.median(step_ms), statistics.median(forward_backward_ms)
 
 
-@pytest.fixture(scope="module")
-def counted(tmp_path_factory):
+@pytest.fixture(scope="module", params=DEVICES)
+def counted(request, tmp_path_factory):
     """AdamW, split timing of every tenth call (two samples of the first frame's graph: the first of them paid for a
     compile), the triage at the flush: (report, the loop's step ms, its forward and backward ms, the loop's time of
     the flush in s)."""
     from thunderfx_debug import ReportingBackend, load_report
 
+    device = request.param
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch._dynamo.reset()
     try:
-        backend = ReportingBackend(tmp_path_factory.mktemp("counted"), executors=cpu_executors(), timing="split",
+        backend = ReportingBackend(tmp_path_factory.mktemp("counted"), **_executors(device), timing="split",
                                    timing_every=10, timing_warmup=1, triage="split", flush_every=0, strict=True)
-        step_ms, forward_backward_ms = _train(backend, optimizer=True)
+        step_ms, forward_backward_ms = _train(backend, optimizer=True, device=device)
         started = time.perf_counter()
         rank_dir = backend.flush()
         flush_s = time.perf_counter() - started
@@ -100,18 +113,19 @@ def counted(tmp_path_factory):
         torch._dynamo.reset()
 
 
-@pytest.fixture(scope="module")
-def estimated():
+@pytest.fixture(scope="module", params=DEVICES)
+def estimated(request):
     """No torch optimizer, split timing of every other call: (report, the loop's step ms)."""
     from thunderfx_debug import ReportingBackend
 
+    device = request.param
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch._dynamo.reset()
     try:
-        backend = ReportingBackend(executors=cpu_executors(), timing="split", timing_every=2, timing_warmup=1,
+        backend = ReportingBackend(**_executors(device), timing="split", timing_every=2, timing_warmup=1,
                                    strict=True)
-        step_ms, _ = _train(backend, optimizer=False)
+        step_ms, _ = _train(backend, optimizer=False, device=device)
         return backend.report(), step_ms
     finally:
         torch.set_num_threads(threads)
