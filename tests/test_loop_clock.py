@@ -26,6 +26,7 @@ from conftest import cpu_executors
 from thunderfx_debug.commands.models import GPT, GPTConfig, synthetic_batches
 from thunderfx_debug.records import FlushStage, SplitKind
 from thunderfx_debug.render import accounting, digest, triage_findings
+from thunderfx_debug.render.text import about_seconds
 
 STEPS = 21
 RARE_STEP = 6  # the step that takes the branch: Dynamo compiles the first frame again, and its variant runs once
@@ -196,7 +197,7 @@ def test_the_flush_says_what_it_will_take_and_then_what_it_took(counted):
     assert triage.seconds == cost.triage_s
     assert 1 / 3 < triage.announced_s / triage.seconds < 3, triage
     line = next(line for line in str(report).splitlines() if line.startswith("flush (backend.flush()): "))
-    assert f"triage {triage.seconds:.1f} s (announced: about {triage.announced_s:.0f} s)" in line
+    assert f"triage {triage.seconds:.1f} s (announced: {about_seconds(triage.announced_s)})" in line
     assert f"The triage took {triage.seconds:.1f} s of wall time" in triage_findings.render_triage_md(report)
 
 

@@ -60,6 +60,7 @@ from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.render.headline import summed_headline
 from thunderfx_debug.render.progress import announce
+from thunderfx_debug.render.text import about_seconds
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder, SplitSnapshot
 from thunderfx_debug.settings.safety import ReportingFailures
@@ -160,8 +161,8 @@ class Triager:
                  + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
                  + (f"; {compiled_ahead} of them compiled (or compiling) ahead of it, during training"
                     if compiled_ahead else "")
-                 + (f", about {estimate:.0f} s (from the run's first calls, compiles included, and its time per call; "
-                    "the summary says what it took)" if estimate is not None else "")
+                 + (f", {about_seconds(estimate)} (from the run's first calls, compiles included, and its time per "
+                    "call; the summary says what it took)" if estimate is not None else "")
                  + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="thunderfx_debug_triage_") as root:

@@ -19,8 +19,8 @@ calls. The busy time is the time in the compiled graphs per step (`digest.compil
 the start to the end of each graph's forward and backward. It includes the device's waits for the host inside a
 graph (except behind the device hold of fusion-level timing) and the events' own cost, so it is an upper bound of
 the time the device works, and the idle share (1 - busy / wall) a lower bound. Not in "busy": eager code between
-graphs, the optimizer, data loading, anything else the step runs on the device outside the graphs. On CPU runs device time is host time: there the figure is the share of the step spent
-in compiled graphs.
+graphs, the optimizer, data loading, anything else the step runs on the device outside the graphs. On CPU runs
+device time is host time: there the figure is the share of the step spent in compiled graphs.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ def _step(report: RankRecord) -> str:
                 f"({100 * account.busy_share:.0f} %) of it in the "
                 "compiled graphs. On CPU, device time is host time; the rest of the step is eager code between "
                 "graphs, the optimizer and data loading.</p>")
-    html = (f"<p>Step: {wall} wall time (host clock, {esc(account.wall_source)}); the compiled graphs keep the GPU busy "
-            f"{busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
+    html = (f"<p>Step: {wall} wall time (host clock, {esc(account.wall_source)}); the compiled graphs keep the GPU "
+            f"busy {busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
             f"the device's waits for the host): <b>the GPU idles at least {100 * account.idle_share:.0f} % of the "
             "step</b>. Not in busy: eager code between graphs, the optimizer, data loading.</p>")
     if account.host_bound and account.host_pieces:

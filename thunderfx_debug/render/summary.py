@@ -16,7 +16,7 @@ from thunderfx_debug.records import (
 from thunderfx_debug.render import accounting, digest, memory, minimized, next_steps, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
-from thunderfx_debug.render.text import flagged, ms, plural, shortened
+from thunderfx_debug.render.text import about_seconds, flagged, ms, plural, shortened
 
 TOP_REGIONS = 10
 PARTS_SHOWN = 8  # parts of a split's time listed in the summary (the HTML page lists all)
@@ -174,8 +174,8 @@ def flush_lines(report: RankRecord) -> list[str]:
     for part in sorted(cost.parts, key=lambda p: -p.seconds):
         if part.seconds < 0.05 and part.announced_s is None:
             continue
-        said = ("" if part.announced_s is None else
-                f" (announced: {'at most ' if part.stage is FlushStage.MINIMIZE else ''}about {part.announced_s:.0f} s)")
+        bound = "at most " if part.stage is FlushStage.MINIMIZE else ""  # the minimizer's budget
+        said = "" if part.announced_s is None else f" (announced: {bound}{about_seconds(part.announced_s)})"
         parts.append(f"{part.stage.value} {part.seconds:.1f} s{said}")
     line = (f"flush ({cost.occasion}): {cost.seconds:.1f} s before writing the files (host wall time)"
             + (": " + ", ".join(parts) if parts else ""))

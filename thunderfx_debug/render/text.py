@@ -51,3 +51,13 @@ def shortened(text: str, limit: int) -> str:
         return line
     cut = line[:limit + 1].rsplit(" ", 1)[0] if " " in line[:limit + 1] else line[:limit]
     return cut.rstrip() + " ... (cut)"
+
+
+def about_seconds(seconds: float) -> str:
+    """An estimate of seconds in words: "about 12 s", or "under a second" where it rounds to none.
+
+    Example:
+        >>> about_seconds(11.6), about_seconds(0.3)
+        ('about 12 s', 'under a second')
+    """
+    return f"about {seconds:.0f} s" if seconds >= 0.5 else "under a second"
