@@ -258,6 +258,8 @@ def test_a_figure_that_rests_on_too_few_samples_says_so_next_to_the_number(fused
     assert triage.ms_per_step == pytest.approx((2.0 - 1.0) * triage.calls_per_step)  # the triage's own times
     said = (f"the run's own time of it rests on {triage.run_samples} samples (fewer than {MIN_SAMPLES}")
     assert said in triage_findings.render_triage_md(thin) and said in html.unescape(render_html({0: thin}))
+    section = triage_findings.html_section(thin)  # the page's table has what triage.md's has beside each piece
+    assert "<th>run ms</th>" in section and "<th>calls per step</th>" in section
     assert "from the triage's own times: the run sampled it" in "\n".join(triage_findings.summary_lines(thin))
     sure = accounting.step_account(plenty)
     assert (sure.wall_flag, sure.busy_flag) == (None, None)
