@@ -629,7 +629,9 @@ def _report_with(check: Check | None) -> Report:
     report = load_report(dump_fixtures() / "normal")
     graph = report.graphs[0]
     split = next(s for s in graph.splits if s.kind is SplitKind.THUNDER)
-    files = {**split.files, "repro_mismatch_thunder": "graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"}
+    # As the builder lists them: the inputs file the mismatch scripts load, then the scripts.
+    files = {**split.files, "mismatch_inputs": "graph0/graph0_thunder_0/inputs/graph0_thunder_0_mismatch_inputs.pt",
+             "repro_mismatch_thunder": "graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"}
     changed = dataclasses.replace(split, check=check, files=files if check is not None else split.files)
     splits = tuple(changed if s.name == split.name else s for s in graph.splits)
     return dataclasses.replace(report, graphs=(dataclasses.replace(graph, splits=splits), *report.graphs[1:]))
@@ -645,11 +647,32 @@ def test_summary_and_html_name_the_mismatching_piece():
     assert ("MISMATCH graph0/thunder_0: forward output 2 at call 51, error 0.31 (relative 0.05) against 0.0125 "
             "allowed (float64 eager), 24.8 x the tolerance; 2 of 3 checked calls mismatched (first at call 51)"
             in summary)
-    assert "script: graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py" in summary
+    # The script, which `thunderfx-debug minimize` takes, not the inputs file beside it.
+    script_lines = [line.strip() for line in summary.splitlines() if line.strip().startswith("script")]
+    assert script_lines == ["script: graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"], script_lines
     page = render_html({0: report}, {0: "rank0/"})
     assert "<h3>Correctness</h3>" in page and "1 of 3 pieces MISMATCH" in page
     assert 'href="rank0/graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"' in page
     assert "correctness" not in render_summary(_report_with(None))
+
+
+def test_the_summary_ends_with_what_to_do_next():
+    """The page and verify for every dump with scripts; for a mismatch not shrunk yet, minimize on its script (in the
+    rank's folder, as typed), and where to file it; nothing of the kind for `report()` without a dump directory."""
+    report = _report_with(MISMATCH)
+    root = report.meta["config"]["dump_dir"]
+    lines = render_summary(report).splitlines()
+    after = lines[lines.index("next:") + 1:]
+    commands = [line.split("#")[0].split() for line in after if line.startswith("  thunderfx-debug ")]
+    assert commands == [["thunderfx-debug", "html", root], ["thunderfx-debug", "verify", root],
+                        ["thunderfx-debug", "minimize",
+                         f"{root}/rank0/graph0/graph0_thunder_0/graph0_thunder_0_mismatch_thunder.py"]]
+    assert any("https://github.com/Lightning-AI/lightning-thunder/issues" in line
+               and "docs/minimize-and-filing-a-bug.md" in line for line in after)
+    clean = render_summary(_report_with(None))
+    assert "thunderfx-debug verify" in clean and "minimize" not in clean.split("\nnext:\n")[1]
+    without_dir = dataclasses.replace(report, meta={**report.meta, "config": {**report.meta["config"], "dump_dir": None}})
+    assert "\nnext:\n" not in render_summary(without_dir)
 
 
 def test_the_headline_names_a_region_that_writes_memory_it_does_not_own():

@@ -245,11 +245,13 @@ def test_demo_writes_where_dir_says_and_points_to_the_next_commands(tmp_path, ca
     assert ("ReportingBackend(executors=[torch_compile_ex" in out) == on_cpu
     assert "next, try:" not in err and "trained" not in err
     assert f"--dir asked overrides THUNDERFX_DEBUG_DIR={tmp_path / 'from_env'}" in err
-    next_commands = out[out.index("next, try:"):].splitlines()[1:]
-    commands = [line.split("#")[0].split() for line in next_commands]
+    # The summary's own "next:" (the page, verify: the dump has every script), then what a demo adds.
+    summary_next = str(report)[str(report).index("\nnext:\n"):].splitlines()[2:]
+    demo_next = out[out.index("next, try:"):].splitlines()[1:]
+    commands = [line.split("#")[0].split() for line in summary_next[:2] + demo_next]
     assert [c[1] for c in commands] == ["html", "verify", "demo", "diff", "bench"]
-    assert commands[0] == ["thunderfx-debug", "html", "asked"]
-    assert commands[1] == ["thunderfx-debug", "verify", "asked"]
+    asked = str(tmp_path / "asked")
+    assert commands[0] == ["thunderfx-debug", "html", asked] and commands[1] == ["thunderfx-debug", "verify", asked]
     for command in commands:  # each one the command line takes as it is printed
         assert build_parser().parse_args(command[1:]).command == command[1]
     assert run(capsys, *commands[0][1:])[0] == 0 and (tmp_path / "asked" / "report.html").is_file()

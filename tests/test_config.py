@@ -104,6 +104,32 @@ def test_bad_environment_value_names_variable_value_and_allowed(variable, value)
     assert "allowed:" in message
 
 
+@pytest.mark.parametrize("variable,value,meant", [
+    ("THUNDERFX_DEBUG_REPRO", "splits", "'split'"),
+    ("THUNDERFX_DEBUG_REPRO", "graph,fusions", "'fusion'"),
+    ("THUNDERFX_DEBUG_TIMING", "fusions", "'fusion'"),
+    ("THUNDERFX_DEBUG_INPUTS", "reel", "'real'"),
+    ("THUNDERFX_DEBUG_TRIAGE", "spilt", "'split'"),
+])
+def test_a_value_close_to_an_allowed_one_gets_did_you_mean(variable, value, meant):
+    with pytest.raises(ConfigError) as caught:
+        load_config({}, environ={variable: value})
+    assert str(caught.value).endswith(f"(did you mean {meant}?))"), str(caught.value)
+
+
+def test_settings_that_work_at_a_flush_say_so_without_a_dump_directory(caplog, tmp_path):
+    load_config({}, environ={"THUNDERFX_DEBUG_TRIAGE": "split"})
+    assert [r.getMessage() for r in caplog.records] == [
+        "thunderfx_debug: THUNDERFX_DEBUG_TRIAGE=split does nothing without a dump directory: it works at a flush, "
+        "which writes the dump (set THUNDERFX_DEBUG_DIR, or ReportingBackend(dump_dir=...))"]
+    caplog.clear()
+    load_config({"repro": "split", "minimize": True, "check": "split"}, environ={})
+    assert "THUNDERFX_DEBUG_MINIMIZE=1 and THUNDERFX_DEBUG_REPRO=split do nothing" in caplog.text
+    caplog.clear()
+    load_config({"dump_dir": tmp_path}, environ={"THUNDERFX_DEBUG_TRIAGE": "split", "THUNDERFX_DEBUG_REPRO": "all"})
+    assert not caplog.records
+
+
 @pytest.mark.parametrize("variable,text,field,expected", GOOD_VALUES)
 def test_good_environment_values(variable, text, field, expected):
     assert getattr(load_config({}, environ={variable: text}), field) == expected

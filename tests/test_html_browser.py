@@ -249,6 +249,30 @@ def test_a_real_dump_with_many_pieces_reads_at_a_laptops_width(gpt2_page, tmp_pa
     assert all((page.parent / href).resolve().is_file() for href in links), links
 
 
+def test_a_long_parameter_name_breaks_in_the_correctness_table_and_its_numbers_do_not(tmp_path):
+    """A Hugging Face gradient's name is one unbreakable word of a hundred characters: its row breaks it and the
+    table still fits a laptop's width, and the error column keeps each number on its line (a row of two or three
+    lines at most)."""
+    import dataclasses
+
+    from thunderfx_debug import load_report
+    from thunderfx_debug.records import Check, SplitKind
+    from thunderfx_debug.render.html import render_html
+
+    report = load_report(FIXTURES / "normal" / "rank0")
+    name = "grad:model.language_model.layers.0.mlp.experts.gate_up_proj.weight_" + "x" * 60
+    check = Check(calls=3, mismatches=2, compared=9, first_mismatch_call=2, worst_call=2, worst_abs_error=1.234e-05,
+                  worst_rel_error=4.567e-03, worst_ratio=29.7, rtol=1.3e-6, atol=1e-5, allowed=4.16e-07,
+                  worst_output=name, reference="float64 eager")
+    graphs = [dataclasses.replace(g, splits=tuple(dataclasses.replace(s, check=check) if s.kind is SplitKind.THUNDER
+                                                  else s for s in g.splits)) for g in report.graphs]
+    page = tmp_path / "long.html"
+    page.write_text(render_html({0: dataclasses.replace(report, graphs=tuple(graphs))}))
+    found = measure(page, tmp_path)
+    assert found["page"] <= found["window"] == LAPTOP_WIDTH, found
+    assert max(found["rows"][1:]) < 60, found["rows"]
+
+
 def test_the_measure_catches_tall_rows_a_wide_page_and_an_alarm(tmp_path):
     """The measure above can fail: a table whose column of explanations is a few words wide, a page wider than the
     window, an alarm-coloured headline."""

@@ -9,6 +9,7 @@ statistics say what the samples allow."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from collections import Counter
 
@@ -16,7 +17,9 @@ import pytest
 import torch
 
 from conftest import cpu_executors, tiny_gpt, train
-from thunderfx_debug.records import BETWEEN_OPS, CostStage, CostWhen, Phase, SplitKind, Triage
+from thunderfx_debug.records import (
+    BETWEEN_OPS, ClockKind, CostStage, CostWhen, Phase, SplitKind, Steps, Timing, Triage,
+)
 from thunderfx_debug.render import accounting, digest, triage_findings
 from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.headline import MIN_SAMPLES
@@ -189,7 +192,8 @@ def test_sampled_calls_read_the_step_and_thunders_own_host_time(ops):
             assert split.thunder_overhead_timing.calls == sampled
             assert all(ms > 0 for ms in split.thunder_overhead_timing.samples_ms)
     account = accounting.step_account(report)
-    assert account.wall_graph == "graph0" and account.wall_ms > 0 and account.idle_share is None  # no GPU to idle
+    assert account.wall_ms > 0 and account.idle_share is None  # no GPU to idle
+    assert account.wall_graph is None and account.steps.counted  # AdamW's steps measured it, every one of them
     assert "on CPU, device time is host time" in str(report)
 
 
@@ -227,35 +231,43 @@ def test_the_word_step_names_the_measured_step_and_nothing_else(ops):
 
 
 def test_a_figure_that_rests_on_too_few_samples_says_so_next_to_the_number(fused, ops):
-    """`fused` sampled 3 of its 8 steps: its step's wall time, the time in its compiled graphs per step and a time
-    lost per step computed from its splits' samples rest on fewer than MIN_SAMPLES samples each, and the summary's
-    headline, the page and the triage say so next to each number. `ops`, sampled on 22 of its 24 steps, says
-    nothing of the kind."""
+    """`fused` sampled 3 of its 8 steps: the time in its compiled graphs per step rests on fewer than MIN_SAMPLES
+    samples, and the summary's headline and the page say so next to the number; a step's wall time measured on two
+    optimizer steps says so too. A triaged piece whose own time in the run rests on too few samples is not set beside
+    the triage's: its time lost per step comes from the triage's own times, and the summary, triage.md and the page
+    say why. `ops`, sampled on 22 of its 24 steps, says nothing of the kind."""
     def triaged(report):
         split = next(s for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER)
-        # What the flush sets beside a triaged split: the run's own samples of it (see flush.triage._run_samples).
+        # What the report sets beside a triaged split: the run's own samples of it (report_builder).
         return _triaged(report, Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.8, ratio_high=2.2,
                                        deviates=True, rounds=21, run_ms=1.0, run_samples=split.timing.count))
 
     thin, plenty = triaged(fused), triaged(ops[0])
     account = accounting.step_account(thin)
-    for flag in (account.wall_flag, account.busy_flag):
-        assert flag is not None and int(re.fullmatch(r"too few samples \((\d+)\)", flag)[1]) < MIN_SAMPLES
+    assert int(re.fullmatch(r"too few samples \((\d+)\)", account.busy_flag)[1]) < MIN_SAMPLES
     summary = str(thin)
-    assert f"step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in summary
     assert f"{account.busy_ms:.3f} ms [{account.busy_flag}] (" in summary
-    page = render_html({0: thin})
-    assert f"Step: {account.wall_ms:.3f} ms [{account.wall_flag}] wall time" in page
+    two_steps = dataclasses.replace(thin, meta={**thin.meta, "steps": Steps(3, 1, Timing(
+        (5.0, 5.5), (2, 3), ClockKind.HOST)).to_json()})
+    short = accounting.step_account(two_steps)
+    assert (short.wall_ms, short.wall_flag) == (5.5, "too few samples (1)")  # the first interval left out
+    assert "step: 5.500 ms [too few samples (1)] wall time" in str(two_steps)
+    assert "Step: 5.500 ms [too few samples (1)] wall time" in render_html({0: two_steps})
     triage = thin.graphs[0].splits[0].triage
-    lost = f"{triage.ms_per_step:.3f} ms [too few samples ({triage.run_samples})] lost per step"
-    assert triage.lost_from_the_run and lost in "\n".join(triage_findings.summary_lines(thin))
-    assert f"{triage.ms_per_step:.3f} [too few samples ({triage.run_samples})]" in page
-    assert f"net {triage_findings.totals(thin).net_ms:.3f} ms [too few samples" in summary
+    assert triage.run_too_thin and not triage.lost_from_the_run
+    assert triage.ms_per_step == pytest.approx((2.0 - 1.0) * triage.calls_per_step)  # the triage's own times
+    said = (f"the run's own time of it rests on {triage.run_samples} samples (fewer than {MIN_SAMPLES}")
+    assert said in triage_findings.render_triage_md(thin) and said in html.unescape(render_html({0: thin}))
+    section = triage_findings.html_section(thin)  # the page's table has what triage.md's has beside each piece
+    assert "<th>run ms</th>" in section and "<th>calls per step</th>" in section
+    assert "from the triage's own times: the run sampled it" in "\n".join(triage_findings.summary_lines(thin))
     sure = accounting.step_account(plenty)
     assert (sure.wall_flag, sure.busy_flag) == (None, None)
-    assert plenty.graphs[0].splits[0].triage.run_samples >= MIN_SAMPLES
+    t = plenty.graphs[0].splits[0].triage
+    assert t.run_samples >= MIN_SAMPLES and t.lost_from_the_run
     step_line = next(line for line in str(plenty).splitlines() if line.startswith("step: "))
     assert "[too few samples" not in step_line + triage_findings.render_triage_md(plenty)
+    assert "too few to use" not in triage_findings.render_triage_md(plenty)
 
 
 # ---- a diff without false alarms -----------------------------------------------------------------------------------

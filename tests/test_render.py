@@ -112,9 +112,29 @@ def test_recompiles_are_found_by_frame(normal):
     assert "tensor 'x' size mismatch" in render_summary(report)
 
 
+def test_a_long_recompile_reason_is_whole_in_its_graph_and_cut_between_words_elsewhere(normal):
+    """Dynamo's guard text with the source line it came from runs past 200 characters: the graph's section says it
+    whole, the overview and the page cut it at a space and say so, never inside a word."""
+    g0 = normal.graphs[0]
+    reason = ("0/0: rare == False  # if rare:   # a branch decided by the loop: Dynamo compiles this frame again  "
+              "# models/branchy_decoder_with_a_long_name.py:12 in forward  " * 3).strip()
+    recompiled = dataclasses.replace(g0, name="graph2", index=2, compile_id=g0.compile_id.split("/")[0] + "/1",
+                                     recompile_reason=reason)
+    report = dataclasses.replace(normal, graphs=normal.graphs + (recompiled,))
+    summary = render_summary(report)
+    assert f"  recompiled because: {reason}" in summary
+    overview = next(line for line in summary.splitlines() if line.startswith(f"    {recompiled.compile_id}: "))
+    shown = overview.removeprefix(f"    {recompiled.compile_id}: ")
+    assert shown.endswith(" ... (cut)") and reason.startswith(shown.removesuffix(" ... (cut)"))
+    assert reason[len(shown.removesuffix(" ... (cut)"))] == " "  # cut between two words
+    page = render_html({0: report})
+    cell = re.search(r"<td>(0/0: rare == False[^<]*)</td>", page)[1]
+    assert cell.endswith(" ... (cut)") and html.unescape(cell).removesuffix(" ... (cut)") + " " in reason + " "
+
+
 def test_time_in_the_compiled_graphs_per_step_and_shares(normal):
-    steps = digest.estimated_steps(normal)
-    assert steps == 12
+    steps = digest.steps(normal).count
+    assert steps == 12 and not digest.steps(normal).counted  # an older dump: no optimizer steps recorded
     # Headline medians: each piece's first sampled call (and its graph's disturbed calls) left out (see `headline`).
     expected = sum(headline(t, left_out_calls(g)).median_ms * g.calls / steps
                    for g in normal.graphs for t in (g.timing, g.backward_timing) if t)
@@ -180,13 +200,30 @@ def test_straggler_needs_more_than_ten_percent(ranks):
     assert [r.straggler for r in rows] == [False, True, False]
 
 
+def test_the_correctness_tables_text_breaks_anywhere_and_its_numbers_nowhere(normal):
+    """What lets a long parameter name break inside the table's width (`overflow-wrap: anywhere` counts in a table's
+    column widths, `break-word` does not) and keeps each number on one line; measured in a browser at a laptop's
+    width by tests/test_html_browser.py."""
+    style = render_html({0: normal}).split("<style>", 1)[1].split("</style>", 1)[0]
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", style.replace("\n", "")))
+    assert "overflow-wrap:anywhere" in rules["table.checks td"]
+    assert "white-space:nowrap" in rules["table.checks td.num"]
+
+
 # ---- diff -------------------------------------------------------------------------------------------------------
 
 
-def test_diff_of_a_run_with_itself_is_empty(normal):
+def test_diff_of_a_run_with_itself_is_empty_and_says_both_are_one_dump(normal, ranks):
     d = diff_reports(normal, normal)
     assert not d.structure_changed and not d.significant_timings
     assert all(t.change.ratio == pytest.approx(1.0) for t in d.timings)
+    text = render_diff(d, "dump", "dump")
+    assert text.splitlines()[2].startswith(f"A and B are the same dump (run {normal.meta['run_id']}, rank 0, written "
+                                          "at ")
+    # Another flush of the same process, or another rank of the run, is another dump.
+    later = dataclasses.replace(normal, meta={**normal.meta, "written_at": "2026-01-01T00:10:00+00:00"})
+    assert diff_reports(normal, later).same_dump is None and diff_reports(normal, ranks[1]).same_dump is None
+    assert "same dump" not in render_diff(diff_reports(normal, later))
 
 
 def test_diff_finds_structural_changes(normal, ranks):
@@ -456,6 +493,18 @@ def test_triage_ranks_by_time_lost_per_step():
     assert f"| 70% | {outside:.3f} | - |" in text  # no run timing given
     text = render_bench_report(ranked, 1.1, "fixture", outside_in_run={"graph0/thunder_0": 1.25})
     assert f"| 70% | {outside:.3f} | 1.250 |" in text
+    assert text.startswith("# thunderfx-debug bench: fixture\n")  # bench's report, not the triage's
+    # Beside the flush-time triage: why the two can differ, and where they do.
+    from thunderfx_debug.records import Triage
+
+    triaged = {"graph0/thunder_0": Triage(ratio=1.33, ratio_low=1.21, ratio_high=1.46, deviates=True),
+               "graph0/thunder_0/nvFusion0 forward": Triage(ratio=0.47, ratio_low=0.4, ratio_high=0.55, deviates=True)}
+    beside = render_bench_report(ranked, 1.1, "fixture", triaged=triaged).split("## Beside the flush-time triage")[1]
+    assert "on copies of the run's own tensors" in beside and "the triage's is the one measured as the run ran" in beside
+    split_ratio = by_path["graph0/thunder_0"].ratio
+    assert f"| graph0/thunder_0 | {split_ratio:.2f}x (slower) | 1.33x [1.21, 1.46] (slower) | agree |" in beside
+    assert "| graph0/thunder_0/nvFusion0 forward | 1.50x (slower) | 0.47x [0.40, 0.55] (faster) | DISAGREE |" in beside
+    assert "They disagree on 1 piece: graph0/thunder_0/nvFusion0 forward." in beside
     # Beyond 1.6x either way: the fusion regions (at most 1.5x) are all within it.
     wide = bench.rank(comparisons, results, deviation=1.6)
     assert not any(r.beyond for r in wide if r.comparison.level == "fusion")
@@ -505,7 +554,7 @@ def test_triage_compares_device_time_where_both_scripts_measured_it(tmp_path):
 
 def test_outside_in_run_sums_each_splits_time_outside_its_regions(normal):
     outside = bench.outside_in_run(normal)
-    steps = digest.estimated_steps(normal)
+    steps = digest.steps(normal).count
     for graph in normal.graphs:
         for split in graph.splits:
             timings = split.outside_fusions_timing.values()

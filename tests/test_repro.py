@@ -237,6 +237,49 @@ def test_a_failing_split_gets_its_repro_before_the_error_propagates(tmp_path, on
     assert "INPUTS_FILE" in (rank_dir / split.files["repro_eager"]).read_text()
 
 
+class RoutesWithIds(torch.nn.Module):
+    """A router's shape in miniature: a projection, and beside it outputs that need no gradient in eager (the cosine
+    and sine of a buffer, a float made from integer ids) and that Thunder returns marked as requiring one. The graph
+    break makes them outputs of the first graph's Thunder split."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("angles", torch.linspace(0.0, 3.0, 8))
+
+    def forward(self, x, ids):
+        cos, h, weights, sin = self.angles.cos(), self.proj(x), ids.float() * 0.5, self.angles.sin()
+        torch._dynamo.graph_break()
+        return (h * cos + sin).sum() + (h.sum(-1) * weights).sum()
+
+
+def test_a_splits_script_differentiates_the_outputs_eager_does_each_with_its_own_cotangent(tmp_path):
+    """Thunder returns more outputs marked as requiring a gradient than eager does; its split's script gives every
+    side the outputs eager differentiates, each the same seeded cotangent, and so finds Thunder's gradients right,
+    as the in-run check does (handed out by position over each side's own outputs, Thunder's gradients answered
+    other cotangents than eager's, and the script said MISMATCH)."""
+    import thunder
+
+    model = RoutesWithIds()
+    x, ids = torch.randn(4, 8), torch.tensor([0, 3, 1, 2])
+    compiled = thunder.jit(lambda x, ids: (model.angles.cos(), model.proj(x), ids.float() * 0.5))
+    eager_outputs, thunder_outputs = (model.angles.cos(), model.proj(x), ids.float() * 0.5), compiled(x, ids)
+    assert [o.requires_grad for o in eager_outputs] == [False, True, False]
+    assert [o.requires_grad for o in thunder_outputs] == [True, True, True]  # what the script must not pair blindly
+    backend = ReportingBackend(dump_dir=tmp_path, repro="split", check="split", check_every=1, strict=True)
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(2):
+        compiled(x, ids).backward()
+    report = load_report(backend.flush())
+    split = report.graphs[0].split("thunder_0")
+    assert split.check.compared and not split.check.mismatched  # the in-run check: Thunder is right
+    scripts = {kind: run_script(tmp_path / "rank0" / split.files[f"repro_{kind}"], env=SCRIPT_ENV)
+               for kind in ("thunder", "inductor")}
+    for kind, done in scripts.items():
+        assert done.outcome == "OK", (kind, done.stdout + done.stderr[-2000:])
+        assert "gradients vs eager: largest error" in done.stdout
+
+
 def test_inputs_over_the_cap_fall_back_to_metadata_and_say_so(tmp_path):
     backend = ReportingBackend(dump_dir=tmp_path, repro="split", inputs="real", inputs_max_mb=0, strict=True)
     torch.compile(lambda x: (x * 2).sin(), backend=backend)(torch.randn(8))

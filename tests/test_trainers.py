@@ -17,6 +17,8 @@ def _assert_dump_of_the_run(dump_dir, calls: int) -> None:
     report = load_report(dump_dir)
     assert report.graphs, "the trainer's run compiled nothing"
     assert [g.calls for g in report.graphs] == [calls] * len(report.graphs)
+    # The trainer's optimizer steps, counted by torch's step hook (Lightning compiles a deep copy of the backend).
+    assert report.steps is not None and report.steps.count == calls
     thunder = [s for g in report.graphs for s in g.splits if s.kind is SplitKind.THUNDER]
     assert thunder and all(s.fwd_trace and s.bwd_trace for s in thunder)
     assert all(g.timing is not None and g.timing.count >= 1 for g in report.graphs)

@@ -226,20 +226,46 @@ def test_a_piece_whose_interval_reaches_past_the_threshold_is_undecided_not_with
     assert "undecided" in "\n".join(triage_findings.summary_lines(report))
 
 
-def test_the_runs_own_time_of_a_piece_leaves_out_its_cold_first_sample_as_the_headline_does():
-    """The time a piece loses per step rests on the run's own samples of it: the first sampled call, which pays for
-    cold caches (10-30x the rest on CPU), is left out as the summary's headline leaves it out, unless it is all."""
-    from thunderfx_debug.flush import triage as flush_triage
-    from thunderfx_debug.records import Triage
+def test_the_runs_own_time_of_a_piece_is_its_headline_and_a_thin_one_is_not_used():
+    """The time a piece loses per step rests on the run's own samples of it, by the rule of every figure of the run:
+    the first sampled call (cold caches, 10-30x the rest on CPU) and the calls the process compiled in left out, a
+    split's forward and backward summed call by call. Fewer than MIN_SAMPLES such samples are not used: the time lost
+    then comes from the triage's own times, and the run's is not set against them."""
+    import dataclasses
 
-    judged = Triage(thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.9, ratio_high=2.1, deviates=True,
-                    rounds=21)
-    cold_then_warm = flush_triage._beside_the_run(judged, (ClockKind.HOST, [30.0, 1.0, 1.2, 1.1]))
-    assert (cold_then_warm.run_ms, cold_then_warm.run_samples) == (1.1, 3)
-    assert cold_then_warm.ms_per_step == pytest.approx(1.1 * (1 - 1 / 2.0))
-    alone = flush_triage._beside_the_run(judged, (ClockKind.HOST, [30.0]))
-    assert (alone.run_ms, alone.run_samples) == (30.0, 1)
-    assert flush_triage._beside_the_run(judged, (ClockKind.CUDA, [1.0, 1.0])).run_ms is None  # another clock
+    from conftest import dump_fixtures
+    from thunderfx_debug.artifacts.report_builder import triage_beside_the_run
+    from thunderfx_debug.records import MIN_SAMPLES, Timing, Triage
+    from thunderfx_debug.render.headline import headline, left_out_calls
+
+    report = load_report(dump_fixtures() / "normal" / "rank0")
+    judged = Triage(clock=ClockKind.HOST, thunder_ms=2.0, inductor_ms=1.0, ratio=2.0, ratio_low=1.9, ratio_high=2.1,
+                    deviates=True, rounds=21)
+    graph = report.graphs[0]
+    split = next(s for s in graph.splits if s.kind.value == "thunder")
+    forward, backward = split.timing, split.backward_timing
+    assert forward.clock is ClockKind.HOST
+    sums = {c: forward.by_call[c] + backward.by_call[c] for c in forward.by_call if c in backward.by_call}
+    expected = headline(Timing(tuple(sums[c] for c in sorted(sums)), tuple(sorted(sums)), forward.clock),
+                        left_out_calls(graph))
+    assert expected.count >= MIN_SAMPLES
+
+    def triaged(timing=forward, backward_timing=backward, triage=judged):
+        with_triage = dataclasses.replace(split, triage=triage, timing=timing, backward_timing=backward_timing)
+        graphs = (dataclasses.replace(graph, splits=tuple(with_triage if s is split else s for s in graph.splits)),
+                  *report.graphs[1:])
+        return triage_beside_the_run(dataclasses.replace(report, graphs=graphs)).graphs[0].split(split.name).triage
+
+    beside = triaged()
+    assert (beside.run_ms, beside.run_samples) == (pytest.approx(expected.median_ms), expected.count)
+    assert beside.lost_from_the_run and beside.ms_per_step == pytest.approx(
+        expected.median_ms * (1 - 1 / 2.0) * beside.calls_per_step)
+    # A cold first call 100x the rest, alone with two warm ones: too thin to be used.
+    cold = Timing((100.0, 1.0, 1.2), (2, 3, 4), ClockKind.HOST)
+    thin = triaged(cold, None)
+    assert thin.run_samples == 2 and thin.run_too_thin and not thin.lost_from_the_run
+    assert thin.ms_per_step == pytest.approx((2.0 - 1.0) * thin.calls_per_step)
+    assert triaged(triage=dataclasses.replace(judged, clock=ClockKind.CUDA)).run_ms is None  # another clock
 
 
 class AddsIntoItsIndices(torch.nn.Module):

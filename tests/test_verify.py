@@ -210,3 +210,14 @@ def test_a_device_assert_takes_down_only_its_worker_and_the_script_runs_again_al
     broken = data["graph0_thunder_0_repro_thunder.py"]
     assert broken["ran"] == "alone" and broken["verdict"] != "OK"
     assert data["graph0_thunder_2_repro_thunder.py"]["verdict"] == "OK"  # the next worker's device is fine
+
+
+def test_a_dump_given_by_a_relative_path_verifies_as_by_its_absolute_one(dump, capsys, monkeypatch):
+    """`thunderfx-debug verify thunderfx_debug_demo`, as the demo suggests: the workers run each script in its own
+    folder, and a path relative to where the command was typed still names the script, its log and the caches."""
+    monkeypatch.chdir(dump.parent)
+    status, out, err = _verify(capsys, dump.name, "--only", "*thunder_2*", "--only", "graph0/inductor_1")
+    assert status == 0, out + err
+    data = json.loads((dump / "verify.json").read_text())
+    assert [s["verdict"] for s in data["scripts"]] == ["OK", "NOT_COMPARABLE", "OK"]
+    assert all((dump / s["log"]).read_text().count("state ") == 1 for s in data["scripts"])

@@ -20,7 +20,8 @@ from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.repro.builder import pieces_with_scripts, scripts_for_graph
 from thunderfx_debug.artifacts.report_builder import FileIndex
-from thunderfx_debug.render.progress import progress
+from thunderfx_debug.render.progress import announce, progress
+from thunderfx_debug.render.text import plural
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
@@ -81,6 +82,11 @@ class ArtifactCache:
         with failures.guard("counting the pieces that get repro scripts"):
             pieces = sum(len(pieces_with_scripts(s, settings, deviating)) for s in stale
                          if settings.repro or s.state.error or _of_graph(deviating, s.state.name))
+        if pieces and show_progress:
+            announce(f"thunderfx_debug: the flush writes the repro scripts of {plural(pieces, 'piece')}"
+                     + (f" (THUNDERFX_DEBUG_REPRO={','.join(sorted(k.value for k in settings.repro))})"
+                        if settings.repro else
+                        " (pieces that failed or deviate get theirs whatever THUNDERFX_DEBUG_REPRO says)"))
         with progress(pieces, "writing repro scripts", unit="piece", enabled=show_progress) as step:
             for snapshot in stale:
                 sources, key = keys[snapshot.state.index]

@@ -3,6 +3,7 @@ snapshot time, with the dump files each record owns."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,8 @@ from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
 from thunderfx_debug.recording.timing import SampleSeries
+from thunderfx_debug.render import digest
+from thunderfx_debug.render.headline import left_out_calls, summed_headline
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.compile_events import SPANS
@@ -28,7 +31,42 @@ def build_report(snapshots: list[GraphSnapshot], files: FileIndex, meta: Mapping
     for snap in snapshots:
         with failures.guard(f"building the record of {snap.state.name}"):
             graphs.append(_graph_record(snap, files, triage or {}))
-    return Report(graphs=tuple(graphs), meta=dict(meta))
+    report = Report(graphs=tuple(graphs), meta=dict(meta))
+    if triage:
+        with failures.guard("setting the triage beside the run's own figures"):
+            report = triage_beside_the_run(report)
+    return report
+
+
+def triage_beside_the_run(report: Report) -> Report:
+    """`report` with each triage record given the run's figures of its piece: how often it runs per training step
+    (`digest.steps`) and its own time per call in the run, by the headline rule (`headline.summed_headline`: the
+    first sampled call and the disturbed ones left out, as every figure of the run leaves them out), where the run
+    sampled it on the triage's clock."""
+    steps = digest.steps(report)
+
+    def beside(triage: Triage | None, graph, timings) -> Triage | None:
+        if triage is None:
+            return None
+        triage = dataclasses.replace(triage, calls_per_step=steps.per_step(graph))
+        timed = [t for t in timings if t is not None and t.count]
+        if triage.error is not None or not timed or timed[0].clock is not triage.clock:
+            return triage
+        run = summed_headline(timed, left_out_calls(graph))
+        if run is None or not run.count:  # no sample but the first or disturbed ones: nothing to set beside it
+            return triage
+        return dataclasses.replace(triage, run_ms=run.median_ms, run_samples=run.count)
+
+    graphs = []
+    for graph in report.graphs:
+        splits = []
+        for split in graph.splits:
+            fusions = tuple(dataclasses.replace(f, triage=beside(f.triage, graph, [f.timing]))
+                            if f.triage is not None else f for f in split.fusions)
+            splits.append(dataclasses.replace(split, fusions=fusions, triage=beside(
+                split.triage, graph, [split.timing, split.backward_timing])))
+        graphs.append(dataclasses.replace(graph, splits=tuple(splits)))
+    return dataclasses.replace(report, graphs=tuple(graphs))
 
 
 def _timing(series: SampleSeries | None):

@@ -74,10 +74,10 @@ def _script(files: Mapping[str, str], kind: str) -> str | None:
 
 def plan(report: RankRecord) -> list[Comparison]:
     """The pairs of scripts to run for `report`: every nvFusion region and every Thunder split that has both."""
-    steps = digest.estimated_steps(report) or 1
+    steps = digest.steps(report)
     comparisons = []
     for graph in report.graphs:
-        per_step = graph.calls / steps if graph.calls else 1.0
+        per_step = steps.per_step(graph)
         for split in graph.splits:
             if split.kind is not SplitKind.THUNDER:
                 continue

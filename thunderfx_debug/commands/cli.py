@@ -86,14 +86,13 @@ def _typed_path(path: Path) -> str:
 
 
 def _next_commands(dump_dir: Path, on_cuda: bool) -> str:
-    """What to try after the demo, with the directory as the user can type it (relative where it is below here)."""
+    """What to try after the demo beyond what its summary's "next:" says (the page, verify), with the directory as
+    the user can type it (relative where it is below here)."""
     shown = _typed_path(dump_dir)
     other = shlex.quote(shown.rstrip("/") + "_b")
     shown = shlex.quote(shown)
     bench = f"thunderfx-debug bench {shown}" + ("" if on_cuda else " --allow-cpu")
     commands = [
-        (f"thunderfx-debug html {shown}", "one HTML page: charts, split reasons, traces, links to the scripts"),
-        (f"thunderfx-debug verify {shown}", "run every repro script of the dump and say what each found"),
         (f"thunderfx-debug demo --dir {other}", "a second run, then:"),
         (f"thunderfx-debug diff {shown} {other}", "what changed between the two runs, beyond noise"),
         (bench, "each Thunder split" + (" and nvFuser region" if on_cuda else "") + " against inductor"
@@ -217,6 +216,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from thunderfx_debug.commands import bench
     from thunderfx_debug.dump.files import rank_dirs
     from thunderfx_debug.commands.bench_report import render_bench_report
+    from thunderfx_debug.render import triage_findings
 
     deviation = _bench_deviation(args)  # a bad threshold is said before any script runs
     (report,) = _load(args.dir, args.rank if args.rank is not None else min(rank_dirs(args.dir))).values()
@@ -282,11 +282,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     # Scripts as the user who ran bench types them: relative to the current directory where the dump lies below
     # it, else absolute (the same text goes to the terminal and into the report).
     prefix = _typed_path(rank_dir) + "/"
+    triaged = {p.path: p.triage for p in triage_findings.triaged_pieces(report)}
     text = render_bench_report(ranked, deviation, title=str(rank_dir), script_prefix=prefix,
-                         outside_in_run=bench.outside_in_run(report))
-    _write(out, text, "triage report")
+                               outside_in_run=bench.outside_in_run(report), triaged=triaged)
+    _write(out, text, "bench report")
     print(text, end="")
-    log.info("triage report written to %s", out)
+    log.info("bench report written to %s", out)
     return 0
 
 

@@ -144,7 +144,7 @@ def script_env(root: Path, workers: int, on_gpus: bool, base: Mapping[str, str] 
     settings), inductor's and Triton's caches under the dump unless set, one inductor compile thread per worker on
     CPU (the cores are shared by the workers) and the intra-op threads split among the workers."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("THUNDERFX_DEBUG_")}
-    cache = root / VERIFY_DIR / "cache"
+    cache = Path(root).absolute() / VERIFY_DIR / "cache"  # absolute: each script runs in its own folder
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
     env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
     cores = os.cpu_count() or 1

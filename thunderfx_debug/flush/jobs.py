@@ -89,7 +89,6 @@ class SplitJob:
     deviation: float
     looks: tuple[int, ...]
     calls: int
-    calls_per_step: float
     piece_timeout_s: float
     device_lock: str | None = None  # a file whose lock a child holds while it runs the piece on the device
 
@@ -122,7 +121,7 @@ class SplitJob:
                 None if m is None else InputMeta.from_json(m, "grad_outputs") for m in grad_outputs),
             regions=tuple((key, PieceInputs.from_json(inputs)) for key, inputs in data["regions"]),
             fwd_text=data["fwd_text"], bwd_text=data["bwd_text"], level=data["level"], deviation=data["deviation"],
-            looks=tuple(data["looks"]), calls=data["calls"], calls_per_step=data["calls_per_step"],
+            looks=tuple(data["looks"]), calls=data["calls"],
             piece_timeout_s=data["piece_timeout_s"], device_lock=data.get("device_lock"))
 
 

@@ -356,12 +356,12 @@ def first_calls(thunder: Callable[[], Any], inductor: Callable[[], Any], compile
 
 
 def judge(thunder: Callable[[], Any], inductor: Callable[[], Any], values: Sequence[Any], settings: TriageSettings,
-           calls_per_step: float, inputs: str, compile_s: float) -> Triage:
+           inputs: str, compile_s: float) -> Triage:
     """Both sides timed in interleaved rounds (`timed`), as a triage record."""
     clock, timer = clock_of(values)
     started = time.perf_counter()
     figures = timed(thunder, inductor, timer, settings.deviation, settings.looks, settings.calls)
-    return Triage(clock=clock, deviation=settings.deviation, calls_per_step=calls_per_step, inputs=inputs,
+    return Triage(clock=clock, deviation=settings.deviation, inputs=inputs,
                   compile_s=compile_s, timing_s=time.perf_counter() - started, **figures)
 
 

@@ -29,8 +29,9 @@ CUDA contexts and the inputs they are handed (host copies of the split's live te
 folder) cost device memory and disk only while the flush runs.
 
 Each piece's time is set beside the run's own sampled time of the same piece where the run has one on the same clock
-(THUNDERFX_DEBUG_TIMING=split or fusion): the time lost per step is computed from the run's time and the ratio, and a
-piece whose time in its child differs from the run's by more than THUNDERFX_DEBUG_DEVIATION says so.
+(THUNDERFX_DEBUG_TIMING=split or fusion), when the report is built (`artifacts.report_builder`, with every figure of
+the run: its steps, its headline samples): the time lost per step is computed from the run's time and the ratio, and
+a piece whose time in its child differs from the run's by more than THUNDERFX_DEBUG_DEVIATION says so.
 
 Results are kept per split while its final traces stay the same objects, so a later flush of the same run times
 nothing again; a flush that cannot time (SIGTERM's) marks the pieces not timed yet with why, and a later one times them.
@@ -43,7 +44,6 @@ import dataclasses
 import logging
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -58,9 +58,11 @@ from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.flush import children, graph_codec, jobs, triage_ahead, triage_child, worker_pool
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
+from thunderfx_debug.render.headline import summed_headline
+from thunderfx_debug.render.progress import announce
+from thunderfx_debug.render.text import about_seconds
 from thunderfx_debug.records import InputMeta, SplitKind, Triage
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder, SplitSnapshot
-from thunderfx_debug.render.headline import COLD_SAMPLES
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import rerun
 
@@ -99,6 +101,8 @@ class Triager:
         # and its regions)
         self._done: dict[str, tuple[tuple, dict[str, Triage]]] = {}
         self.ahead: triage_ahead.Ahead | None = None
+        self.spent_s = 0.0  # the wall time of every triage so far (what the log and triage.md say it took)
+        self.announced_s: float | None = None  # what the last triage that timed pieces said beforehand it would take
 
     def compile_ahead(self, recorder: Recorder, settings: TriageSettings,
                       thunder_options: Callable[[], Mapping[str, Any]]) -> None:
@@ -108,7 +112,7 @@ class Triager:
             return
 
         def write_job(folder: Path, snapshot: GraphSnapshot, split: SplitSnapshot) -> None:
-            _write_job(folder, f"{snapshot.state.name}/{split.state.name}", snapshot, split, settings, 1.0,
+            _write_job(folder, f"{snapshot.state.name}/{split.state.name}", snapshot, split, settings,
                        thunder_options(), run_tensors_too=False)
 
         self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
@@ -139,7 +143,6 @@ class Triager:
 
     def _triage(self, snapshots: Sequence[GraphSnapshot], settings: TriageSettings, failures: ReportingFailures,
                 thunder_options: Mapping[str, Any], occasion: str, unable: str | None) -> dict[str, Triage]:
-        steps = min((s.state.calls for s in snapshots if s.state.calls > 0), default=0) or 1
         pending, untimed = [], {}
         for snapshot in snapshots:
             for split in snapshot.splits:
@@ -153,24 +156,23 @@ class Triager:
                     continue
                 done = self._done.get(key)
                 if done is None or done[0][0] is not split.fwd_trace or done[0][1] is not split.bwd_trace:
-                    pending.append((key, snapshot, split, snapshot.state.calls / steps))
+                    pending.append((key, snapshot, split))
         if not pending:
             return {**untimed, **self.known()}
         if unable is not None:
-            return {**untimed, **self.known(), **{owner: Triage(deviation=settings.deviation, calls_per_step=per_step,
-                                                     error=unable)
-                                       for key, _, split, per_step in pending
+            return {**untimed, **self.known(), **{owner: Triage(deviation=settings.deviation, error=unable)
+                                       for key, _, split in pending
                                        for owner in _owners(key, split, settings)}}
-        regions = sum(len(split.regions) for _, _, split, _ in pending) if settings.level >= TriageLevel.FUSION else 0
-        estimate = _estimate_s([split for _, _, split, _ in pending], settings)
+        regions = sum(len(split.regions) for _, _, split in pending) if settings.level >= TriageLevel.FUSION else 0
+        estimate = self.announced_s = _estimate_s([(snapshot, split) for _, snapshot, split in pending], settings)
         compiled_ahead = len(set(self.ahead.children) & {key for key, *_ in pending}) if self.ahead else 0
         announce(f"thunderfx_debug: {occasion} times {_count(len(pending), 'Thunder split')}"
                  + (f" and {_count(regions, 'fusion region')}" if regions else "")
                  + f" against inductor in processes of their own (THUNDERFX_DEBUG_TRIAGE={settings.level.name.lower()})"
                  + (f"; {compiled_ahead} of them compiled (or compiling) ahead of it, during training"
                     if compiled_ahead else "")
-                 + (f", at most about {estimate:.0f} s (a rough upper figure from the run's first calls, compiles "
-                    "included; the children's compiles often take far less)" if estimate is not None else "")
+                 + (f", {about_seconds(estimate)} (from the run's first calls, compiles included, and its time per "
+                    "call; the summary says what it took)" if estimate is not None else "")
                  + ("; training waits meanwhile" if occasion == "the periodic flush" else ""))
         started = time.perf_counter()
         if occasion in TRAINING_OVER and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -187,11 +189,11 @@ class Triager:
             lock = None if forks(settings) else str(Path(root) / "device.lock")
             ahead: dict[str, triage_ahead.AheadChild] = {}  # split key -> its child, compiled ahead of this flush
             with self.holding_still():  # no child starts ahead while this flush runs its own
-                for index, (key, snapshot, split, per_step) in enumerate(pending):
+                for index, (key, snapshot, split) in enumerate(pending):
                     child = self.ahead.child_for(key, (split.fwd_trace, split.bwd_trace)) if self.ahead else None
                     folder = Path(root) / f"split{index}" if child is None else child.folder
                     try:
-                        _write_job(folder, key, snapshot, split, settings, per_step, thunder_options,
+                        _write_job(folder, key, snapshot, split, settings, thunder_options,
                                    run_tensors_too=unusable is None, device_lock=lock)
                         folders[key] = folder
                         if child is not None:
@@ -201,7 +203,7 @@ class Triager:
                         if child is not None:
                             triage_ahead.Ahead.discard(child)
                         error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
-                        found[key] = {owner: Triage(deviation=settings.deviation, calls_per_step=per_step, error=error)
+                        found[key] = {owner: Triage(deviation=settings.deviation, error=error)
                                       for owner in _owners(key, split, settings)}
                 attempts: dict[Path, list[Attempt]] = {}
                 try:
@@ -222,13 +224,13 @@ class Triager:
                         found[key] = verdicts(folder, attempts.get(folder, []))
                 for child in ahead.values():
                     triage_ahead.Ahead.discard(child)
-        for key, snapshot, split, per_step in pending:
-            results = {owner: _beside_the_run(t, _run_samples(split, owner, key))
-                       for owner, t in found.get(key, {}).items()}
-            self._done[key] = ((split.fwd_trace, split.bwd_trace), results)
+        for key, _, split in pending:
+            self._done[key] = ((split.fwd_trace, split.bwd_trace), found.get(key, {}))
         triaged = [t for key, *_ in pending for t in self._done[key][1].values()]
+        took = time.perf_counter() - started
+        self.spent_s += took
         log.info("thunderfx_debug: the triage took %.1f s (%d pieces: %d judged, %d deviate, %d not judged)",
-                 time.perf_counter() - started, len(triaged), sum(t.error is None for t in triaged),
+                 took, len(triaged), sum(t.error is None for t in triaged),
                  sum(t.deviates for t in triaged), sum(t.error is not None for t in triaged))
         return {**untimed, **self.known()}
 
@@ -252,7 +254,7 @@ def _device_unusable() -> str | None:
 
 
 def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
-               per_step: float, thunder_options: Mapping[str, Any], run_tensors_too: bool = True,
+               thunder_options: Mapping[str, Any], run_tensors_too: bool = True,
                device_lock: str | None = None) -> None:
     """The job of one split (see `jobs`); without `run_tensors_too` (a device that cannot be read), metadata only.
     Raises where the split cannot be handed over: a Thunder option or transform that is an object, a graph that
@@ -284,7 +286,7 @@ def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnap
         autocast=tuple((d, e, str(t).removeprefix("torch.")) for d, e, t in (captured.autocast if captured else ())),
         grad_outputs=_grad_outputs(captured), regions=tuple(regions), fwd_text=split.fwd_text,
         bwd_text=split.bwd_text, level=settings.level.name.lower(), deviation=settings.deviation,
-        looks=tuple(settings.looks), calls=settings.calls, calls_per_step=per_step,
+        looks=tuple(settings.looks), calls=settings.calls,
         piece_timeout_s=settings.timeout_s, device_lock=device_lock)
     jobs.write(folder, job, graph_codec.encode(split.state.split.original_module), tensors)
 
@@ -450,14 +452,14 @@ def verdicts(folder: Path, tried: Sequence[Attempt]) -> dict[str, Triage]:
             note = next((a.note for a in reversed(tried) if a.note), "")
             error = (f"not judged: {shared_death}" if shared_death else f"not judged: {note}" if note else
                      "not judged: no process was left to time it (the split's children died one after another)")
-            found[piece] = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error)
+            found[piece] = Triage(deviation=job.deviation, error=error)
             continue
         what, number = step
         attempt = next((a for a in tried if a.number == number), None)
         error = _death(piece, what, attempt, job.piece_timeout_s)
         if what in triage_child.SHARED_STEPS:
             shared_death = f"the process that compiled its split died while {what} (see {job.key}'s verdict)"
-        found[piece] = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error, died=True)
+        found[piece] = Triage(deviation=job.deviation, error=error, died=True)
     return found
 
 
@@ -485,68 +487,36 @@ def _death(piece: str, step: str, attempt: Attempt | None, timeout_s: float) -> 
             f" (the piece's repro scripts rerun it alone)\n{tail}")
 
 
-# ---- the run's own time ---------------------------------------------------------------------------------------------
-def _run_samples(split: SplitSnapshot, owner: str, key: str) -> tuple[Any, list[float]]:
-    """(clock, ms per call) of the run's own samples of a piece: a split's forward and backward paired by call, a
-    region's calls."""
-    state = split.state
-    if owner == key:
-        forward, backward = state.forward.samples_ms, state.backward.samples_ms
-        by_call = dict(zip(state.backward.calls, backward))
-        paired = [f + by_call[c] for c, f in zip(state.forward.calls, forward) if c in by_call]
-        return state.forward.clock.kind, paired or (forward if not backward else [])
-    series = state.region_series.get(owner.rpartition("/")[2])
-    return (None, []) if series is None else (series.clock.kind, list(series.samples_ms))
-
-
-def _beside_the_run(triage: Triage, samples: tuple[Any, list[float]]) -> Triage:
-    """`triage` with the run's own time of the piece, where the run sampled it on the same clock: the median of its
-    samples after the first, which pays for cold caches as the headline's rule says (`render.headline`); the first
-    only where it is all there is."""
-    clock, values = samples
-    if triage.error is not None or not values or clock is not triage.clock:
-        return triage
-    warm = values[COLD_SAMPLES:] or values
-    return dataclasses.replace(triage, run_ms=statistics.median(warm), run_samples=len(warm))
-
-
 # ---- what the flush says --------------------------------------------------------------------------------------------
-def _estimate_s(splits: Sequence[SplitSnapshot], settings: TriageSettings) -> float | None:
-    """A rough upper figure of the seconds the triage of `splits` takes, from the run's own figures: each split's
+def _estimate_s(pending: Sequence[tuple[GraphSnapshot, SplitSnapshot]], settings: TriageSettings) -> float | None:
+    """About how many seconds the triage of the `pending` splits takes, from the run's own figures: each split's
     compiles (Thunder compiling it again and inductor compiling it, each about as long as Thunder's first call of it
     took in the run; regions about as long again), `workers` of them side by side (greedy: at most their sum over
-    the workers plus the longest), fresh workers' start (`WORKER_START_S`), and the most rounds of both sides at the
-    piece's median sampled call, one piece at a time. None where the run timed no first call. The children's
-    compiles often take far less (inductor's kernels cached, no Dynamo), so the figure is said as an upper one."""
+    the workers plus the longest), fresh workers' start (`WORKER_START_S`), and the rounds of the first look of both
+    sides at the piece's time per call in the run, one piece at a time. That time is the headline median of its
+    sampled calls (`render.headline`: the first and the disturbed ones left out; a median over raw samples of a
+    rarely sampled piece can be one that compiled, seconds where the piece takes a millisecond). None where the run
+    timed no first call."""
     compiles, timing = [], 0.0
-    calls = 2 * (settings.looks[-1] * settings.calls + 2)
-    for split in splits:
+    calls = 2 * (settings.looks[0] * settings.calls + 2)
+    for snapshot, split in pending:
         first = split.state.first
         if first is not None and first.forward.samples_ms:
             factor = 3 if settings.level >= TriageLevel.FUSION and split.regions else 2
             compiles.append(factor * (sum(first.forward.samples_ms) + sum(first.backward.samples_ms)) / 1e3)
-        sampled = [statistics.median(s.samples_ms) for s in (split.state.forward, split.state.backward) if s.samples_ms]
-        timing += calls * sum(sampled) / 1e3
+        left_out = {d.call for d in snapshot.state.waits.disturbed()}
+        run = summed_headline([split.state.forward.timing(), split.state.backward.timing()], left_out)
+        if run is not None and not run.fallback:  # nothing but the first or disturbed calls: no time per call known
+            timing += calls * run.median_ms / 1e3
     if not compiles:
         return None
-    side_by_side = min(workers(settings), len(splits))
+    side_by_side = min(workers(settings), len(pending))
     start = 0.0 if forks(settings) else WORKER_START_S
     return start + sum(compiles) / side_by_side + (1 - 1 / side_by_side) * max(compiles) + timing
 
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def announce(message: str) -> None:
-    """`message` at INFO on the package's logger, and on stderr too where logging is not set up (no handler on the
-    logger's path) and the logger was not silenced (a level above INFO set on it, or `logging.disable`): a flush that
-    makes training wait says so once, where a training script shows it. A script that set up logging gets the record
-    where its logging sends INFO (or not at all, at WARNING)."""
-    log.info(message)
-    silenced = log.level > logging.INFO or log.disabled or logging.root.manager.disable >= logging.INFO
-    if not log.hasHandlers() and not silenced:
-        print(message, file=sys.stderr, flush=True)
 
 
 def deviating(triage: TriageIndex) -> dict[str, str]:

@@ -212,7 +212,7 @@ def _split_verdict(split: _Split, step) -> Triage:
         step("timing the split")
         compile_s = time.perf_counter() - started  # not the wait for the device below (another child's compile)
         with on_the_device(job, exclusive=True):
-            triage = judging.judge(split.call, inductor_call, split.args, _settings(job), job.calls_per_step,
+            triage = judging.judge(split.call, inductor_call, split.args, _settings(job),
                                    split.inputs, compile_s)
     return dataclasses.replace(triage, thunder_memory=memory["thunder"], inductor_memory=memory["inductor"])
 
@@ -252,7 +252,7 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
         step("timing the region")
         compile_s = time.perf_counter() - started
         with on_the_device(job, exclusive=True):
-            return judging.judge(thunder_call, inductor_call, args, _settings(job), job.calls_per_step, kind,
+            return judging.judge(thunder_call, inductor_call, args, _settings(job), kind,
                                  compile_s)
 
 
@@ -286,7 +286,7 @@ def run(folder: Path, attempt: int = 0) -> None:
                 str(e) if isinstance(e, NotJudged) else because(
                     "compiling the split with Thunder as the run did, or its first call, failed", e))
             for piece in left:
-                results.done(piece, Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error))
+                results.done(piece, Triage(deviation=job.deviation, error=error))
             return
         _COMPILED.clear()
         _COMPILED[str(folder)] = split
@@ -307,7 +307,7 @@ def run(folder: Path, attempt: int = 0) -> None:
         except Exception as e:  # noqa: BLE001  (anything a piece raises is its verdict, said whole)
             error = out_of_memory(e, (results.last_step(piece) or ("starting",))[0]) or (
                 str(e) if isinstance(e, NotJudged) else because("the triage of this piece failed", e))
-            triage = Triage(deviation=job.deviation, calls_per_step=job.calls_per_step, error=error)
+            triage = Triage(deviation=job.deviation, error=error)
         results.done(piece, triage)
         if not _device_usable():
             # An error a piece left on the device (a device-side assert) fails every later CUDA call of this

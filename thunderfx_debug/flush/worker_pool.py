@@ -113,7 +113,8 @@ for line in sys.stdin:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """A script to run (absolute path) with its arguments; its stdout and stderr go to `log`."""
+    """A script to run with its arguments; its stdout and stderr go to `log` (relative paths are taken from this
+    process's working directory)."""
 
     script: Path
     args: tuple[str, ...] = ()
@@ -252,8 +253,10 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     with lock:
                         live.add(worker)
                 started = time.monotonic()
-                sent = worker.send({"id": index, "script": str(job.script), "args": list(job.args),
-                                    "log": str(job.log or os.devnull)})
+                # Absolute: the worker runs each script in the script's own folder, where a relative path given on
+                # the command line ("verify dump") would name another file.
+                sent = worker.send({"id": index, "script": os.path.abspath(job.script), "args": list(job.args),
+                                    "log": os.path.abspath(job.log) if job.log else os.devnull})
                 reply = worker.receive(started + limit) if sent else None
                 if stopping.is_set():
                     return

@@ -42,6 +42,8 @@ from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.records import InputKind, Minimized, RankRecord
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render import minimized
+from thunderfx_debug.render.progress import announce
+from thunderfx_debug.render.text import plural
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import scripts as thunder_scripts
@@ -75,6 +77,7 @@ class Minimizer:
         # piece key -> (the evidence it was minimized from, kept alive so that its id stays its own; the reduction
         # as a record; its files)
         self._done: dict[str, tuple[Any, Minimized, list[Artifact]]] = {}
+        self.announced_s: float | None = None  # what the last minimization said beforehand it would take at most
 
     @property
     def reductions(self) -> dict[str, Minimized]:
@@ -104,6 +107,11 @@ class Minimizer:
                         pending.append((owner, snapshot, split, region, region_tally.evidence))
         if not pending:
             return
+        self.announced_s = len(pending) * self.settings.budget_s
+        announce(f"thunderfx_debug: the flush minimizes {plural(len(pending), 'piece')} the correctness check "
+                 f"flagged, in processes of their own, each within THUNDERFX_DEBUG_MINIMIZE_BUDGET="
+                 f"{self.settings.budget_s:g} s: at most about {self.announced_s:.0f} s; training waits meanwhile "
+                 "(THUNDERFX_DEBUG_MINIMIZE=0 skips it; `thunderfx-debug minimize SCRIPT` does it later)")
         for key, snapshot, split, region, evidence in pending:
             log.info("thunderfx_debug: minimizing %s (budget %g s)", key, self.settings.budget_s)
             record, files = Minimized(ops_before=0, note="could not be minimized (see the reporting failures)"), []

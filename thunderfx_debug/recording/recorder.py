@@ -22,6 +22,7 @@ from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
 from thunderfx_debug.recording.host import CallWaits, host_series
 from thunderfx_debug.recording.memory import MemoryProbe, PieceMemory
+from thunderfx_debug.recording.steps import StepCounter
 from thunderfx_debug.recording.timing import Clock, RegionTimer, SampleSeries, clock_for
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.thunder import dynamo as thunder_dynamo
@@ -180,11 +181,13 @@ class Recorder:
         self.warnings: list[str] = []
         self.origin_ns = time.perf_counter_ns()  # the run's host clock: compile costs are placed on it
         self.memory = MemoryProbe(self.failures)  # the sampled calls' memory, every graph's (`recording.memory`)
+        self.steps = StepCounter(self.failures)  # the optimizer's steps, from the first compile on
         SPANS.install()
 
     # ---- training path (compile time) -------------------------------------------------------------------------
     def new_graph(self, gm: torch.fx.GraphModule, example_inputs) -> GraphState:
         backend_started_ns = time.perf_counter_ns()
+        self.steps.start()
         dynamo_started_ns = SPANS.open_start_ns  # the compile in progress (its start callback ran before this call)
         SPANS.install()  # again: torch._dynamo.reset() removes Dynamo's callbacks
         facts = GraphFacts()

@@ -5,7 +5,7 @@ has `to_json()` and a `from_json(data, where)` that validates what it reads and 
 that was wrong; both come from one codec driven by the records' fields and type hints (`records.codec`).
 
 - `records.pieces`: graphs, their splits and fusion regions, inputs, split reasons, the rank's collectives;
-- `records.timing`: timing samples, disturbed calls, compile costs;
+- `records.timing`: timing samples, disturbed calls, compile costs, the run's training steps, what a flush took;
 - `records.memory`: what a piece held in memory (saved for its backward, peaks);
 - `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
 - `records.sources`: the lines of the model's code a piece's ops came from (and, for a backward piece, those that
@@ -25,18 +25,18 @@ from thunderfx_debug.records.sources import (
     READS_SAVED, SourceExcerpt, SourceLine, origin_lines, short_path, short_sources,
 )
 from thunderfx_debug.records.timing import (
-    ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, SampleTotals, Timing,
-    TimingWindow, percentile,
+    MIN_SAMPLES, ClockKind, CompileCost, CostPart, CostStage, CostWhen, DisturbedCall, Disturbance, FlushCost,
+    FlushPart, FlushStage, SampleTotals, Steps, Timing, TimingWindow, percentile,
 )
 from thunderfx_debug.records.verdicts import (
     DEVIATION, MAX_CHECK_REASONS, Check, Minimized, Triage, deviation_outcome,
 )
 
 __all__ = [
-    "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "READABLE_SCHEMA_VERSIONS", "READS_SAVED", "SCHEMA_VERSION",
-    "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage", "CostWhen",
-    "DisturbedCall", "Disturbance", "DumpError", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory",
-    "Minimized", "OpGroup", "Phase", "RankRecord", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind",
-    "SplitReason", "SplitRecord", "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines",
-    "percentile", "short_path", "short_sources", "storage_span",
+    "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "MIN_SAMPLES", "READABLE_SCHEMA_VERSIONS", "READS_SAVED",
+    "SCHEMA_VERSION", "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage",
+    "CostWhen", "DisturbedCall", "Disturbance", "DumpError", "FlushCost", "FlushPart", "FlushStage", "FusionRecord",
+    "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized", "OpGroup", "Phase", "RankRecord", "SampleTotals",
+    "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord", "Steps", "Timing", "TimingWindow",
+    "Triage", "deviation_outcome", "origin_lines", "percentile", "short_path", "short_sources", "storage_span",
 ]

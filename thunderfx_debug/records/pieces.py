@@ -12,7 +12,7 @@ from typing import Any
 from thunderfx_debug.records.codec import SCHEMA_VERSION, JsonRecord, json_field
 from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.sources import SourceExcerpt
-from thunderfx_debug.records.timing import CompileCost, DisturbedCall, Timing
+from thunderfx_debug.records.timing import CompileCost, DisturbedCall, FlushCost, Steps, Timing
 from thunderfx_debug.records.verdicts import Check, Minimized, Triage
 
 class SplitKind(str, enum.Enum):
@@ -322,6 +322,20 @@ class RankRecord:
         where nothing was measured (older dumps)."""
         data = self.meta.get("memory_step")
         return None if data is None else Memory.from_json(data, "manifest.json.memory_step")
+
+    @functools.cached_property
+    def flush_cost(self) -> FlushCost | None:
+        """What the flush that wrote these records took, part by part (`meta["flush"]`); None for `report()` in the
+        training process, or an older dump."""
+        data = self.meta.get("flush")
+        return None if data is None else FlushCost.from_json(data, "manifest.json.flush")
+
+    @functools.cached_property
+    def steps(self) -> Steps | None:
+        """The training steps torch's optimizers counted (`meta["steps"]`, see `recording.steps`); None where no
+        optimizer stepped after the first compile (or an older dump)."""
+        data = self.meta.get("steps")
+        return None if data is None else Steps.from_json(data, "manifest.json.steps")
 
     def graph(self, name: str) -> GraphRecord:
         for graph in self.graphs:

@@ -17,6 +17,11 @@ from typing import Any
 
 from thunderfx_debug.records.codec import DumpError, JsonRecord, decode_fields, json_field
 
+#: Fewer headline samples than this and a median is not read as a piece's time: the figures made of it say "too few
+#: samples" (`render.headline`), and a triage's time lost per step does not rest on it (`records.Triage`).
+MIN_SAMPLES = 4
+
+
 class ClockKind(str, enum.Enum):
     """What measured a sample: CUDA events on the device's stream, or the host's perf_counter (CPU runs)."""
 
@@ -266,3 +271,56 @@ class CompileCost(JsonRecord):
 
     def seconds(self, what: CostStage, when: CostWhen | None = None) -> float:
         return math.fsum(p.seconds for p in self.parts if p.what is what and (when is None or p.when is when))
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps(JsonRecord):
+    """The training steps of the run as torch's optimizers counted them (`recording.steps`): `count` steps of the
+    optimizer stepped most often, from the first compile of the run on (`optimizers` stepped in all), and `period`,
+    the host wall time from one of its steps to the next (host clock, ms; `calls` are step numbers), those during
+    which the process compiled something left out and counted in `compiled`. Per-step figures divide a graph's calls
+    by `count`; the step's wall time is the headline of `period`."""
+
+    count: int
+    optimizers: int = 1
+    period: Timing | None = None
+    compiled: int = 0
+
+
+class FlushStage(str, enum.Enum):
+    """The parts of a flush that can take long, in the order a flush runs them."""
+
+    READING = "reading the run"  # timing samples resolved, Thunder's traces read (the device waited for)
+    TRIAGE = "triage"  # THUNDERFX_DEBUG_TRIAGE: pieces timed against inductor in processes of their own
+    SCRIPTS = "repro scripts"  # THUNDERFX_DEBUG_REPRO's scripts and the inputs they load
+    MINIMIZE = "minimizing"  # THUNDERFX_DEBUG_MINIMIZE: flagged pieces shrunk in processes of their own
+    RECORDS = "building the records"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushPart(JsonRecord):
+    """`seconds` of host wall time a flush spent on `stage`; `announced_s` what it said beforehand the part would
+    take, where it said (the triage's estimate, the minimizer's budget)."""
+
+    stage: FlushStage
+    seconds: float
+    announced_s: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "stage", FlushStage(self.stage))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushCost(JsonRecord):
+    """What the flush that wrote a dump took before it wrote the files (their writing comes after the summary is
+    made; the next flush's manifest has it, `last_flush`), part by part; `occasion` names the flush ("the flush at
+    exit", "backend.flush()", ...). `triage_s` is the wall time every triage of the run took so far (a later flush
+    finds its pieces triaged and times nothing again)."""
+
+    occasion: str
+    parts: tuple[FlushPart, ...] = ()
+    triage_s: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return math.fsum(p.seconds for p in self.parts)

@@ -7,7 +7,7 @@ import dataclasses
 
 from thunderfx_debug.records.codec import Count, JsonRecord, json_field
 from thunderfx_debug.records.memory import Memory
-from thunderfx_debug.records.timing import ClockKind
+from thunderfx_debug.records.timing import MIN_SAMPLES, ClockKind
 
 #: The Thunder/inductor time ratio beyond which a triaged piece deviates, either way: THUNDERFX_DEBUG_DEVIATION's
 #: default, and the deviation of a triage record that does not say its own.
@@ -110,10 +110,13 @@ class Triage(JsonRecord):
     together, a fusion region's call), `ratio` Thunder's time over inductor's with its 95% interval
     [`ratio_low`, `ratio_high`] (Yuen's trimmed t on the rounds' log times, the two sides interleaved), `deviates`
     when the whole interval lies beyond `deviation` (slower) or below 1/`deviation` (faster). `run_ms` is the run's own
-    time per call of the piece on the same clock (the median of its `run_samples` sampled calls, the first left out
-    where there are more, as the headline leaves it out; None where the run sampled none: THUNDERFX_DEBUG_TIMING
-    below the piece's level). `ms_per_step` is the time Thunder loses there per training step against inductor
-    (negative: it gains): from the run's own time where known, `run_ms` x (1 - 1/`ratio`) x `calls_per_step`, else (thunder_ms - inductor_ms) x `calls_per_step`. `inputs` says
+    time per call of the piece on the same clock: the headline median of its sampled calls (`render.headline`: the
+    first and those the process compiled or was preempted in left out; a split's forward and backward paired by
+    call), over `run_samples` samples; None where the run sampled none (THUNDERFX_DEBUG_TIMING below the piece's
+    level). `calls_per_step` is how often the piece runs in a training step (`render.digest.steps`). `ms_per_step`
+    is the time Thunder loses there per training step against inductor (negative: it gains): from the run's own
+    time where it rests on at least `MIN_SAMPLES` samples, `run_ms` x (1 - 1/`ratio`) x `calls_per_step`, else from
+    the triage's own times, (thunder_ms - inductor_ms) x `calls_per_step`. `inputs` says
     where the inputs came from ("real": the run's captured call; "meta": rebuilt from the recorded metadata; "the
     run's tensors" where they were all alive). `error` says why a piece could not be judged (then no figures),
     whole; `died` where the process that timed it died (or was ended past its time limit) in it. `compile_s` is what
@@ -146,9 +149,15 @@ class Triage(JsonRecord):
 
     @property
     def lost_from_the_run(self) -> bool:
-        """Whether `ms_per_step` comes from the run's own time of the piece (`run_ms`, the median of its
-        `run_samples` sampled calls) rather than from the triage's rounds alone: then it is as sure as those samples."""
-        return self.run_ms is not None and bool(self.ratio)
+        """Whether `ms_per_step` comes from the run's own time of the piece (`run_ms`, the headline median of its
+        `run_samples` sampled calls, at least `MIN_SAMPLES` of them) rather than from the triage's rounds alone."""
+        return self.run_ms is not None and bool(self.ratio) and self.run_samples >= MIN_SAMPLES
+
+    @property
+    def run_too_thin(self) -> bool:
+        """Whether the run sampled the piece, but too rarely for its time to be used (`ms_per_step` then comes from
+        the triage's own times, and the run's is not set against them)."""
+        return self.run_ms is not None and self.run_samples < MIN_SAMPLES
 
     @property
     def ms_per_step(self) -> float:
@@ -168,9 +177,9 @@ class Triage(JsonRecord):
     @property
     def unlike_the_run(self) -> bool:
         """Whether the piece's time in its process differs from the run's own time of it by more than `deviation`
-        either way, with at least `RUN_SAMPLES_TO_COMPARE` samples of the run: its figures may not hold for the run."""
+        either way, with at least `MIN_SAMPLES` samples of the run: its figures may not hold for the run."""
         ratio = self.against_the_run
-        return (ratio is not None and self.run_samples >= RUN_SAMPLES_TO_COMPARE
+        return (ratio is not None and self.run_samples >= MIN_SAMPLES
                 and deviation_outcome(ratio, ratio, self.deviation) == "deviates")
 
     @property
@@ -199,10 +208,6 @@ class Triage(JsonRecord):
         if not self.deviates or self.ratio is None:
             return None
         return "slower_than_inductor" if self.ratio > 1 else "faster_than_inductor"
-
-
-#: Samples of the run's own time of a piece below which the triage's time is not set against it.
-RUN_SAMPLES_TO_COMPARE = 3
 
 
 @dataclasses.dataclass(frozen=True)

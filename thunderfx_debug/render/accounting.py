@@ -9,15 +9,18 @@ splits' `records.CompileCost` parts; "other" is what is left of the window: eage
 guards, the autograd engine, the graphs' own glue. The optimizer step and data loading of the first step come after
 the window and are not in it.
 
-Step. The wall time is the host's: the headline median of `GraphRecord.period_timing` (from the start of a sampled
-call to the start of the next call) of the least-called graph, once per step in the usual case; it includes the
-sampling's own host cost on those calls. The busy time is the time in the compiled graphs per step
-(`digest.compiled_ms_per_step`): CUDA events from the start to the end of each graph's forward and backward. It
-includes the device's waits for the host inside a graph (except behind the device hold of fusion-level timing) and
-the events' own cost, so it is an upper bound of the time the device works, and the idle share (1 - busy / wall) a
-lower bound. Not in "busy": eager code between graphs, the optimizer, data loading, anything else the step runs on
-the device outside the graphs. On CPU runs device time is host time: there the figure is the share of the step spent
-in compiled graphs.
+Step. The wall time is the host's: where torch's optimizers counted the steps (`records.Steps`), the headline median
+of the host wall time from one optimizer step to the next, over every step of the run (not only the sampled ones),
+those during which the process compiled left out; the training loop's own clock measures the same. Without an
+optimizer, it is estimated from the headline median of `GraphRecord.period_timing` (from the start of a sampled call
+to the start of the next call) of the most-called graph of the frame whose calls stand for the steps
+(`digest.steps`), scaled by its calls per step, and says so; that one includes the sampling's own host cost on those
+calls. The busy time is the time in the compiled graphs per step (`digest.compiled_ms_per_step`): CUDA events from
+the start to the end of each graph's forward and backward. It includes the device's waits for the host inside a
+graph (except behind the device hold of fusion-level timing) and the events' own cost, so it is an upper bound of
+the time the device works, and the idle share (1 - busy / wall) a lower bound. Not in "busy": eager code between
+graphs, the optimizer, data loading, anything else the step runs on the device outside the graphs. On CPU runs
+device time is host time: there the figure is the share of the step spent in compiled graphs.
 """
 
 from __future__ import annotations
@@ -100,9 +103,11 @@ class HostPiece:
 @dataclasses.dataclass(frozen=True)
 class StepAccount:
     """A training step: `wall_ms` (host) against `busy_ms` (the graphs' time per step on `clock`); see the module
-    docstring for what each covers. `host_pieces` are the pieces whose host time exceeds their device time, most
-    host time per step first (CUDA runs). `wall_flag` and `busy_flag` are "too few samples (n)" where the figure
-    rests on too few headline samples (a short run, or one sampled rarely), to be said next to the number."""
+    docstring for what each covers. `steps` is how many there were and how that is known; `wall_graph` the graph
+    whose periods estimate the wall time, None where the optimizer's steps measured it. `host_pieces` are the pieces
+    whose host time exceeds their device time, most host time per step first (CUDA runs). `wall_flag` and
+    `busy_flag` are "too few samples (n)" where the figure rests on too few headline samples (a short run, or one
+    sampled rarely), to be said next to the number."""
 
     clock: ClockKind
     wall_ms: float | None
@@ -111,6 +116,14 @@ class StepAccount:
     host_pieces: tuple[HostPiece, ...] = ()
     wall_flag: str | None = None
     busy_flag: str | None = None
+    steps: digest.StepCount = digest.StepCount(None, False)
+
+    @property
+    def wall_source(self) -> str:
+        """Where the wall time comes from, for the words beside it."""
+        if self.wall_graph is None:
+            return f"between the optimizer's steps, {self.steps.describe()}"
+        return f"from {self.wall_graph}'s sampled calls; {self.steps.describe()}"
 
     @property
     def busy_share(self) -> float | None:
@@ -134,10 +147,10 @@ def _median(timing: Timing | None, left_out) -> float | None:
 
 
 def _host_pieces(report: RankRecord) -> tuple[HostPiece, ...]:
-    steps = digest.estimated_steps(report) or 1
+    steps = digest.steps(report)
     pieces = []
     for graph in report.graphs:
-        per_step = graph.calls / steps if graph.calls else 1.0
+        per_step = steps.per_step(graph)
         left_out = left_out_calls(graph)
         owners = [(graph.name, graph, None)] + [(f"{graph.name}/{s.name}", s, s) for s in graph.splits]
         for name, owner, split in owners:
@@ -160,16 +173,23 @@ def step_account(report: RankRecord) -> StepAccount | None:
     if kind is None:
         return None
     busy = digest.compiled_ms_per_step(report)
-    timed = [g for g in report.graphs if g.period_timing is not None and g.period_timing.count]
+    steps = digest.steps(report)
     wall, wall_graph, wall_flag = None, None, None
-    if timed:
-        graph = min(timed, key=lambda g: (g.calls, g.index))
-        period = headline(graph.period_timing, left_out_calls(graph))
-        wall, wall_graph, wall_flag = period.median_ms, graph.name, thinnest([period])
-        steps = digest.estimated_steps(report) or 1
-        wall *= graph.calls / steps if graph.calls else 1.0
+    counted = report.steps
+    if steps.counted and counted.period is not None and counted.period.count:
+        period = headline(counted.period)
+        wall, wall_flag = period.median_ms, thinnest([period])
+    else:
+        stand_ins = set(steps.graphs) or {g.name for g in report.graphs}
+        timed = [g for g in report.graphs if g.name in stand_ins and g.period_timing is not None
+                 and g.period_timing.count]
+        if timed:
+            graph = max(timed, key=lambda g: (g.calls, -g.index))
+            period = headline(graph.period_timing, left_out_calls(graph))
+            wall, wall_graph, wall_flag = period.median_ms, graph.name, thinnest([period])
+            wall *= steps.per_step(graph)
     return StepAccount(kind, wall, busy, wall_graph, _host_pieces(report) if kind is ClockKind.CUDA else (),
-                       wall_flag, digest.compiled_samples_flag(report))
+                       wall_flag, digest.compiled_samples_flag(report), steps)
 
 
 def wall_step_ms(report: RankRecord) -> float | None:

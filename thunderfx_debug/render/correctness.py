@@ -242,9 +242,9 @@ def render_correctness(report: RankRecord) -> list[str]:
     for piece in bad[:MAX_LISTED]:
         lines.append(f"  MISMATCH {mismatch_line(piece)}")
         lines += [f"    {text}" for text in origin_lines(piece.sources, piece.reads_saved_from)]
-        script = next((path for label, path in piece.files.items() if "mismatch" in label), None)
-        if script:
-            lines.append(f"    script: {script}")
+        scripts = [path for label, path in sorted(piece.scripts.items()) if label.startswith("repro_mismatch_")]
+        if scripts:
+            lines.append(f"    script{'s' if len(scripts) > 1 else ''}: {', '.join(scripts)}")
     if len(bad) > MAX_LISTED:
         lines.append(f"  ... and {len(bad) - MAX_LISTED} more mismatching pieces")
     overwritten = [p for p in pieces if p.check is not None and p.check.overwritten]

@@ -61,6 +61,7 @@ class RunDiff:
     # pieces (see `correctness.CheckedPiece.path`) that mismatch eager in B and did not in A, with B's verdict
     new_mismatches: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     memory: list[render_memory.MemoryChange] = dataclasses.field(default_factory=list)  # every figure either run measured
+    same_dump: str | None = None  # where A and B are one dump (one process's, one flush's): which, in words
 
     @property
     def structure_changed(self) -> bool:
@@ -107,7 +108,17 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
         shift=shift,
         new_mismatches=_new_mismatches(a, b),
         memory=render_memory.memory_changes(a, b),
+        same_dump=_same_dump(a, b),
     )
+
+
+def _same_dump(a: RankRecord, b: RankRecord) -> str | None:
+    """Which dump A and B both are, where they are one (the same process wrote both at the same flush: one directory
+    given twice, or a copy of it); None otherwise."""
+    keys = ("process_uid", "written_at", "rank")
+    if any(a.meta.get(k) is None for k in keys) or any(a.meta.get(k) != b.meta.get(k) for k in keys):
+        return None
+    return f"run {a.meta.get('run_id') or '?'}, rank {a.rank}, written at {a.meta.get('written_at')}"
 
 
 def _new_mismatches(a: RankRecord, b: RankRecord) -> list[tuple[str, str]]:
@@ -178,7 +189,11 @@ def render_structure_changes(d: RunDiff) -> list[str]:
 
 def render_diff(d: RunDiff, label_a: str = "A", label_b: str = "B", show_all: bool = False) -> str:
     """The diff as text: structure first, then the timing changes beyond noise (all timed pieces if `show_all`)."""
-    lines = [f"A = {label_a}", f"B = {label_b}", "", "structure:"]
+    lines = [f"A = {label_a}", f"B = {label_b}"]
+    if d.same_dump:
+        lines.append(f"A and B are the same dump ({d.same_dump}): nothing below can differ; to compare two runs, "
+                     "give the dumps of two runs (`thunderfx-debug runs DIR` lists the runs of a directory)")
+    lines += ["", "structure:"]
     lines += ["  " + line for line in render_structure_changes(d)]
     if d.new_mismatches:
         lines += ["", f"correctness: {len(d.new_mismatches)} pieces mismatch eager in B and did not in A:"]

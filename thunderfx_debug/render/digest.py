@@ -1,15 +1,17 @@
-"""Facts derived from a RankRecord that every renderer shows: grouped split reasons, recompiles, the estimated step
-count, the timed pieces with their share of the time in the compiled graphs, and how ranks compare. Pure functions of
+"""Facts derived from a RankRecord that every renderer shows: grouped split reasons, recompiles, the training steps,
+the timed pieces with their share of the time in the compiled graphs, and how ranks compare. Pure functions of
 records, no I/O.
 
-Time per step. Dumps record how often each graph ran (`calls`) but not how many training steps there were, so the
-step count is estimated as the call count of the least-called graph (a graph runs at least once per step; the
-usual case, each graph once per step, is then exact). A piece's time per step is its headline median (see
-`headline`: the first sampled call and disturbed calls left out) times its graph's calls per step. Medians, not
-means: one outlier (a late compile, a preempted call) would otherwise decide the ranking. The time in the compiled
-graphs per step is the sum of the graphs' times per step, so the shares of pieces that nest (fusions in splits in
-graphs) come out close to, not exactly, their part of 100%. It is not the step: eager code between graphs, the
-optimizer and data loading lie outside every graph; the step's wall time is `accounting.step_account`'s.
+Time per step. A piece's time per step is its headline median (see `headline`: the first sampled call and disturbed
+calls left out) times its graph's calls per step: the graph's calls over the run's training steps (`steps`). Those
+are the steps torch's optimizers counted (`records.Steps`) where the run stepped one; else they are estimated, and
+every figure per step says so: as the calls of the first compiled Dynamo frame (its graphs and their recompiles
+together; the usual training loop calls the model once per step), not those of the least-called graph, which a
+recompile for a rare branch, an evaluation graph or a logging graph would make far fewer. Medians, not means: one
+outlier (a late compile, a preempted call) would otherwise decide the ranking. The time in the compiled graphs per
+step is the sum of the graphs' times per step, so the shares of pieces that nest (fusions in splits in graphs) come
+out close to, not exactly, their part of 100%. It is not the step: eager code between graphs, the optimizer and data
+loading lie outside every graph; the step's wall time is `accounting.step_account`'s.
 """
 
 from __future__ import annotations
@@ -70,10 +72,51 @@ def recompiled_frames(report: RankRecord) -> dict[str, list[GraphRecord]]:
     return {frame: list(graphs.values()) for frame, graphs in frames.items() if len(graphs) > 1}
 
 
-def estimated_steps(report: RankRecord) -> int | None:
-    """Training steps of the run, estimated as the calls of its least-called graph (see the module docstring)."""
-    calls = [g.calls for g in report.graphs if g.calls > 0]
-    return min(calls) if calls else None
+@dataclasses.dataclass(frozen=True)
+class StepCount:
+    """The run's training steps and how they are known: `counted` by torch's optimizers (`records.Steps`), else
+    estimated as the calls of the graphs of Dynamo frame `frame` (see the module docstring); `count` None where no
+    graph ran."""
+
+    count: int | None
+    counted: bool
+    frame: str | None = None
+    graphs: tuple[str, ...] = ()  # the graphs whose calls stand for the steps, where estimated
+
+    def per_step(self, graph: GraphRecord) -> float:
+        """How often `graph` runs in a step (1 where neither is known)."""
+        return graph.calls / self.count if self.count and graph.calls else 1.0
+
+    def describe(self) -> str:
+        """"12 optimizer steps", or what the estimate rests on, said as an estimate."""
+        if self.counted:
+            return plural(self.count or 0, "optimizer step")
+        if self.count is None:
+            return "steps not known (no graph ran)"
+        where = f"Dynamo frame {self.frame}" if self.frame is not None else "the first graph"
+        return (f"steps not counted (no torch.optim optimizer stepped): {self.count} estimated as the calls of "
+                f"{where} ({', '.join(self.graphs)})")
+
+
+def steps(report: RankRecord) -> StepCount:
+    """The run's training steps (see the module docstring)."""
+    counted = report.steps
+    if counted is not None and counted.count > 0:
+        return StepCount(counted.count, True)
+    ran = [g for g in report.graphs if g.calls > 0]
+    if not ran:
+        return StepCount(None, False)
+    first = ran[0]
+    if not first.compile_id:
+        return StepCount(first.calls, False, None, (first.name,))
+    frame = first.compile_id.split("/")[0]
+    by_compile: dict[str, GraphRecord] = {}
+    for graph in ran:  # graphs of one compile (DDP's buckets) run together: one call of the frame
+        if graph.compile_id and graph.compile_id.split("/")[0] == frame:
+            if graph.compile_id not in by_compile or graph.calls > by_compile[graph.compile_id].calls:
+                by_compile[graph.compile_id] = graph
+    chosen = sorted(by_compile.values(), key=lambda g: g.index)
+    return StepCount(sum(g.calls for g in chosen), False, frame, tuple(g.name for g in chosen))
 
 
 class PieceLevel(str, enum.Enum):
@@ -141,10 +184,10 @@ def outside_phase(key: str) -> str:
 
 def timed_pieces(report: RankRecord) -> list[TimedPiece]:
     """Every piece of `report` that has timing samples, in report order."""
-    steps = estimated_steps(report) or 1
+    count = steps(report)
     pieces: list[TimedPiece] = []
     for graph in report.graphs:
-        per_step = graph.calls / steps if graph.calls else 1.0
+        per_step = count.per_step(graph)
         left_out = left_out_calls(graph)
 
         def add(level, split, name, phase, executor, timing, files=None, count=0, sources=(), saved=()):

@@ -19,12 +19,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
-from thunderfx_debug.records import GraphRecord, Phase, Timing
+from thunderfx_debug.records import MIN_SAMPLES, GraphRecord, Phase, Timing
 
 COLD_SAMPLES = 1
-MIN_SAMPLES = 4
 NOISY_SPREAD = 2.0
 
 
@@ -160,6 +159,18 @@ def _decile(sorted_values: list[float], tenths: int) -> float:
     if len(sorted_values) == 1:
         return sorted_values[0]
     return statistics.quantiles(sorted_values, n=10, method="inclusive")[tenths - 1]
+
+
+def summed_headline(timings: Sequence[Timing | None], left_out: Collection[int] = ()) -> Headline | None:
+    """The headline of the per-call sums of `timings` (a split's forward and backward), over the calls every one of
+    them sampled; None where none was timed. A None among them (a piece without a backward) adds nothing."""
+    present = [t for t in timings if t is not None and t.count]
+    if not present:
+        return None
+    calls = set(present[0].by_call).intersection(*(t.by_call for t in present[1:]))
+    ordered = sorted(calls)
+    return headline(Timing(tuple(sum(t.by_call[c] for t in present) for c in ordered), tuple(ordered),
+                           present[0].clock), left_out)
 
 
 def headline(timing: Timing, left_out: Collection[int] = ()) -> Headline:

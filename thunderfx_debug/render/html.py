@@ -19,11 +19,14 @@ from thunderfx_debug.render import accounting, correctness, digest, memory, mini
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
-from thunderfx_debug.render.text import flagged, ms, plural
+from thunderfx_debug.render.text import flagged, ms, plural, shortened
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MAX_TRACE_CHARS = 400_000  # a trace beyond this is cut in the page (the file in the dump is whole)
 
+#: In the correctness table, text breaks anywhere (unlike `break-word`, `anywhere` counts in a table's column
+#: widths, so that a long parameter name breaks instead of widening the table past a laptop's width) and numbers
+#: never break.
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1300px}
 h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-top:.6em}h3{font-size:1.05em}
@@ -32,7 +35,8 @@ vertical-align:top;font-size:13px}th{background:#f3f3f3}td.num{text-align:right;
 .flag,.neutral,.calm{padding:0 5px;border-radius:3px;font-size:12px}.flag{color:#fff;background:#c0392b}
 .neutral{color:#222;background:#f6c343}.calm{color:#fff;background:#2e7d32}
 td>.flag,td>.neutral,td>.calm{white-space:nowrap}
-table.checks td{overflow-wrap:break-word}table.checks tr.note td{color:#555;border-top:0}
+table.checks td{overflow-wrap:anywhere}table.checks td.num{white-space:nowrap;overflow-wrap:normal}
+table.checks tr.note td{color:#555;border-top:0}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:500px;font-size:12px}
 details{margin:.3em 0}summary{cursor:pointer}.muted{color:#777}.chart{display:block;margin:.4em 0 1em}
 .src{background:#fff3b0;font-weight:bold}
@@ -72,11 +76,12 @@ def _step(report: RankRecord) -> str:
     wall = esc(flagged(ms(account.wall_ms, unit=True), account.wall_flag))
     busy = esc(flagged(ms(account.busy_ms, unit=True), account.busy_flag))
     if account.clock is not ClockKind.CUDA:
-        return (f"<p>Step: {wall} wall time (host clock), {busy} ({100 * account.busy_share:.0f} %) of it in the "
+        return (f"<p>Step: {wall} wall time (host clock, {esc(account.wall_source)}), {busy} "
+                f"({100 * account.busy_share:.0f} %) of it in the "
                 "compiled graphs. On CPU, device time is host time; the rest of the step is eager code between "
                 "graphs, the optimizer and data loading.</p>")
-    html = (f"<p>Step: {wall} wall time (host clock); the compiled graphs keep the GPU busy "
-            f"{busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
+    html = (f"<p>Step: {wall} wall time (host clock, {esc(account.wall_source)}); the compiled graphs keep the GPU "
+            f"busy {busy} of it (cuda clock; an upper bound: CUDA events around each graph also count "
             f"the device's waits for the host): <b>the GPU idles at least {100 * account.idle_share:.0f} % of the "
             "step</b>. Not in busy: eager code between graphs, the optimizer, data loading.</p>")
     if account.host_bound and account.host_pieces:
@@ -140,8 +145,7 @@ def _overview(report: RankRecord) -> str:
     if compiled is not None:  # not the step: `_step` sets the step's wall time beside it where it was measured
         rows.append(["time in the compiled graphs per step",
                      f"{esc(flagged(ms(compiled, unit=True), digest.compiled_samples_flag(report)))} "
-                     f"({esc(digest.clock(report).value)} clock, {plural(digest.estimated_steps(report), 'step')} "
-                     "estimated)"])
+                     f"({esc(digest.clock(report).value)} clock, {esc(digest.steps(report).describe())})"])
     html = _first_step(report) + _step(report) + _table(["", "rank " + str(report.rank)], rows)
     for warning in report.meta.get("environment_warnings", []):
         html += f'<p><span class="flag">environment</span> {esc(warning)}</p>'
@@ -162,7 +166,7 @@ def _compiles(report: RankRecord) -> str:
              seconds(g.compile_cost.forward_s if g.compile_cost else None),
              seconds(g.compile_cost.backward_s if g.compile_cost else None),
              esc((g.break_reason or "-").strip().splitlines()[0][:200] if (g.break_reason or "").strip() else "-"),
-             esc((g.recompile_reason or "").strip()[:200])]
+             esc(shortened(g.recompile_reason or "", 300))]
             for g in report.graphs]
     html = "<h3>Compiles</h3>" + _table(
         ["graph", "compile id", "ops", "calls", "backend call", "first forward", "first backward", "graph break",
@@ -409,7 +413,7 @@ def _ranks_compared(reports: Mapping[int, RankRecord]) -> str:
     html += "<h4>Time in the compiled graphs per step, per rank</h4>"
     html += bar_chart([Bar(f"rank {r.rank}", r.compiled_ms or 0.0, "straggler" if r.straggler else "thunderfx")
                        for r in rows_by_rank], unit="ms", title="time in the compiled graphs per step, per rank",
-                      axis_label="ms in the compiled graphs per step (steps estimated)")
+                      axis_label="ms in the compiled graphs per step")
     per_call: dict[int, dict[int, float]] = {}
     for rank, report in reports.items():
         totals: dict[int, float] = defaultdict(float)

@@ -53,10 +53,10 @@ class MemoryPiece:
 
 def memory_pieces(report: RankRecord) -> list[MemoryPiece]:
     """Every graph and split with a memory record, in report order."""
-    steps = digest.estimated_steps(report) or 1
+    steps = digest.steps(report)
     pieces = []
     for graph in report.graphs:
-        per_step = graph.calls / steps if graph.calls else 1.0
+        per_step = steps.per_step(graph)
         if graph.memory is not None:
             pieces.append(MemoryPiece(graph.name, "graph", "graph", graph.memory, per_step))
         for split in graph.splits:

@@ -121,3 +121,14 @@ def _log_lines(total: int, desc: str, unit: str, delay_s: float, every_s: float)
                 log.info("%s: %d/%s%s", desc, done, plural(total, unit), f" ({text})" if text else "")
 
     return step
+
+
+def announce(message: str) -> None:
+    """`message` at INFO on the package's logger, and on stderr too where logging is not set up (no handler on the
+    logger's path) and the logger was not silenced (a level above INFO set on it, or `logging.disable`): a flush that
+    makes training wait says so once, where a training script shows it. A script that set up logging gets the record
+    where its logging sends INFO (or not at all, at WARNING)."""
+    log.info(message)
+    silenced = log.level > logging.INFO or log.disabled or logging.root.manager.disable >= logging.INFO
+    if not log.hasHandlers() and not silenced:
+        print(message, file=sys.stderr, flush=True)

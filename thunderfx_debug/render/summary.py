@@ -11,12 +11,12 @@ from collections import Counter
 from collections.abc import Mapping
 
 from thunderfx_debug.records import (
-    ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
+    ClockKind, CompileCost, CostWhen, FlushStage, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
 )
-from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
+from thunderfx_debug.render import accounting, digest, memory, minimized, next_steps, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
-from thunderfx_debug.render.text import flagged, ms, plural
+from thunderfx_debug.render.text import about_seconds, flagged, ms, plural, shortened
 
 TOP_REGIONS = 10
 PARTS_SHOWN = 8  # parts of a split's time listed in the summary (the HTML page lists all)
@@ -143,18 +143,17 @@ def step_lines(report: RankRecord) -> list[str]:
     account = accounting.step_account(report)
     if account is None or account.busy_ms is None:
         return []
-    steps = f"{plural(digest.estimated_steps(report), 'step')} estimated from the graphs' calls"
+    steps = account.steps.describe()
     busy = flagged(_ms(account.busy_ms), account.busy_flag)
     if account.wall_ms is None:  # no period timed: the compiled graphs' time alone, named as what it is
         return [f"time in the compiled graphs per step: {busy} ({account.clock.value} clock; {steps}; the step's "
                 "wall time was not measured)"]
-    wall = (f"step: {flagged(_ms(account.wall_ms), account.wall_flag)} wall time (host clock, from "
-            f"{account.wall_graph}'s sampled calls)")
+    wall = f"step: {flagged(_ms(account.wall_ms), account.wall_flag)} wall time (host clock, {account.wall_source})"
     if account.clock is not ClockKind.CUDA:
         return [f"{wall}; {busy} ({100 * account.busy_share:.0f} %) of it in the compiled graphs (on CPU, device "
-                f"time is host time); the rest is eager code between graphs, the optimizer, data loading ({steps})"]
+                f"time is host time); the rest is eager code between graphs, the optimizer, data loading"]
     lines = [f"{wall}; the compiled graphs keep the GPU busy {busy} of it (cuda clock, an upper bound): the GPU "
-             f"idles at least {100 * account.idle_share:.0f} % of the step ({steps})"]
+             f"idles at least {100 * account.idle_share:.0f} % of the step"]
     if account.host_bound:
         lines.append("  host-bound: the host takes longer to launch these pieces than the GPU takes to run them "
                      "(host wall / device time per step):")
@@ -164,6 +163,25 @@ def step_lines(report: RankRecord) -> list[str]:
                 line += f", of which Thunder's own (cache check, prologue, epilogue) {_ms(piece.thunder_ms)}"
             lines.append(line)
     return lines
+
+
+def flush_lines(report: RankRecord) -> list[str]:
+    """What the flush that wrote the dump took, part by part, beside what it said beforehand (host wall time)."""
+    cost = report.flush_cost
+    if cost is None:
+        return []
+    parts = []
+    for part in sorted(cost.parts, key=lambda p: -p.seconds):
+        if part.seconds < 0.05 and part.announced_s is None:
+            continue
+        bound = "at most " if part.stage is FlushStage.MINIMIZE else ""  # the minimizer's budget
+        said = "" if part.announced_s is None else f" (announced: {bound}{about_seconds(part.announced_s)})"
+        parts.append(f"{part.stage.value} {part.seconds:.1f} s{said}")
+    line = (f"flush ({cost.occasion}): {cost.seconds:.1f} s before writing the files (host wall time)"
+            + (": " + ", ".join(parts) if parts else ""))
+    if cost.triage_s and not any(p.stage is FlushStage.TRIAGE for p in cost.parts):
+        line += f"; the triage, in an earlier flush: {cost.triage_s:.1f} s"
+    return [line]
 
 
 def _cost_line(cost: CompileCost | None) -> str | None:
@@ -238,7 +256,7 @@ def render_overview(report: RankRecord) -> list[str]:
                      + ", ".join(g.compile_id or g.name for g in graphs) + ")")
         for graph in graphs[1:]:
             if graph.recompile_reason:
-                lines.append(f"    {graph.compile_id}: {_first_line(graph.recompile_reason)}")
+                lines.append(f"    {graph.compile_id}: {shortened(graph.recompile_reason, 200)}")
     groups = digest.group_reasons(report)
     if groups:
         lines += ["", "split reasons (by type and op):"]
@@ -260,6 +278,8 @@ def render_overview(report: RankRecord) -> list[str]:
     for failure in report.meta.get("reporting_failures", []):
         if isinstance(failure, Mapping):
             lines.append(f"reporting failure while {failure.get('what')}: {failure.get('error')}")
+    lines += flush_lines(report)
+    lines += next_steps.next_lines(report)
     return lines
 
 
@@ -316,7 +336,8 @@ def render_graph(graph: GraphRecord) -> list[str]:
     if graph.break_reason:
         lines.append(f"  graph break: {_first_line(graph.break_reason)}")
     if graph.recompile_reason:
-        lines.append(f"  recompiled because: {_first_line(graph.recompile_reason)}")
+        reason = "; ".join(line.strip() for line in graph.recompile_reason.strip().splitlines() if line.strip())
+        lines.append(f"  recompiled because: {reason}")  # whole: the guard that failed is the point
     left_out = left_out_calls(graph)
     lines += _phase_timing_lines(graph, left_out, "  ")
     passed_over = digest.timing_passed_over(graph)

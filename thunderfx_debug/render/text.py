@@ -33,3 +33,31 @@ def flagged(figure: str, flag: str | None) -> str:
         ('48.198 ms [too few samples (1)]', '48.198 ms')
     """
     return f"{figure} [{flag}]" if flag else figure
+
+
+def shortened(text: str, limit: int) -> str:
+    """The first line of `text`, cut at the last space before `limit` characters and marked where it is cut (whole
+    in the records); never inside a word.
+
+    Example:
+        >>> shortened("tensor 'x' size mismatch at index 0. expected 4, actual 8", 30)
+        "tensor 'x' size mismatch at ... (cut)"
+        >>> shortened("short\\nsecond line", 30)
+        'short'
+    """
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit + 1].rsplit(" ", 1)[0] if " " in line[:limit + 1] else line[:limit]
+    return cut.rstrip() + " ... (cut)"
+
+
+def about_seconds(seconds: float) -> str:
+    """An estimate of seconds in words: "about 12 s", or "under a second" where it rounds to none.
+
+    Example:
+        >>> about_seconds(11.6), about_seconds(0.3)
+        ('about 12 s', 'under a second')
+    """
+    return f"about {seconds:.0f} s" if seconds >= 0.5 else "under a second"

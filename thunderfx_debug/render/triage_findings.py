@@ -58,7 +58,8 @@ class Totals:
     """Per step: the splits' losses (> 0) and gains (< 0) against inductor, their sum, and the run's own figures to
     set them beside: `wall_ms` its step's wall time (host clock; None where no period was timed) and `compiled_ms`
     the time in its compiled graphs per step (on `clock`; None where no graph was timed). Each `*_flag` is "too few
-    samples (n)" where that figure rests on too few of the run's samples (see `headline`)."""
+    samples (n)" where that figure rests on too few of the run's samples (see `headline`). The sums rest on the
+    triage's rounds, or on the run's own times where each has enough samples (`Triage.lost_from_the_run`)."""
 
     splits: int
     not_judged: int  # thunder splits with a triage record but no verdict: their time is in none of the sums
@@ -67,7 +68,6 @@ class Totals:
     compiled_ms: float | None
     clock: str
     wall_ms: float | None = None
-    net_flag: str | None = None
     wall_flag: str | None = None
     compiled_flag: str | None = None
 
@@ -76,23 +76,14 @@ class Totals:
         return self.lost_ms + self.gained_ms
 
 
-def lost_flag(t: Triage) -> str | None:
-    """"too few samples (n)" where the time `t` says is lost per step rests on the run's own time of the piece and
-    that on too few samples (a short run, or one sampled rarely); None where it has enough, or rests on the triage's
-    rounds alone (whose interval says how sure they are)."""
-    return too_few_samples(t.run_samples) if t.lost_from_the_run else None
-
-
 def totals(report: RankRecord) -> Totals:
     splits = [p.triage for p in triaged_pieces(report) if p.level == "split"]
     judged = [t for t in splits if t.error is None]
-    thin = [t.run_samples for t in judged if lost_flag(t)]  # a sum is as thin as its thinnest part
     account = accounting.step_account(report)
     return Totals(len(judged), len(splits) - len(judged), sum(t.ms_per_step for t in judged if t.ms_per_step > 0),
                   sum(t.ms_per_step for t in judged if t.ms_per_step < 0), digest.compiled_ms_per_step(report),
                   getattr(digest.clock(report), "value", "host"), account.wall_ms if account else None,
-                  too_few_samples(min(thin)) if thin else None, account.wall_flag if account else None,
-                  digest.compiled_samples_flag(report))
+                  account.wall_flag if account else None, digest.compiled_samples_flag(report))
 
 
 def outside_regions(report: RankRecord) -> list[tuple[str, float, float]]:
@@ -117,7 +108,33 @@ def _count_outcome(pieces, outcome: str) -> int:
 def _run(t: Triage) -> str:
     if t.run_ms is None:
         return "-"
-    return ms(t.run_ms) + (" (unlike)" if t.unlike_the_run else "")
+    return ms(t.run_ms) + (" (unlike)" if t.unlike_the_run else f" [{too_few_samples(t.run_samples)}]"
+                           if t.run_too_thin else "")
+
+
+def times(ratio: float) -> str:
+    """A ratio as "1.48x", or with two significant digits where it is small ("0.011x", never "0.00x").
+
+    Example:
+        >>> times(1.4812), times(0.0106), times(0.5)
+        ('1.48x', '0.011x', '0.50x')
+    """
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
+
+
+def caveats(p: TriagedPiece) -> list[str]:
+    """What to keep in mind reading a piece's figures: its time in its own process unlike the run's, or the run's
+    own time of it too thin to be set beside it (the time lost then comes from the triage's own times)."""
+    t = p.triage
+    if t.unlike_the_run:
+        return [f"{p.path}: {ms(t.thunder_ms)} ms in its own process against the run's {ms(t.run_ms)} ms "
+                f"({times(t.against_the_run)}, {plural(t.run_samples, 'sample')} of the run): its figures may not "
+                "hold for the run (a machine shared with other work, inputs unlike the run's)"]
+    if t.run_too_thin:
+        return [f"{p.path}: the run's own time of it rests on {plural(t.run_samples, 'sample')} (fewer than "
+                f"{MIN_SAMPLES}, the first and those disturbed by a compile left out): too few to be set beside its "
+                "time here; its time lost per step comes from the triage's own times"]
+    return []
 
 
 def _verdict(t: Triage) -> str:
@@ -139,7 +156,7 @@ def totals_line(report: RankRecord) -> str:
     step = "; " + ", ".join(run) if run else ""
     unjudged = f" ({t.not_judged} more not judged, in none of these sums)" if t.not_judged else ""
     return (f"totals over {plural(t.splits, 'thunder split')}{unjudged}: Thunder loses {ms(t.lost_ms)} ms and gains "
-            f"{ms(-t.gained_ms)} ms per step against inductor, net {flagged(ms(t.net_ms, unit=True), t.net_flag)}: "
+            f"{ms(-t.gained_ms)} ms per step against inductor, net {ms(t.net_ms, unit=True)}: "
             f"what a ThunderFX step should take longer than an inductor step of the same model{step}")
 
 
@@ -152,7 +169,6 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
     deviation = pieces[0].triage.deviation if pieces else DEVIATION
     failed = [p for p in pieces if p.triage.error is not None]
     died = sum(p.triage.died for p in failed)
-    unlike = [p for p in judged if p.triage.unlike_the_run]
     lines = [f"# ThunderFX against inductor, in processes of their own{': ' + title if title else ''}", "",
              f"{plural(len(judged), 'piece')} timed ({sum(p.level == 'split' for p in judged)} Thunder splits, "
              f"{sum(p.level == 'fusion' for p in judged)} fusion regions), {len(deviating)} deviate beyond "
@@ -165,26 +181,24 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
              + (", ".join(clocks) or "host") + " clock (a split's forward and backward together), the ratio "
              "Thunder/inductor with its 95% interval; a piece deviates when the whole interval lies beyond the "
              "threshold. \"run ms\" is the run's own sampled time of the piece (where it has one on the same "
-             "clock); \"lost ms per step\" is the run's time x (1 - 1/ratio) x calls per step where the run has its "
-             "time (marked \"too few samples\" where that time rests on fewer than "
-             f"{MIN_SAMPLES} of the run's samples), else (Thunder - inductor) x calls per step (negative: Thunder "
-             "gains).", "",
+             "clock; the headline median of its sampled calls, the first and those disturbed by a compile left "
+             "out); \"lost ms per step\" is the run's time x (1 - 1/ratio) x calls per step where that time rests on "
+             f"at least {MIN_SAMPLES} of the run's samples, else (Thunder - inductor) x calls per step (negative: "
+             f"Thunder gains); calls per step: {digest.steps(report).describe()}.", "",
              "| # | piece | level | Thunder runs it with | Thunder ms | run ms | inductor ms | ratio [95%] "
              "| lost ms per step | calls per step | verdict | inputs | scripts |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, p in enumerate(judged, 1):
         t = p.triage
         lines.append(f"| {i} | {p.path} | {p.level} | {p.executor} | {ms(t.thunder_ms)} | {_run(t)} | "
-                     f"{ms(t.inductor_ms)} | {_ratio(t)} | {flagged(ms(t.ms_per_step), lost_flag(t))} | "
+                     f"{ms(t.inductor_ms)} | {_ratio(t)} | {ms(t.ms_per_step)} | "
                      f"{t.calls_per_step:g} | "
                      f"{_verdict(t)} | {t.inputs} | " + (", ".join(f"`{s}`" for s in p.scripts) or "-") + " |")
-    if unlike:
-        lines += ["", "Timed in its own process, these pieces took another time than the run's own samples of them, "
-                      f"beyond {deviation:g}x either way: their figures may not hold for the run (a machine shared "
-                      "with other work, inputs unlike the run's):", ""]
-        lines += [f"- {p.path}: {ms(p.triage.thunder_ms)} ms against the run's {ms(p.triage.run_ms)} ms "
-                  f"({p.triage.against_the_run:.2f}x, {plural(p.triage.run_samples, 'sample')} of the run)"
-                  for p in unlike]
+    noted = [line for p in judged for line in caveats(p)]
+    if noted:
+        lines += ["", f"To keep in mind (a time in its own process beyond {deviation:g}x either way of the run's own "
+                      "time of the piece, or a run's time too thin to use):", ""]
+        lines += [f"- {line}" for line in noted]
     explained = outside_regions(report)
     if explained:
         lines += ["", "## How much of each split's gap lies outside its fusion regions", "",
@@ -196,9 +210,13 @@ def render_triage_md(report: RankRecord, title: str = "") -> str:
     if spent:
         compile_s = sum(t.compile_s or 0.0 for t in spent)
         timing_s = sum(t.timing_s or 0.0 for t in spent)
-        lines += ["", f"The triage took {compile_s + timing_s:.1f} s: {compile_s:.1f} s compiling inductor's "
-                      f"counterparts with both sides' first calls, {timing_s:.1f} s timing "
-                      f"({sum(t.rounds for t in spent)} rounds, each piece stopping once its interval was decided)."]
+        wall = report.flush_cost.triage_s if report.flush_cost is not None else None
+        took = (f"The triage took {wall:.1f} s of wall time (as its log line and the summary's flush line say); "
+                "its pieces, summed: " if wall else "The triage's pieces, summed: ")
+        lines += ["", took + f"{compile_s:.1f} s compiling inductor's counterparts with both sides' first calls, "
+                      f"{timing_s:.1f} s timing ({sum(t.rounds for t in spent)} rounds, each piece stopping once its "
+                      "interval was decided); the rest of the wall time is starting processes, handing them their "
+                      "inputs and Thunder compiling each split again, and pieces that compile side by side overlap."]
     if failed:
         lines += ["", "## Not judged", ""]
         for p in failed:
@@ -226,8 +244,9 @@ def summary_lines(report: RankRecord) -> list[str]:
     for i, p in enumerate(judged[:SUMMARY_TOP], 1):
         t = p.triage
         unlike = (f" (its time there {ms(t.thunder_ms)} ms, the run's {ms(t.run_ms)} ms: may not hold for the run)"
-                  if t.unlike_the_run else "")
-        lost = flagged(ms(t.ms_per_step, unit=True), lost_flag(t))
+                  if t.unlike_the_run else f" (from the triage's own times: the run sampled it "
+                  f"{plural(t.run_samples, 'time')} beyond the first, too few to use)" if t.run_too_thin else "")
+        lost = ms(t.ms_per_step, unit=True)
         lines.append(f"  {i}. {p.path}: {_ratio(t)}, {lost} lost per step, {_verdict(t)}{unlike}")
         if t.deviates:
             lines += [f"     {text}" for text in origin_lines(p.sources, p.reads_saved_from)]
@@ -249,14 +268,23 @@ def html_section(report: RankRecord) -> str:
         return (f"<h3>Triage against inductor</h3><p>No piece could be judged ({plural(len(failed), 'piece')} "
                 "tried):</p><ul>" + "".join(f"<li>{esc(p.path)}: {esc(p.triage.error.partition(chr(10))[0])}</li>"
                                               for p in failed) + "</ul>")
+    judged = [p for p in pieces if p.triage.error is None]
     rows = "".join(
         f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td class=\"num\">{ms(p.triage.thunder_ms)}</td>"
+        f"<td class=\"num\">{esc(_run(p.triage))}</td>"
         f"<td class=\"num\">{ms(p.triage.inductor_ms)}</td><td class=\"num\">{esc(_ratio(p.triage))}</td>"
-        f"<td class=\"num\">{esc(flagged(ms(p.triage.ms_per_step), lost_flag(p.triage)))}</td>"
-        f"<td>{esc(_verdict(p.triage))}</td></tr>"
-        for p in pieces if p.triage.error is None)
-    rows += "".join(f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td colspan=\"5\">not judged: "
+        f"<td class=\"num\">{ms(p.triage.ms_per_step)}</td>"
+        f"<td class=\"num\">{p.triage.calls_per_step:g}</td><td>{esc(_verdict(p.triage))}</td></tr>"
+        for p in judged)
+    rows += "".join(f"<tr><td>{esc(p.path)}</td><td>{p.level}</td><td colspan=\"7\">not judged: "
                     f"{esc(p.triage.error.partition(chr(10))[0])}</td></tr>" for p in failed)
-    return ("<h3>Triage against inductor</h3><table><tr><th>piece</th><th>level</th><th>Thunder ms</th>"
-            "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>verdict</th></tr>" + rows
-            + f"</table><p>{esc(totals_line(report))}</p>")
+    noted = [line for p in judged for line in caveats(p)]
+    notes = ("<p>To keep in mind:</p><ul>" + "".join(f"<li>{esc(line)}</li>" for line in noted) + "</ul>"
+             if noted else "")
+    return ("<h3>Triage against inductor</h3><p>ms per call (a split's forward and backward together); run ms: the "
+            "run's own time of the piece; lost ms per step: the run's time x (1 - 1/ratio) x calls per step where "
+            f"the run's time rests on at least {MIN_SAMPLES} samples, else (Thunder - inductor) x calls per step; "
+            f"calls per step: {esc(digest.steps(report).describe())}.</p>"
+            "<table><tr><th>piece</th><th>level</th><th>Thunder ms</th><th>run ms</th>"
+            "<th>inductor ms</th><th>ratio [95%]</th><th>lost ms per step</th><th>calls per step</th>"
+            "<th>verdict</th></tr>" + rows + f"</table>{notes}<p>{esc(totals_line(report))}</p>")

@@ -261,6 +261,7 @@ class ReportingBackend(ThunderCompiler):
             return self._flush_now("backend.close()")
         finally:
             self._closed = True
+            self.recorder.steps.stop()
             if self._flusher is not None:
                 self._flusher.stop_compiling_ahead()  # graphs compiled later have no records to triage
 
@@ -320,6 +321,9 @@ class ReportingBackend(ThunderCompiler):
             facts["collectives"] = self._collectives.to_json()
         if last_flush is not None:
             facts["last_flush"] = last_flush.to_json()
+        steps = self.recorder.steps.record()
+        if steps is not None:
+            facts["steps"] = steps.to_json()
         step_memory = self.recorder.memory.step.record()
         if step_memory is not None:
             facts["memory_step"] = step_memory.to_json()

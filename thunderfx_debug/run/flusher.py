@@ -40,7 +40,7 @@ from thunderfx_debug.artifacts.dump_contents import ArtifactCache, file_index, r
 from thunderfx_debug.artifacts.report_builder import build_report
 from thunderfx_debug.dump.files import DumpWriter, move_earlier_run_aside
 from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_reductions
-from thunderfx_debug.records import GraphRecord
+from thunderfx_debug.records import FlushCost, FlushPart, FlushStage, GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.flush.judging import TriageSettings
@@ -237,23 +237,46 @@ class DumpFlusher:
             if moved is not None:
                 log.info("thunderfx_debug: the earlier run's dump in %s moved to %s", rank_dir, moved)
             writer = self._writers[rank_dir] = DumpWriter(rank_dir)
+        parts: list[FlushPart] = []
+        clock = time.perf_counter()
+
+        def part(stage: FlushStage, announced_s: float | None = None, seconds: float | None = None) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            parts.append(FlushPart(stage, now - clock if seconds is None else seconds, announced_s))
+            clock = now
+
         with self._triager.holding_still():  # its thread, which compiles splits ahead of the flush, reads them too
             snapshots = self.recorder.snapshot(wait=wait_for_device)
+            part(FlushStage.READING)
             triaged = self._triager.known()
+            spent = self._triager.spent_s
             with self.failures.guard("triaging the pieces against inductor"):
                 unable = NOT_TRIAGING.get(occasion)
                 triaged = self._triager.triage(snapshots, self._triage_settings, self.failures,
                                                self._settings().thunder_options, occasion,
                                                unable.format(**(why or {})) if unable is not None else None)
+            if self._triager.spent_s > spent:  # it timed pieces: the figure its log line says, said again
+                part(FlushStage.TRIAGE, self._triager.announced_s, self._triager.spent_s - spent)
+            clock = time.perf_counter()
         artifacts = self._cache.artifacts(snapshots, self._settings(), self.failures, show_progress=rank == 0,
                                           deviating=deviating(triaged))
+        part(FlushStage.SCRIPTS)
         if wait_for_device and occasion not in NOT_TRIAGING:  # not at periodic flushes, SIGTERM's, nor too late
             with self.failures.guard("minimizing the pieces the correctness sentinel flagged"):
+                minimized = len(self._minimizer.reductions)
                 self._minimizer.minimize(snapshots, self._settings(), self.failures)
+                if len(self._minimizer.reductions) > minimized:
+                    part(FlushStage.MINIMIZE, self._minimizer.announced_s)
         artifacts = artifacts + self._minimizer.artifacts()
         last = self.history[-1] if self.history else None
-        report = with_reductions(build_report(snapshots, file_index(artifacts), self._meta(self.flushes, last),
-                                              self.failures, triaged), self._minimizer.reductions)
+        meta = self._meta(self.flushes, last)
+        report = with_reductions(build_report(snapshots, file_index(artifacts), meta, self.failures, triaged),
+                                 self._minimizer.reductions)
+        part(FlushStage.RECORDS)
+        cost = FlushCost(occasion, tuple(p for p in parts if p.seconds >= 0.0005 or p.announced_s is not None),
+                         self._triager.spent_s or None)
+        report = dataclasses.replace(report, meta={**report.meta, "flush": cost.to_json()})
         if self._on_report is not None:
             with self.failures.guard("writing the TORCH_TRACE artifacts"):
                 self._on_report(report.graphs)

@@ -132,11 +132,17 @@ class Config:
         }
 
 
+def _did_you_mean(words: list[str], allowed: list[str]) -> str:
+    """" (did you mean 'split'?)" for the words close to an allowed value (a plural, a typo); "" for none."""
+    close = [match[0] for word in words if (match := difflib.get_close_matches(word, allowed, n=1, cutoff=0.7))]
+    return f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+
+
 def _choice(options: Mapping[str, Any]) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         key = text.strip().lower()
         if key not in options:
-            raise ValueError(f"allowed: {', '.join(options)}")
+            raise ValueError(f"allowed: {', '.join(options)}{_did_you_mean([key], list(options))}")
         return options[key]
 
     return parse
@@ -151,7 +157,8 @@ def _parse_repro(text: str) -> frozenset[ReproKind]:
     known = [kind.value for kind in ReproKind]
     unknown = [item for item in items if item not in known]
     if unknown:
-        raise ValueError(f"allowed: none, all, or a comma list of {', '.join(known)}; unknown: {unknown}")
+        raise ValueError(f"allowed: none, all, or a comma list of {', '.join(known)}; unknown: {unknown}"
+                         + _did_you_mean(unknown, ["none", "all", *known]))
     return frozenset(ReproKind(item) for item in items)
 
 
@@ -372,6 +379,17 @@ def load_config(arguments: Mapping[str, Any] | None = None, environ: Mapping[str
         elif field in arguments:
             values[field] = _from_argument(field, arguments[field])
     config = Config(**values)
+    at_flush = [f"{_SETTINGS[field][0]}={text}" for field, text in (
+        ("triage", config.triage.name.lower() if config.triage is not TriageLevel.OFF else None),
+        ("minimize", "1" if config.minimize else None),
+        ("repro", ",".join(sorted(k.value for k in config.repro)) if config.repro else None)) if text]
+    if at_flush and config.dump_dir is None:
+        # Not an error (the same environment may serve a run that sets its directory in code), but a setting that
+        # silently does nothing misleads.
+        log.warning("thunderfx_debug: %s %s nothing without a dump directory: %s at a flush, which writes the dump "
+                    "(set THUNDERFX_DEBUG_DIR, or ReportingBackend(dump_dir=...))", " and ".join(at_flush),
+                    "does" if len(at_flush) == 1 else "do",
+                    "it works" if len(at_flush) == 1 else "they work")
     if config.minimize and config.check is CheckLevel.OFF:
         log.warning("thunderfx_debug: THUNDERFX_DEBUG_MINIMIZE=1 shrinks the pieces the correctness sentinel flags, "
                     "and THUNDERFX_DEBUG_CHECK is off: nothing will be minimized (set THUNDERFX_DEBUG_CHECK=split "

@@ -355,19 +355,43 @@ _BINDING_ERRORS = ("has expanded extent", "stride mismatch with contiguity", "Ca
 # ---- running and comparing ------------------------------------------------------------------------------------------
 
 
-def _differentiable(outputs):
-    """The outputs gradients flow back from: those that require one, an input returned as it is included (eager's
-    dropout with p=0 returns its input, where a compiled piece returns a tensor of its own)."""
-    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+def differentiated(outputs):
+    """The positions of the outputs gradients flow back from: those that require one, an input returned as it is
+    included (eager's dropout with p=0 returns its input, where a compiled piece returns a tensor of its own). Taken
+    from eager's run and used for every side: a backend may mark more of its outputs as requiring a gradient (Thunder
+    marks every floating output of a piece that has one: a float made from integer ids, the cosine of a buffer), and
+    a gradient of those would be one eager's run cannot give."""
+    return [i for i, o in enumerate(outputs)
+            if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
 
 
-def _grad_outputs(outputs, dtypes=None):
-    """The same cotangents for every run of the piece: drawn in float32, rounded to the output's dtype (or to
-    `dtypes[i]`, those of eager's outputs, for the float64 run, which then differentiates the very same numbers)."""
-    generator = torch.Generator().manual_seed(SEED)
-    dtypes = dtypes if dtypes is not None and len(dtypes) == len(outputs) else [o.dtype for o in outputs]
-    return [torch.randn(o.shape, generator=generator, dtype=torch.float32).to(o.device, dtype).to(o.dtype)
-            for o, dtype in zip(outputs, dtypes)]
+def cotangent(position, output, dtype=None):
+    """The cotangent of the output at `position`, the same for every side and every run of the piece: drawn in
+    float32 from a generator seeded for that position, rounded to `dtype` (eager's, for the float64 run, which then
+    differentiates the very same numbers) and then to the output's dtype."""
+    generator = torch.Generator().manual_seed(SEED + 1 + position)
+    drawn = torch.randn(output.shape, generator=generator, dtype=torch.float32)
+    return drawn.to(output.device, dtype or output.dtype).to(output.dtype)
+
+
+def backward_pairs(outputs, positions, dtypes=None):
+    """(outputs, cotangents) at `positions` (eager's `differentiated`), each with its position's `cotangent`; an
+    output that is missing or does not require a gradient on this side gets none (its gradients then differ from
+    eager's, which the comparison says)."""
+    dtypes = dtypes or {}
+    pairs = [(outputs[i], cotangent(i, outputs[i], dtypes.get(i))) for i in positions
+             if i < len(outputs) and isinstance(outputs[i], torch.Tensor) and outputs[i].requires_grad]
+    return [o for o, _ in pairs], [g for _, g in pairs]
+
+
+def eager_positions(eager, inputs, backward):
+    """The outputs eager differentiates (`differentiated`), from a forward run of eager's; None without a
+    backward."""
+    if not backward:
+        return None
+    args = fresh(inputs)
+    torch.manual_seed(SEED)
+    return differentiated(tree_leaves(eager()(*as_non_leaves(args))))
 
 
 def as_non_leaves(args):
@@ -377,10 +401,12 @@ def as_non_leaves(args):
     return [x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in args]
 
 
-def run(fn, inputs, backward, float64=False, cotangent_dtypes=None):
-    """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one. Every run
-    starts from the same seed, so random ops draw the same numbers where the backend draws them as eager does.
-    With `float64`, the piece runs under `Float64Mode` (the inputs should be `to_float64` copies)."""
+def run(fn, inputs, backward, float64=False, cotangent_dtypes=None, positions=None):
+    """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one, for the
+    cotangents of the outputs at `positions` (eager's `differentiated`; this run's own where None, as for eager
+    itself). Every run starts from the same seed, so random ops draw the same numbers where the backend draws them
+    as eager does. With `float64`, the piece runs under `Float64Mode` (the inputs should be `to_float64` copies) and
+    `cotangent_dtypes` (position -> eager's dtype) rounds its cotangents as eager's."""
     args = fresh(inputs)
     torch.manual_seed(SEED)
     with (Float64Mode() if float64 else contextlib.nullcontext()):
@@ -388,10 +414,10 @@ def run(fn, inputs, backward, float64=False, cotangent_dtypes=None):
     if not backward:
         return outputs, None
     wanted = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
-    differentiable = _differentiable(outputs)
+    differentiable, cotangents = backward_pairs(outputs, differentiated(outputs) if positions is None else positions,
+                                                cotangent_dtypes)
     if not wanted or not differentiable:
         return outputs, None
-    cotangents = _grad_outputs(differentiable, cotangent_dtypes)
     with (Float64Mode() if float64 else contextlib.nullcontext()):
         grads = torch.autograd.grad(differentiable, wanted, cotangents, allow_unused=True)
     return outputs, list(grads)
@@ -517,9 +543,11 @@ def _excused_against_the_run(picks, actual, returned, eager, fp64, beyond):
 def _run_float64(eager, inputs, backward, like=None):
     """Eager under `Float64Mode`, the yardstick for rounding, with the cotangents of eager's run (`like`: its
     outputs); (None, None) where the piece cannot run in float64."""
-    dtypes = [o.dtype for o in _differentiable(like)] if like is not None else None
+    positions = differentiated(like) if like is not None else None
+    dtypes = {i: like[i].dtype for i in positions} if positions is not None else None
     try:
-        return run(eager, to_float64(inputs, requires_grad=True), backward, float64=True, cotangent_dtypes=dtypes)
+        return run(eager, to_float64(inputs, requires_grad=True), backward, float64=True, cotangent_dtypes=dtypes,
+                   positions=positions)
     except Exception as e:  # e.g. an op without a float64 kernel: judge with the dtype's tolerance alone
         print(f"  (no float64 reference: {type(e).__name__}: {str(e)[:200]})")
         return None, None
@@ -563,9 +591,15 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
     # An eager piece judged against the run's values records its own picks (`Picks`): the run may have picked
     # otherwise among ties.
     picks = Picks() if is_eager and expected_outputs is not None else None
+    positions = None
+    if not is_eager:
+        try:  # the outputs every side differentiates, each with its own cotangent: eager's (see `differentiated`)
+            positions = eager_positions(eager, inputs, backward)
+        except Exception:  # eager refuses these inputs: said below, where eager runs again
+            positions = None
     try:
         with (picks if picks is not None else contextlib.nullcontext()):
-            outputs, grads = run(fn, inputs, backward)
+            outputs, grads = run(fn, inputs, backward, positions=positions)
     except Exception as error:
         if is_eager:
             traceback.print_exc()
@@ -584,7 +618,7 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
         picks = Picks()
         try:
             with picks:
-                eager_outputs, eager_grads = run(reference, inputs, backward)
+                eager_outputs, eager_grads = run(reference, inputs, backward, positions=positions)
         except Exception as error:
             traceback.print_exc()
             return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__} on these inputs: {str(error)[:300]}")
@@ -769,9 +803,11 @@ class BenchmarkFigures:
     backward_device_ms: float = None
 
 
-def benchmark(fn, inputs, backward, min_run_time):
+def benchmark(fn, inputs, backward, min_run_time, positions=None):
     """Times the forward, and the backward where the piece has one, as (forward + backward) - forward: compiled
-    backward functions may free what they saved after one use, so a backward alone cannot be run repeatedly."""
+    backward functions may free what they saved after one use, so a backward alone cannot be run repeatedly. The
+    backward is that of the outputs at `positions` (eager's `differentiated`, so that every backend's script times
+    the same gradients), each with its `cotangent`."""
     from torch.utils.benchmark import Timer
 
     args = fresh(inputs)
@@ -781,14 +817,18 @@ def benchmark(fn, inputs, backward, min_run_time):
     def forward():
         return fn(*args)
 
+    def pairs():
+        outputs = tree_leaves(fn(*args))
+        return backward_pairs(outputs, differentiated(outputs) if positions is None else positions)
+
     def forward_backward():
-        outputs = _differentiable(tree_leaves(fn(*args)))
-        torch.autograd.grad(outputs, wanted, _grad_outputs(outputs), allow_unused=True)
+        outputs, cotangents = pairs()
+        torch.autograd.grad(outputs, wanted, cotangents, allow_unused=True)
 
     forward_ms = Timer("forward()", globals={"forward": forward}).blocked_autorange(min_run_time=min_run_time).median
     forward_ms *= 1e3
     forward_device = device_ms(forward, forward_ms) if on_cuda else None
-    if not backward or not wanted or not _differentiable(tree_leaves(fn(*args))):
+    if not backward or not wanted or not pairs()[0]:
         return BenchmarkFigures(forward_ms, None, forward_device)
     both = Timer("step()", globals={"step": forward_backward}).blocked_autorange(min_run_time=min_run_time).median
     both *= 1e3
@@ -843,7 +883,8 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
                                                                      Outcome.NOT_COMPARABLE):
         torch.manual_seed(SEED)
         try:
-            timings = benchmark(fn, inputs, backward, options.min_run_time)
+            positions = None if executor == "eager" else eager_positions(eager, inputs, backward)
+            timings = benchmark(fn, inputs, backward, options.min_run_time, positions)
         except Exception as error:  # the verdict stands; the figures are missing, and the JSON says why
             traceback.print_exc()
             figures["benchmark_error"] = f"{type(error).__name__}: {str(error)[:300]}"
