@@ -191,6 +191,8 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
     started = _children_ahead(ahead, 240, lambda child: "compiled ahead" in _step_lines(child.folder))
     assert started, "no split was compiled ahead within 240 s"
     rank_dir = backend.flush()
+    # None of the children started before the flush outlives it.
+    assert not ahead.children and all(child.process.poll() is not None for child in started.values())
     for _ in range(STEPS_AFTER):
         step()
     params = [p.detach().clone() for p in model.parameters()]
