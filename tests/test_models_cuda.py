@@ -158,7 +158,11 @@ def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference
         if ILLEGAL_ADDRESS in str(error) and plain is None and ILLEGAL_ADDRESS in output:
             # Seen on the H200 with nvFuser 0.2.36.dev20260301 (a torch-2.10 build on torch 2.11) from 4 layers on,
             # which overwrites memory it does not own: plain ThunderCompiler dies in the same way, so the backend is
-            # not the cause (benchmarks/RESULTS.md).
+            # not the cause (benchmarks/RESULTS.md). The dump must still be written, and load.
+            rank_dir = backend.flush()
+            from thunderfx_debug import load_report
+
+            assert rank_dir is not None and load_report(rank_dir).graphs
             pytest.xfail(f"nvFuser crashes under plain ThunderCompiler too: {str(error)[:200]}")
         raise
     plain, output = reference.losses()
@@ -166,23 +170,28 @@ def test_gpt_under_reporting_backend_matches_thunderfx(tmp_path, plain_reference
     # The forward of step 1 has no nondeterministic kernel in it: bit-identical. Later steps go through backward
     # kernels with atomics (attention, embedding), whose order differs from run to run in plain ThunderFX too.
     assert losses[0] == plain[0]
+    known = None
+    stray = _stray_iota_writes(losses, plain)
     if bool((plain.abs() < 1e-30).any()):
         # The same nvFuser writes its GPT's `iota` out of bounds at 2 layers too: some losses of plain ThunderCompiler's
         # own run read 0 or ~1e-38 (benchmarks/RESULTS.md, "Known issue"), so there is nothing to compare with. A
         # corrupted loss of the backend's run alone still fails below.
-        pytest.xfail(f"plain ThunderCompiler's own losses are corrupted by nvFuser: {plain.tolist()}")
-    stray = _stray_iota_writes(losses, plain)
-    if stray:
+        known = f"plain ThunderCompiler's own losses are corrupted by nvFuser: {plain.tolist()}"
+    elif stray:
         # Seen on the H200 at 2 layers (benchmarks/RESULTS.md, "Known issue"): plain's losses clean, and the backend's
         # bit-equal to them but where a loss tensor, kept on the device until the end, was written over afterwards
         # with nvFuser's stray int64 iota values. Where the stray writes land depends on where the allocator put what.
-        pytest.xfail(f"nvFuser's out-of-bounds iota writes overwrote the stored losses of steps {stray}")
-    # Both lists in the message: a loss of 0 in the backend's run alone reads differently from a drift of both.
-    torch.testing.assert_close(losses, plain, rtol=2e-2, atol=0, msg=lambda message: (
-        f"{message}\nReportingBackend: {losses.tolist()}\nplain ThunderCompiler: {plain.tolist()}"))
-    assert losses[-1] < losses[0]
+        known = f"nvFuser's out-of-bounds iota writes overwrote the stored losses of steps {stray}"
+    else:
+        # Both lists in the message: a loss of 0 in the backend's run alone reads differently from a drift of both.
+        torch.testing.assert_close(losses, plain, rtol=2e-2, atol=0, msg=lambda message: (
+            f"{message}\nReportingBackend: {losses.tolist()}\nplain ThunderCompiler: {plain.tolist()}"))
+        assert losses[-1] < losses[0]
+    # The dump is checked whatever nvFuser did to the losses: a known fault excuses the losses, not the report.
     backend.flush()
     _check_report(backend, tmp_path / "rank0")
+    if known is not None:
+        pytest.xfail(known)
 
 
 def _stray_iota_writes(losses: torch.Tensor, plain: torch.Tensor) -> list[int]:

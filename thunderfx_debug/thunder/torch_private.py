@@ -87,19 +87,20 @@ def fresh_compile_state() -> None:
     """In a fork of a process that compiled: one intra-op thread, Dynamo's caches dropped and inductor compiling in
     the calling thread (the parent's pool of compile workers is the parent's). One thread, because the parent's
     OpenMP team does not exist in the fork, and GNU OpenMP (torch's CPU builds) hangs at the child's first parallel
-    region of more than one thread (a matmul, a large elementwise op). Does nothing where torch is not loaded or
-    lacks these (the child then compiles as it would anyway)."""
+    region of more than one thread (a matmul, a large elementwise op). Does nothing where torch is not loaded, and
+    leaves out what this torch lacks (the child then compiles as it would anyway); any other failure is raised, so
+    that the child ends saying why (`flush.children`) rather than hanging on a state it could not reset."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
     torch.set_num_threads(1)
+    torch._dynamo.reset()
     try:
-        torch._dynamo.reset()
         from torch._inductor import config as inductor_config
-
+    except ImportError:  # a torch without inductor
+        return
+    if hasattr(inductor_config, "compile_threads"):
         inductor_config.compile_threads = 1
-    except Exception:
-        pass
 
 
 def operator_key(obj: Any) -> tuple[str, str, str | None] | None:
