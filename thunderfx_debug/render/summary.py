@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from thunderfx_debug.records import (
     ClockKind, CompileCost, CostWhen, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
 )
-from thunderfx_debug.render import accounting, digest, memory, minimized, provenance, triage_findings
+from thunderfx_debug.render import accounting, digest, failures, memory, minimized, provenance, triage_findings
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import flagged, ms, plural
@@ -328,7 +328,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
     if graph.disturbed:
         lines.append("  left out of the headline statistics: " + ", ".join(
             f"call {d.call} ({d.why.value})" for d in graph.disturbed))
-    if graph.error:
+    if graph.failure is not None:
+        lines.append(f"  ERROR: {failures.headline(graph.failure)}")
+    elif graph.error:
         lines.append(f"  ERROR: {_last_line(graph.error)}")
     for split in graph.splits:
         line = f"  {split.name}: {plural(len(split.ops), 'op')}"
@@ -356,8 +358,12 @@ def render_graph(graph: GraphRecord) -> list[str]:
             if line:
                 lines.append(f"    {line}")
         lines += _parts_lines(graph, split)
-        if split.error:
+        if graph.failure is not None and graph.failure.piece == f"{graph.name}/{split.name}":
+            lines.append(f"    ERROR: {graph.failure.exception} {graph.failure.when}")
+        elif split.error:
             lines.append(f"    ERROR: {_last_line(split.error)}")
+        elif graph.failure is not None and f"{graph.name}/{split.name}" in graph.failure.not_run:
+            lines.append(f"    never ran: {graph.failure.piece} raised before it")
     for reason in graph.unattributed_reasons:
         lines.append(f"  split reason (no split): {reason.type} {digest.reason_op(reason)[:120]}")
     return lines
@@ -413,8 +419,8 @@ def _fusion_lines(split, left_out) -> list[str]:
 
 
 def render_summary(report: RankRecord) -> str:
-    """The summary of one rank (what `str(report)` prints)."""
-    lines = render_overview(report)
+    """The summary of one rank (what `str(report)` prints): what the run raised first, where it raised."""
+    lines = failures.summary_lines(report) + render_overview(report)
     for graph in report.graphs:
         lines.append("")
         lines.extend(render_graph(graph))
