@@ -33,9 +33,7 @@ class GraphFailureHandler:
         with self.recorder.failures.guard(f"recording the failure of {state.name}"):
             self._record(state, error, args)
         state.fallback = self.on_error is OnError.FALLBACK  # before the flush, so that the dump says so
-        if self.flush is not None:
-            with self.recorder.failures.guard(f"writing the failure report of {state.name}"):
-                self.flush()
+        self.write(state)
         if self.on_error is not OnError.FALLBACK:
             raise error
         return self.fallback(state, args, error)
@@ -51,9 +49,16 @@ class GraphFailureHandler:
             captured = self.capture.call(state.name, args)
         self.recorder.graph_failed(state, error, PieceFailure(FailedIn.FORWARD, state.calls, captured), captured)
 
+    def write(self, state: GraphState) -> None:
+        """Writes the dump with the failure of `state`'s graph in it (without a dump directory, nothing)."""
+        if self.flush is not None:
+            with self.recorder.failures.guard(f"writing the failure report of {state.name}"):
+                self.flush()
+
     def backward_failed(self, state: GraphState, error: BaseException) -> bool:
-        """Records that a backward of the graph raised (from inside autograd's engine, where the dump is not written:
-        the flush at exit or the next one writes it); True where the graph falls back from its next call."""
+        """Records that a backward of the graph raised (from inside autograd's engine, which may run it in a thread
+        of its own: the dump is written at the graph's next call, `write`, or by the flush at exit); True where the
+        graph falls back from its next call."""
         with self.recorder.failures.guard(f"recording the failure of {state.name}'s backward"):
             self.recorder.graph_failed(state, error)
         return self.on_error is OnError.FALLBACK

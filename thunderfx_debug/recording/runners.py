@@ -60,6 +60,9 @@ class GraphErrorHandler(Protocol):
         """Records that the backward of a piece of the graph raised `error` (which goes on to the training); True
         where the graph runs without Thunder from its next call (THUNDERFX_DEBUG_ON_ERROR=fallback)."""
 
+    def write(self, state: GraphState) -> None:
+        """Writes the dump with the failure recorded (a backward's, which is not written from autograd's engine)."""
+
     def fallback(self, state: GraphState, args: tuple) -> Callable:
         """What runs the graph from now on, without Thunder."""
 
@@ -275,6 +278,7 @@ class GraphRunner:
         # sampled call, the call after a sampled one, and every call once it falls back (`_special_call_after`).
         self._next_special_call = 0
         self._fall_back_next = False  # a backward of the graph raised, and the graph falls back from its next call
+        self._write_failure = False  # a backward of the graph raised: its next call writes the dump first
 
     def __call__(self, *args):
         state = self.state
@@ -310,6 +314,9 @@ class GraphRunner:
                 self._checked_start = None
             if self._periods is not None:
                 self._measure_ordinary_period(state.calls)
+            if self._write_failure:
+                self._write_failure = False
+                self._on_error.write(state)
             if self._fall_back_next and self._fallback is None:
                 self._fallback = self._on_error.fallback(state, args)
             if self._fallback is not None:
@@ -354,10 +361,11 @@ class GraphRunner:
 
     def backward_failed(self, error: BaseException) -> None:
         """The backward of one of the graph's splits raised `error` (which goes on to the training): `on_error`
-        records it, and where it falls back, the graph's next call runs without Thunder."""
-        if self._on_error.backward_failed(self.state, error):
-            self._fall_back_next = True
-            self._next_special_call = 0
+        records it; the graph's next call writes the dump first (the flush at exit does where the training ends
+        there), and where it falls back, runs without Thunder."""
+        self._fall_back_next = self._on_error.backward_failed(self.state, error)
+        self._write_failure = True
+        self._next_special_call = 0
 
     def _call(self, *args):
         state = self.state

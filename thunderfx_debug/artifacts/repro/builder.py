@@ -39,7 +39,7 @@ from thunderfx_debug.recording.manifest import package_versions
 from thunderfx_debug.records import FailedIn, InputKind, InputMeta, SplitKind
 from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.check import Evidence
-from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.recording.recorder import GraphSnapshot, GraphState, SplitSnapshot
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import provenance as thunder_provenance
@@ -187,18 +187,7 @@ class ScriptBuilder:
     # ---- the run's failure ------------------------------------------------------------------------------------------
     def _run_failure(self, piece: ReproSubject, region: str | None = None) -> dict | None:
         """What the scripts of the backend that raised expect (`script_template.main`'s `run_failure`)."""
-        failure = self.state.failure
-        if failure is None:
-            return None
-        facts, where = failure.facts, failure.where
-        expected = {"piece": _failed_piece(self.state), "type": facts.type, "message": facts.message,
-                    "raised_in": facts.raised_in, "raised_at": facts.raised_at, "raised_code": facts.raised_code,
-                    "failed_in": where.failed_in.value, "call": where.call,
-                    "inputs": "real" if piece.real else "rebuilt",
-                    "summary": _failure_words(_failed_piece(self.state), failure)}
-        if region is not None:
-            expected["region"] = region
-        return expected
+        return run_failure_argument(self.state, piece.real, region)
 
     @staticmethod
     def _expecting(piece: ReproSubject, expects: bool, run_failure: dict | None) -> ReproSubject:
@@ -400,6 +389,21 @@ class ScriptBuilder:
                                                      else writers.InductorRegion)
                 self._write(key, self._expecting(piece, expects, self._run_failure(piece, region.key)), strategy,
                             path)
+
+
+def run_failure_argument(state: GraphState, real: bool, region: str | None = None) -> dict | None:
+    """What a script that runs the piece with the backend that raised in the run expects (`script_template.main`'s
+    `run_failure`; `real`: the script has the run's values), None where the graph did not fail."""
+    failure = state.failure
+    if failure is None:
+        return None
+    facts, where = failure.facts, failure.where
+    expected = {"piece": _failed_piece(state), "type": facts.type, "message": facts.message,
+                "raised_in": facts.raised_in, "raised_at": facts.raised_at, "raised_code": facts.raised_code,
+                "failed_in": where.failed_in.value, "call": where.call, "inputs": "real" if real else "rebuilt"}
+    if region is not None:
+        expected["region"] = region
+    return expected
 
 
 def _failed_piece(state) -> str:

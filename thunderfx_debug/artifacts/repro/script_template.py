@@ -687,7 +687,7 @@ def _classify_failure(error, eager, inputs, backward):
 # ---- the run's failure: a piece that raised in the run ---------------------------------------------------------------
 
 
-def _the_run_raised(run_failure):
+def the_run_raised(run_failure):
     """"AssertionError at thunder/executors/torch_autograd.py:75 forward, in the forward of call 1"."""
     message = run_failure.get("message", "").strip().splitlines()
     exception = run_failure["type"] + (f": {message[0][:200]}" if message else "")
@@ -706,7 +706,7 @@ def _reproduced(error, phase, run_failure):
     if run_failure.get("failed_in", "compile") not in ("compile", phase) and not run_failure.get("region"):
         return None  # a region's script runs its ops alone, in neither phase
     traceback.print_exc()
-    return Verdict(Outcome.REPRODUCED, f"raised what the run raised: {_the_run_raised(run_failure)}")
+    return Verdict(Outcome.REPRODUCED, f"raised what the run raised: {the_run_raised(run_failure)}")
 
 
 def _why_not_reproduced(run_failure):
@@ -730,13 +730,13 @@ def against_the_run(verdict, run_failure):
     a piece that raised something else, or could not be judged) with what the run raised."""
     if verdict.outcome in (Outcome.OK, Outcome.NOT_COMPARABLE):
         found = "and matched eager" if verdict.outcome is Outcome.OK else "(its values not comparable)"
-        return Verdict(Outcome.NOT_REPRODUCED, f"the run raised {_the_run_raised(run_failure)}; here the piece ran "
+        return Verdict(Outcome.NOT_REPRODUCED, f"the run raised {the_run_raised(run_failure)}; here the piece ran "
                                                f"{found}: the failure may need what only the run had: "
                                                f"{_why_not_reproduced(run_failure)}")
     if verdict.outcome in (Outcome.REPRODUCED, Outcome.REFUSED):
         return verdict
     return Verdict(verdict.outcome, f"{verdict.detail}; not the run's failure, which was "
-                                    f"{_the_run_raised(run_failure)}", verdict.meaning)
+                                    f"{the_run_raised(run_failure)}", verdict.meaning)
 
 
 # ---- mismatch scripts: a piece the correctness sentinel found mismatching during training ---------------------------
@@ -941,7 +941,7 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
         return _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script)
     print(f"{piece} [{executor}]  ({Path(script).name})")
     if run_failure is not None:
-        print(f"  in the run it raised {_the_run_raised(run_failure)}; this script expects the same")
+        print(f"  in the run it raised {the_run_raised(run_failure)}; this script expects the same")
     if random_ops:
         # Inductor draws random numbers with its own generator unless told to call eager's random ops.
         from torch._inductor import config as inductor_config

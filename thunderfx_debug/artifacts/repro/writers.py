@@ -68,8 +68,8 @@ class ReproSubject:
     needs_thunder: the definitions call `import_thunder()` or other Thunder support.
     sources: the lines of the model's code its ops came from ("file:line function", most ops first).
     reads_saved_from: a backward region's: the lines of the forward ops that made the saved values it reads.
-    run_failure: for the piece that raised in the run, what it raised (`script_template.main`'s `run_failure`),
-    which the scripts of the backend that raised it expect.
+    run_failure: what the piece raised in the run (`script_template.main`'s `run_failure`), for the scripts of the
+    backend that raised it, which expect it (None for the others).
     """
 
     key: str
@@ -107,15 +107,13 @@ class ReproSubject:
 
 class Strategy:
     """A way of running a piece. `executor` names it in the JSON figures, `file_kind` in the file name, `backend`
-    in the verdict line; `needs_thunder` scripts carry `thunder.script_support`; `runs_thunder` strategies run the
-    piece as Thunder did in the run, so that a Thunder failure of the run is theirs to reproduce."""
+    in the verdict line; `needs_thunder` scripts carry `thunder.script_support`."""
 
     executor = "eager"
     file_kind = "eager"
     backend = "eager PyTorch"
     description = "eager PyTorch"
     needs_thunder = False
-    runs_thunder = False
 
     def build_body(self, piece: ReproSubject) -> str:
         return f"return {piece.instance()}"
@@ -191,7 +189,6 @@ class _WithThunderOptions(Strategy):
     file_kind = "thunder"
     backend = "Thunder"
     needs_thunder = True
-    runs_thunder = True
 
     def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None,
                  executor_modules: dict[str, tuple[str | None, str | None]] | None = None):
@@ -509,7 +506,8 @@ def _the_run_failure(run_failure: dict[str, Any] | None) -> str:
     exception's message is written as it is, whatever characters it holds)."""
     if run_failure is None:
         return ""
-    lines = [f"# in the run it raised: {run_failure['summary']}"]
+    lines = [f"# in the run, {run_failure.get('piece', 'the piece')} raised "
+             f"{script_template.the_run_raised(run_failure)}"]
     if run_failure.get("raised_code"):
         lines.append(f"#     {run_failure['raised_code']}")
     message = run_failure.get("message", "").strip().splitlines()
@@ -583,7 +581,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         if piece.real:
             note = (f"the values the run passed on call {mismatch.get('call')} of this piece (the first it "
                     "mismatched on), loaded from the file next to this script.")
-    run_failure = piece.run_failure if strategy.runs_thunder else None
+    run_failure = piece.run_failure
     if run_failure is not None:
         check = ("runs it as the run did and expects the exception the run raised: REPRODUCED (exit 7) where it "
                  "raises it, NOT REPRODUCED (exit 8) where it runs")
@@ -635,7 +633,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"        random_ops={tuple(piece.random_ops)!r},\n"
         f"        refusal={strategy.refusal(piece)},\n"
         + mismatch_argument
-        + (f"        run_failure={ {k: v for k, v in run_failure.items() if k != 'summary'}!r},\n" if run_failure else "") +
+        + (f"        run_failure={run_failure!r},\n" if run_failure else "") +
         "    ))\n"
     )
     imports = "\n".join(dict.fromkeys(piece.imports))
