@@ -333,3 +333,28 @@ def test_minimize_at_flush_shrinks_a_reproducing_failure_to_the_ops_that_still_r
     assert minimized.verdict.startswith("RESULT REPRODUCED") and minimized.final.startswith("RESULT REPRODUCED")
     run, said = _run(tmp_path / "rank0" / minimized.script)
     assert run.outcome == "REPRODUCED", said
+
+
+def test_split_scripts_tell_thunder_which_outputs_are_differentiable_as_thunderfx_did(tmp_path):
+    import runpy
+
+    import thunder
+
+    backend = ReportingBackend(dump_dir=tmp_path, repro="split", strict=True, executors=cpu_executors())
+    torch.manual_seed(0)
+    model = SizeAcrossASplit()
+    torch.compile(model, backend=backend)(_batches(4)[0]).backward()  # static shapes: no size crosses a split
+    rank_dir = backend.flush()
+    graph = load_report(rank_dir).graphs[0]
+    states = {split.name: split for split in backend.recorder.graphs[0].splits}
+    compared = 0
+    for split in graph.splits:
+        if split.kind.value != "thunder":
+            continue
+        in_the_run = thunder.compile_data(states[split.name].split.compiled).compile_options["is_differentiable_outputs"]
+        script = runpy.run_path(str(rank_dir / split.files["repro_thunder"]), run_name="not_main")
+        torch.manual_seed(0)
+        here = script["differentiable_outputs_as_thunderfx"](script["DynamoModule"](), script["make_inputs"]())
+        assert here == list(in_the_run), split.name
+        compared += 1
+    assert compared == 2
