@@ -112,7 +112,7 @@ def _run(script: Path):
 
 def test_a_failure_of_thunders_autograd_connection_is_recorded_and_reproduced_by_its_scripts(tmp_path):
     plain, reporting, backend = _run_both(SizeAcrossASplit, _batches(4, 4), dynamic=True, dump_dir=tmp_path,
-                                          repro="split,graph")
+                                          repro="split,graph", triage="split")
     error = _same_as_plain(plain, reporting)
     assert isinstance(error, AssertionError) and reporting[0] == 0
     rank_dir = tmp_path / "rank0"
@@ -126,6 +126,7 @@ def test_a_failure_of_thunders_autograd_connection_is_recorded_and_reproduced_by
     assert failure.not_run == ("graph0/inductor_1", "graph0/thunder_2")
     assert failure.sources and failure.sources[0].endswith("forward")
     assert failure.script == graph.split("thunder_0").files["repro_thunder"]
+    assert graph.split("thunder_2").triage.error == "not triaged: it never ran: graph0/thunder_0 raised before it"
     # The summary's and the page's first lines name it: what raised, where, the model's line, the script.
     summary = str(report).splitlines()
     assert summary[0] == "FAILED: graph0/thunder_0 raised AssertionError in the forward of its first call"
@@ -358,3 +359,26 @@ def test_split_scripts_tell_thunder_which_outputs_are_differentiable_as_thunderf
         assert here == list(in_the_run), split.name
         compared += 1
     assert compared == 2
+
+
+def test_the_fusion_region_a_failure_was_raised_in_is_read_from_the_trace_frame_that_called_it():
+    # A frame of a Thunder trace as Thunder compiles one (file name `thunder.<name>_<n>`, its text in linecache),
+    # whose region raises as nvFuser does when it fails to compile a fusion.
+    import linecache
+
+    from thunderfx_debug.thunder.failures import exception_facts
+
+    source = "def backward_fn(saved, cotangents):\n    [t4] = nvFusion3(saved, cotangents)\n    return t4\n"
+    name = "thunder.backward_fn_99"
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+
+    def nvfusion3(*args):
+        raise RuntimeError("INTERNAL ASSERT FAILED at fusion_kernel_runtime.cpp:476")
+
+    namespace = {"nvFusion3": nvfusion3}
+    exec(compile(source, name, "exec"), namespace)  # noqa: S102  (the test's own code)
+    with pytest.raises(RuntimeError) as raised:
+        namespace["backward_fn"](None, None)
+    facts = exception_facts(raised.value)
+    assert facts.region == "nvFusion3_backward" and facts.type == "RuntimeError"
+    assert facts.raised_in.endswith(" nvfusion3") and facts.message.startswith("INTERNAL ASSERT FAILED")

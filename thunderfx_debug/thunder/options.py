@@ -57,9 +57,10 @@ def executor_modules(executors: Iterable[Any]) -> dict[str, tuple[str | None, st
                 holders.setdefault(id(value), []).append(name)
     found: dict[str, tuple[str | None, str | None]] = {}
     for key, executor in wanted.items():
-        # the training script is `__main__` (and `__mp_main__` once multiprocessing ran): held there only, it cannot
-        # be imported
-        names = sorted(holders.get(key, ()), key=lambda n: (n in _MAIN, n))
+        # The module that defines its ops first (others that hold it import that one); the training script,
+        # `__main__` (and `__mp_main__` once multiprocessing ran), last: held there only, it cannot be imported.
+        defining = _defining_modules(executor)
+        names = sorted(holders.get(key, ()), key=lambda n: (n in _MAIN, n not in defining, n))
         if any(n.split(".")[0] == "thunder" for n in names) or (not names and not _made_outside_thunder(executor)):
             continue
         if not names:
@@ -84,13 +85,19 @@ def run_executor_modules(thunder_options: dict[str, Any]) -> dict[str, tuple[str
     return {} if value is None else executor_modules(resolve_executors(value))
 
 
+def _defining_modules(executor: Any) -> set[str]:
+    """The modules the meta functions of an executor's ops come from."""
+    found = set()
+    for symbol in getattr(executor, "opmap", {}).values():
+        module = getattr(getattr(symbol, "meta", None), "__module__", None)
+        if isinstance(module, str) and module:
+            found.add(module)
+    return found
+
+
 def _made_outside_thunder(executor: Any) -> bool:
     """Whether an executor's ops were made outside Thunder: the meta function of one comes from another module."""
-    for symbol in getattr(executor, "opmap", {}).values():
-        module = getattr(getattr(symbol, "meta", None), "__module__", None) or ""
-        if module and module.split(".")[0] != "thunder":
-            return True
-    return False
+    return any(module.split(".")[0] != "thunder" for module in _defining_modules(executor))
 
 
 def _import_folder(module_name: str) -> str | None:
