@@ -128,6 +128,12 @@ def test_a_wrong_op_in_a_region_and_in_a_split_is_minimized_to_it_at_flush_and_a
         runs = list(pool.map(lambda piece: _minimal_run(rank_dir / piece.minimized.script, env), (wrong, region)))
     for run in runs:
         assert run.outcome == "MISMATCH", run.stdout[-3000:] + run.stderr[-3000:]
+    # Where the executor is not registered, the minimal script says which is missing, and blames no backend.
+    bare = {**os.environ, "PYTHONPATH": str(TESTS), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    run = _minimal_run(rank_dir / wrong.minimized.script, bare)
+    assert run.outcome == "NOT_REBUILT", run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"the run's executor {WRONG_FUSION!r} is not registered here" in run.result_line
+    assert "no claim about Thunder" in run.result_line and "Thunder raised" not in run.result_line
 
 
 def test_the_command_minimizes_a_mismatch_script_and_refuses_one_that_passes(tmp_path, monkeypatch, capsys):
