@@ -382,3 +382,17 @@ def test_the_fusion_region_a_failure_was_raised_in_is_read_from_the_trace_frame_
     facts = exception_facts(raised.value)
     assert facts.region == "nvFusion3_backward" and facts.type == "RuntimeError"
     assert facts.raised_in.endswith(" nvfusion3") and facts.message.startswith("INTERNAL ASSERT FAILED")
+
+
+def test_the_summary_of_several_ranks_names_each_failure_first_with_its_rank_and_script():
+    from thunderfx_debug.records import GraphRecord, RankRecord, RunFailure
+    from thunderfx_debug.render.summary import render_ranks
+
+    failure = RunFailure(piece="graph2/thunder_1", failed_in=FailedIn.BACKWARD, type="RuntimeError",
+                         message="nvFuser failed\nmore", call=4,
+                         script="graph2/graph2_thunder_1/graph2_thunder_1_repro_thunder.py")
+    reports = {0: RankRecord(graphs=(GraphRecord("graph2", 2),), meta={"rank": 0}),
+               1: RankRecord(graphs=(GraphRecord("graph2", 2, failure=failure),), meta={"rank": 1})}
+    assert render_ranks(reports).splitlines()[0] == (
+        "FAILED on rank 1: graph2/thunder_1 raised RuntimeError: nvFuser failed in the backward of its call 4; "
+        "reproduce: python rank1/graph2/graph2_thunder_1/graph2_thunder_1_repro_thunder.py")

@@ -4,7 +4,7 @@ failure kept from running."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from thunderfx_debug.records import GraphRecord, RankRecord, RunFailure, short_sources
 from thunderfx_debug.render.svg import esc
@@ -57,6 +57,18 @@ def summary_lines(report: RankRecord) -> list[str]:
         failure = graph.failure
         lines.append(f"FAILED: {headline(failure)}")
         lines += [f"  {label}: {text}" for label, text in _facts(graph, failure)]
+    return lines + [""] if lines else []
+
+
+def ranks_lines(reports: Mapping[int, RankRecord]) -> list[str]:
+    """The first lines of the summary of several ranks: each failure, the rank it was on, and its script (a path
+    from the dump's directory)."""
+    lines = []
+    for rank, report in reports.items():
+        for graph in failed_graphs(report):
+            failure = graph.failure
+            script = f"; reproduce: python rank{rank}/{failure.script}" if failure.script else ""
+            lines.append(f"FAILED on rank {rank}: {headline(failure)}{script}")
     return lines + [""] if lines else []
 
 

@@ -441,7 +441,8 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
         flags = [flag for flag, on in (("STRAGGLER", row.straggler), ("SPLITS DIFFERENTLY", row.splits_differently)) if on]
         table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.compiled_ms),
                       " ".join(flags) or "-"])
-    lines = [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
+    lines = failures.ranks_lines(reports)
+    lines += [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
     lines += _table(table, right=set(range(len(keys) + 2)))
     lines += ["", "time per graph and rank (median forward + backward):"]
     names = sorted({g.name for r in reports.values() for g in r.graphs}, key=_natural)

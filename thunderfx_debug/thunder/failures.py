@@ -75,7 +75,7 @@ def exception_facts(error: BaseException) -> ExceptionFacts:
 class WatchedBackward:
     """A cache entry's backward function that tells `on_failure(error)` of an exception it raises, then lets the
     exception go on as it would have: the same call, the same arguments (Thunder empties its lists of saved tensors
-    as it goes), the same result."""
+    as it goes, which this frame holds no more of than Thunder's own does), the same result."""
 
     def __init__(self, backward_fn: Callable, on_failure: Callable[[BaseException], None]):
         self.backward_fn, self.on_failure = backward_fn, on_failure
@@ -83,7 +83,7 @@ class WatchedBackward:
     def __call__(self, *args, **kwargs):
         try:
             return self.backward_fn(*args, **kwargs)
-        except BaseException as error:
+        except Exception as error:  # not KeyboardInterrupt or SystemExit: no failure of the backward's own
             self.on_failure(error)
             raise
 
