@@ -16,7 +16,9 @@ also runs its check after it (`split_check`), outside the split's first-call tim
 first call, which is always checked, includes it). Some sampled calls (`memory.measures`: the first two, then ever
 rarer) also measure what each piece holds in memory (`memory`: saved-tensor hooks around the forward, windows on the
 allocator's history on CUDA), outside the timing marks, at every timing level from `graph` on; the graph's call
-after a sampled one closes the backward windows that never ended.
+after a sampled one closes the backward windows that never ended. After its first, sampled and checked calls, a
+thunder split's backward functions are watched (`BackwardWatch`), so that one that raises in autograd's engine is
+recorded as the split's; a failure of a call records that call's inputs (`fallback`).
 """
 
 from __future__ import annotations
