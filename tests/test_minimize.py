@@ -3,8 +3,8 @@ executors of our own compute one op wrongly inside a fusion region and a split o
 each is cut to at most 3 ops that include it, whose minimal script still says MISMATCH in a fresh interpreter where
 thunderfx_debug cannot be imported; a piece that does not fail is left alone; a failure that changes between
 identical runs is said to be random instead of shrunk; a split that raised in the run is cut to ops that still raise
-the same; scripts that pass are refused. Then the pieces without Thunder: the handback of a region, records, settings, the command's
-mistakes.
+the same; scripts that pass are refused. Then the pieces without Thunder: the handback of a region, records,
+settings, the command's mistakes.
 
 Each trial is a script run in a child process (about a second here); a piece of 24 ops takes a dozen trials.
 """

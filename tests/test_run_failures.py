@@ -218,6 +218,7 @@ def test_a_users_executor_that_raises_at_a_later_call_is_reproduced_with_that_ca
     text = script.read_text()
     assert "registered by importing raising_executors" in text and str(TESTS) in text
     assert "Its inputs are those of the failing call (call 3)" in text
+    assert ("metadata of the run's call 3" if inputs == "meta" else "the run passed on its call 3 of this piece") in text
     run, said = _run(script)
     assert run.outcome == "REPRODUCED" and run.returncode == 7, said
     assert "size7_tanh refuses a dimension of size 7" in run.result_line
@@ -352,7 +353,8 @@ def test_split_scripts_tell_thunder_which_outputs_are_differentiable_as_thunderf
     for split in graph.splits:
         if split.kind.value != "thunder":
             continue
-        in_the_run = thunder.compile_data(states[split.name].split.compiled).compile_options["is_differentiable_outputs"]
+        options = thunder.compile_data(states[split.name].split.compiled).compile_options
+        in_the_run = options["is_differentiable_outputs"]
         script = runpy.run_path(str(rank_dir / split.files["repro_thunder"]), run_name="not_main")
         torch.manual_seed(0)
         here = script["differentiable_outputs_as_thunderfx"](script["DynamoModule"](), script["make_inputs"]())

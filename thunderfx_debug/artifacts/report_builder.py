@@ -128,8 +128,8 @@ def _run_failure(snap: GraphSnapshot, files: FileIndex) -> RunFailure | None:
     return RunFailure(
         piece=piece, failed_in=where.failed_in, type=facts.type, message=facts.message, call=where.call,
         region=region, raised_at=facts.raised_at, raised_code=facts.raised_code, sources=tuple(sources),
-        inputs_call=inputs_call, not_run=tuple(f"{state.name}/{s.state.name}" for s in snap.splits if s.state.calls == 0),
-        script=files.get(piece, {}).get("repro_thunder"))
+        inputs_call=inputs_call, script=files.get(piece, {}).get("repro_thunder"),
+        not_run=tuple(f"{state.name}/{s.state.name}" for s in snap.splits if s.state.calls == 0))
 
 
 def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:

@@ -6,12 +6,13 @@ process only describes the piece and reads back what was written.
 
 The piece is read from the run's own objects: a split's FX graph (printed as its repro scripts print it) and a
 region's ops as Thunder's torch executor lowers its bound symbols (the code its scripts carry), with the inputs of
-the first call it mismatched on where the sentinel kept them (host copies; of the call that raised, for a split
-that raised), else the recorded metadata the scripts rebuild inputs from. The piece's child runs the piece eagerly for the values its cuts hand on (`shrink.full_values`)
-and runs the trials in children of its own (`trials`). Where the training process has not initialised CUDA, the
-piece's child is a fork of it, and its trials forks of that: they have the run's executors, so a custom executor's
-wrong op is found too; a process that uses CUDA starts a fresh interpreter for the piece instead, whose trials have
-an executor of the user's where its module registers it on import (the piece's note says so where one is missing).
+the first call it mismatched on where the sentinel kept them (host copies; of the call that raised, for a split that
+raised), else the recorded metadata the scripts rebuild inputs from. The piece's child runs the piece eagerly for
+the values its cuts hand on (`shrink.full_values`) and runs the trials in children of its own (`trials`). Where the
+training process has not initialised CUDA, the piece's child is a fork of it, and its trials forks of that: they
+have the run's executors, so a custom executor's wrong op is found too; a process that uses CUDA starts a fresh
+interpreter for the piece instead, whose trials have an executor of the user's where its module registers it on
+import (the piece's note says so where one is missing).
 
 How a trial builds the piece: a split with `thunder.jit` and the run's options and executors (as its mismatch
 script does); a region of Thunder's torch.compile executor as that executor compiles it (torch.compile of the

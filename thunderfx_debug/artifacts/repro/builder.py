@@ -213,13 +213,14 @@ class ScriptBuilder:
         with self.failures.guard(f"preparing the repro scripts of {state.name}"):
             description = f"The Dynamo graph {state.name} (compile id {state.facts.compile_id}) as handed to the backend."
             failure = state.failure
-            captured = state.captured
+            captured, inputs_call = state.captured, 1
             metas = self.snapshot.input_meta
             if failure is not None:
                 description += (f"\nIt FAILED in the run: {_failure_words(state.name, failure)}. Its thunder script "
                                 "compiles it as the run did and expects that exception.")
                 if failure.graph_captured is not None:
                     captured, metas = failure.graph_captured, _captured_metas(failure.graph_captured, metas)
+                    inputs_call = state.calls
                     description += f" Its inputs are those of the failing call ({state.name}'s call {state.calls})."
             metas = repro_inputs.with_fx_bounds(state.gm, metas)
             piece = ReproSubject(
@@ -238,6 +239,7 @@ class ScriptBuilder:
                 imports=self.fx_imports + fx_facts.custom_op_imports(state.gm),
                 random_ops=fx_facts.random_ops(state.gm),
                 sources=thunder_provenance.module_sources(state.gm),
+                inputs_call=inputs_call,
             )
             thunder = writers.ThunderFX(self.thunder_options, self.executor_names, self.executor_modules,
                                         dynamic=state.dynamic)
@@ -267,12 +269,12 @@ class ScriptBuilder:
                 description += f"\nWhy ThunderFX gave it to inductor: {reasons}"
             failure = self.state.failure
             failing = failure is not None and failure.split == state.name and evidence is None
-            captured = state.captured
+            captured, inputs_call = state.captured, 1
             if failing:
                 description += (f"\nIt FAILED in the run: {_failure_words(key, failure)}. Its thunder script runs it "
                                 "as the run did and expects that exception.")
                 if failure.where.captured is not None:
-                    captured = failure.where.captured
+                    captured, inputs_call = failure.where.captured, failure.where.call
                     metas = repro_inputs.with_fx_bounds(state.split.original_module, _captured_metas(captured, metas))
                     description += f" Its inputs are those of the failing call (call {failure.where.call})."
                 elif failure.where.call > 1:
@@ -301,6 +303,7 @@ class ScriptBuilder:
                 imports=self.fx_imports + fx_facts.custom_op_imports(module),
                 random_ops=fx_facts.random_ops(module),
                 sources=state.split.sources,
+                inputs_call=inputs_call,
             )
             thunder = writers.ThunderJit(self.thunder_options, self.executor_names, self.executor_modules,
                                          as_split=True)

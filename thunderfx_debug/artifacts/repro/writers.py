@@ -91,6 +91,12 @@ class ReproSubject:
     sources: tuple[str, ...] = ()
     reads_saved_from: tuple[str, ...] = ()
     run_failure: dict[str, Any] | None = None
+    inputs_call: int = 1  # the piece's call whose inputs the script has (the one that raised, for a failing piece)
+
+    @property
+    def which_call(self) -> str:
+        """"first call", or "call 3" where the inputs are those of a later call."""
+        return "first call" if self.inputs_call == 1 else f"call {self.inputs_call}"
 
     @property
     def real(self) -> bool:
@@ -232,9 +238,10 @@ class ThunderJit(_WithThunderOptions):
         outputs = ""
         if self.as_split:
             outputs = ("# ThunderFX's splitter also tells thunder.jit which outputs are differentiable:\n"
-                       f"options['is_differentiable_outputs'] = differentiable_outputs_as_thunderfx({piece.instance()}, "
-                       "make_inputs())\n")
-        return f"thunder = import_thunder()\n{self.options_code}\n{outputs}return thunder.jit({piece.instance()}, **options)"
+                       "options['is_differentiable_outputs'] = differentiable_outputs_as_thunderfx("
+                       f"{piece.instance()}, make_inputs())\n")
+        return (f"thunder = import_thunder()\n{self.options_code}\n{outputs}"
+                f"return thunder.jit({piece.instance()}, **options)")
 
 
 class TorchCompile(Strategy):
@@ -526,21 +533,22 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
     if piece.real:
         relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
         inputs_code = (
-            "# The values of the run's first call of this piece, and what that call returned (saved at the end of\n"
-            "# the run; torch.load with weights_only=True).\n"
+            f"# The values of the run's {piece.which_call} of this piece, and what that call returned (saved at the\n"
+            "# end of the run; torch.load with weights_only=True).\n"
             f"INPUTS_FILE = {relative!r}\n\n\n"
             "def make_inputs():\n"
             f"    return {strategy.loaded_inputs(piece, 'load_inputs(INPUTS_FILE, __file__)[0]')}\n\n\n"
             "def saved_outputs():\n    return load_inputs(INPUTS_FILE, __file__)[1]"
         )
-        note = "the values the run passed on its first call of this piece, loaded from the file next to this script."
+        note = (f"the values the run passed on its {piece.which_call} of this piece, loaded from the file next to this "
+                "script.")
     elif piece.takes_run_integers:
         relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
         listed = repro_inputs.make_inputs_code(metas, piece.names, piece.run_integers).removeprefix("return ")
         inputs_code = (
-            "# The integer and bool inputs of the run's first call of this piece, as the run passed them (they index,\n"
-            "# select and mask: drawn at random they would not keep what they index), saved at the end of the run\n"
-            "# (torch.load with weights_only=True); the other inputs random.\n"
+            f"# The integer and bool inputs of the run's {piece.which_call} of this piece, as the run passed them\n"
+            "# (they index, select and mask: drawn at random they would not keep what they index), saved at the end\n"
+            "# of the run (torch.load with weights_only=True); the other inputs random.\n"
             f"INPUTS_FILE = {relative!r}\n\n\n"
             "def make_inputs():\n"
             "    run = load_inputs(INPUTS_FILE, __file__)[0]\n"
@@ -548,7 +556,8 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
             "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
             + _indent(f"inputs = {listed}\nreturn {strategy.loaded_inputs(piece, 'inputs')}")
         )
-        note = ("the integer and bool ones as the run passed them on its first call of this piece, loaded from the "
+        note = (f"the integer and bool ones as the run passed them on its {piece.which_call} of this piece, loaded "
+                "from the "
                 "file next to this script; the others random, made from the metadata of that call (layout, dtype, "
                 "device, value range).")
     else:
@@ -556,7 +565,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
                        "    # Random values laid out as the run's inputs were (shapes, strides, storage offsets and\n"
                        "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
                        + _indent(repro_inputs.make_inputs_code(metas, piece.names)))
-        note = "random, made from the metadata of the run's first call (layout, dtype, device, value range)."
+        note = f"random, made from the metadata of the run's {piece.which_call} (layout, dtype, device, value range)."
         if piece.captured is not None and piece.captured.skipped:
             note += f" The real values were not saved: {piece.captured.skipped}."
     for extra_note in (piece.inputs_note, strategy.inputs_note(piece)):
