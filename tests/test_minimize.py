@@ -2,9 +2,9 @@
 executors of our own compute one op wrongly inside a fusion region and a split of 20+ ops (`wrong_fusions`), and
 each is cut to at most 3 ops that include it, whose minimal script still says MISMATCH in a fresh interpreter where
 thunderfx_debug cannot be imported; a piece that does not fail is left alone; a failure that changes between
-identical runs is said to be random instead of shrunk; a CRASH stays a CRASH with the same exception; scripts that
-pass are refused. Then the pieces without Thunder: the handback of a region, records, settings, the command's
-mistakes.
+identical runs is said to be random instead of shrunk; a split that raised in the run is cut to ops that still raise
+the same; scripts that pass are refused. Then the pieces without Thunder: the handback of a region, records,
+settings, the command's mistakes.
 
 Each trial is a script run in a child process (about a second here); a piece of 24 ops takes a dozen trials.
 """
@@ -128,6 +128,12 @@ def test_a_wrong_op_in_a_region_and_in_a_split_is_minimized_to_it_at_flush_and_a
         runs = list(pool.map(lambda piece: _minimal_run(rank_dir / piece.minimized.script, env), (wrong, region)))
     for run in runs:
         assert run.outcome == "MISMATCH", run.stdout[-3000:] + run.stderr[-3000:]
+    # Where the executor is not registered, the minimal script says which is missing, and blames no backend.
+    bare = {**os.environ, "PYTHONPATH": str(TESTS), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    run = _minimal_run(rank_dir / wrong.minimized.script, bare)
+    assert run.outcome == "NOT_REBUILT", run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"the run's executor {WRONG_FUSION!r} is not registered here" in run.result_line
+    assert "no claim about Thunder" in run.result_line and "Thunder raised" not in run.result_line
 
 
 def test_the_command_minimizes_a_mismatch_script_and_refuses_one_that_passes(tmp_path, monkeypatch, capsys):
@@ -158,12 +164,13 @@ def test_the_command_minimizes_a_mismatch_script_and_refuses_one_that_passes(tmp
     assert main(["minimize", str(passing)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"thunderfx-debug minimize: {passing.name}: nothing minimized: its verdict is OK: it passes; minimize takes "
-        "a script that says MISMATCH or CRASH")
+        "a script that says MISMATCH, CRASH or REPRODUCED")
 
 
-def test_a_crashing_split_is_minimized_to_the_same_crash(tmp_path):
-    """The failing split's script (written when Thunder failed on it in the run) says CRASH; its cuts are kept only
-    where they crash with the same exception (trials forked from this process, where the executor is registered)."""
+def test_a_split_that_raised_in_the_run_is_minimized_to_the_ops_that_still_raise_it(tmp_path):
+    """The failing split's script (written when Thunder failed on it in the run) says REPRODUCED; its cuts are kept
+    only where they raise what the run raised (trials forked from this process, where the executor is
+    registered)."""
     backend = ReportingBackend(dump_dir=tmp_path / "dump", on_error="fallback", strict=True,
                                executors=_thunder_executors(crashing_sin_executor()))
     rank_dir = _train_once(backend)
@@ -173,8 +180,8 @@ def test_a_crashing_split_is_minimized_to_the_same_crash(tmp_path):
         reduction = offline.minimize_script(rank_dir / split.files["repro_thunder"], 120, runner=runner)
     assert reduction.ops_before >= 20 and 1 <= reduction.ops_after <= 3
     assert any("torch.sin(" in op for op in reduction.kept)
-    crash = "RESULT CRASH (exit 4): RuntimeError: the test executor refuses sin"
-    assert reduction.verdict.startswith(crash) and reduction.final.startswith(crash), reduction
+    reproduced = "RESULT REPRODUCED (exit 7): raised what the run raised: RuntimeError: the test executor refuses sin"
+    assert reduction.verdict.startswith(reproduced) and reduction.final.startswith(reproduced), reduction
     assert reduction.script == rank_dir / "graph0" / "graph0_thunder_2" / "graph0_thunder_2_minimal_repro_thunder.py"
 
 

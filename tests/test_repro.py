@@ -1,7 +1,7 @@
 """Repro scripts from a real ThunderFX run on CPU (Thunder's torch.compile executor gives TorchCompileN regions):
 every script a dump lists exists, imports nothing of thunderfx_debug, and runs to "RESULT OK" with metadata inputs
 and with the run's real values (fusion regions included); a split that Thunder fails on gets its repro written
-before the exception propagates, and its script says CRASH; the template's pieces (inputs, verdicts, nvFuser's
+before the exception propagates, and its script says REPRODUCED; the template's pieces (inputs, verdicts, nvFuser's
 input binding) on their own.
 
 Running ~30 scripts as fresh interpreters costs ~10 s each here, mostly importing torch and Thunder, so the scripts
@@ -229,11 +229,11 @@ def test_a_failing_split_gets_its_repro_before_the_error_propagates(tmp_path, on
     assert not graph.files  # only the failing piece: THUNDERFX_DEBUG_REPRO is none
     if on_error == "fallback":
         return
-    # The thunder script reproduces the failure from the saved inputs, and says it is a crash of Thunder's.
+    # The thunder script reproduces the failure from the saved inputs, and says it is the run's.
     rank_dir = tmp_path / "rank0"
     thunder = run_script(rank_dir / split.files["repro_thunder"], env=SCRIPT_ENV)
-    assert thunder.outcome == "CRASH" and thunder.returncode == 4, thunder.stdout + thunder.stderr[-2000:]
-    assert "automatic registration for unfold" in thunder.stderr and "Thunder raised" in thunder.result_line
+    assert thunder.outcome == "REPRODUCED" and thunder.returncode == 7, thunder.stdout + thunder.stderr[-2000:]
+    assert "automatic registration for unfold" in thunder.stderr and "what the run raised" in thunder.result_line
     assert "INPUTS_FILE" in (rank_dir / split.files["repro_eager"]).read_text()
 
 

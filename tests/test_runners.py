@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from thunderfx_debug.records import FailedIn
 from thunderfx_debug.recording.check import CheckSchedule, TimingBesideChecks
 from thunderfx_debug.recording.host import host_series
 from thunderfx_debug.recording.runners import GraphRunner, SplitRunner
@@ -45,7 +46,7 @@ class RecordingCheck:
 
 def _graph_of_one_split(sampling, check_every: int | None, inner=lambda x: x + 1, on_error=None):
     graph = SimpleNamespace(calls=0, name="graph0", failed_split=None, period=host_series())  # a GraphState's
-    split = SimpleNamespace(calls=0, name="thunder_0", error=None)
+    split = SimpleNamespace(calls=0, name="thunder_0", error=None, failure=None)
     split_sampler, split_first = Recording(graph), Recording(graph)
     runner = SplitRunner(inner, split, graph, sampling, split_sampler, capture=None, first=split_first)
     if check_every is not None:
@@ -99,6 +100,7 @@ def test_a_split_failing_on_an_ordinary_call_is_named_and_the_graph_falls_back()
     assert pieces.split.calls == 7  # the fallback runs the graph without its splits
     assert pieces.split.error is not None and "call 7" in pieces.split.error
     assert pieces.graph.failed_split == "thunder_0"
+    assert (pieces.split.failure.failed_in, pieces.split.failure.call) == (FailedIn.FORWARD, 7)
     assert pieces.graph_sampler.calls == [6]
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from thunderfx_debug.artifacts.source_excerpts import excerpts
-from thunderfx_debug.records import FusionRecord, GraphRecord, OpGroup, SplitRecord, Triage
+from thunderfx_debug.records import FailedIn, FusionRecord, GraphRecord, OpGroup, RunFailure, SplitRecord, Triage
 from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
@@ -18,6 +18,7 @@ from thunderfx_debug.render.headline import left_out_calls, summed_headline
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.compile_events import SPANS
+from thunderfx_debug.thunder import provenance as thunder_provenance
 from thunderfx_debug.thunder.provenance import TraceSources
 
 #: owner key ("graph0", "graph0/thunder_0", "graph0/thunder_0/nvFusion0_forward") -> {label: path in the dump}
@@ -142,6 +143,33 @@ def _sources_of(splits: tuple[SplitRecord, ...]) -> list[str]:
             *(source for piece in pieces for source in (*piece.sources, *piece.reads_saved_from))]
 
 
+def _run_failure(snap: GraphSnapshot, files: FileIndex) -> RunFailure | None:
+    """The record of what the run raised in the graph, with the script that reproduces it where one was written (the
+    Thunder script of the failing split, or of the graph where no split raised)."""
+    state, failure = snap.state, snap.state.failure
+    if failure is None:
+        return None
+    facts, where = failure.facts, failure.where
+    split = next((s for s in snap.splits if s.state.name == failure.split), None)
+    piece = state.name if split is None else f"{state.name}/{split.state.name}"
+    region = facts.region if split is not None and any(r.key == facts.region for r in split.regions) else None
+    if split is None:
+        sources = thunder_provenance.module_sources(state.gm)
+    else:
+        sources = (split.sources.regions.get(region, ()) if region else ()) or split.state.split.sources
+    if where.failed_in is FailedIn.COMPILE:
+        inputs_call = 0
+    elif where.captured is not None or where.failed_in is FailedIn.FORWARD and where.call == 1:
+        inputs_call = where.call
+    else:  # a backward: the inputs are those of the first call (`builder.split_scripts`)
+        inputs_call = 1
+    return RunFailure(
+        piece=piece, failed_in=where.failed_in, type=facts.type, message=facts.message, call=where.call,
+        region=region, raised_at=facts.raised_at, raised_code=facts.raised_code, sources=tuple(sources),
+        inputs_call=inputs_call, script=files.get(piece, {}).get("repro_thunder"),
+        not_run=tuple(f"{state.name}/{s.state.name}" for s in snap.splits if s.state.calls == 0))
+
+
 def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:
     state, facts = snap.state, snap.state.facts
     origin_ns = state.origin_ns
@@ -172,4 +200,5 @@ def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Tr
         source_excerpts=excerpts(_sources_of(splits)),
         memory=state.memory.record(),
         timing_passed_over=state.timed_calls.passed_over if state.timed_calls is not None else 0,
+        failure=_run_failure(snap, files),
     )

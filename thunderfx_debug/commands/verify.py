@@ -14,7 +14,10 @@ Files written into DIR (the directory given):
     verify/cache/...   inductor's and Triton's on-disk caches for the scripts (unless TORCHINDUCTOR_CACHE_DIR and
                        TRITON_CACHE_DIR are set), shared by the workers and kept for the next verify of the dump
 
-A dump is clean when every script is OK or NOT COMPARABLE (a random piece whose draws differ from eager's).
+A dump is clean when every script is OK or NOT COMPARABLE (a random piece whose draws differ from eager's). A script
+of a piece that failed in the run says REPRODUCED where it raised the run's exception on its own (never clean: the
+dump holds a failure, and that script is its bug report; verify.md says so first) and NOT REPRODUCED where it did
+not.
 Verdicts are written for the reader as the scripts print them ("NOT COMPARABLE", `shown`); verify.json keeps their
 tokens ("NOT_COMPARABLE"), as `scripts/result_line.outcome_of` reads them, for programs.
 """
@@ -38,8 +41,8 @@ VERIFY_MD = "verify.md"
 VERIFY_DIR = "verify"
 CLEAN = frozenset({"OK", "NOT_COMPARABLE"})
 #: Verdicts in the order verify.md lists them (failures first).
-OUTCOMES = ("MISMATCH", "CRASH", "REFUSED", "NOT_REBUILT", "KILLED", "TIMEOUT", "NO_RESULT", "NOT_RUN",
-            "NOT_COMPARABLE", "OK")
+OUTCOMES = ("REPRODUCED", "MISMATCH", "CRASH", "REFUSED", "NOT_REPRODUCED", "NOT_REBUILT", "KILLED", "TIMEOUT",
+            "NO_RESULT", "NOT_RUN", "NOT_COMPARABLE", "OK")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,9 +261,15 @@ def counts(verdicts: Iterable[ScriptOutcome]) -> dict[str, dict[str, int]]:
             for kind, c in sorted(table.items())}
 
 
+def reproduced(verdicts: Iterable[ScriptOutcome]) -> list[str]:
+    """The scripts that reproduced the run's failure on their own (REPRODUCED), by path."""
+    return sorted(v.script.path for v in verdicts if v.outcome == "REPRODUCED")
+
+
 def verify_json(verdicts: Sequence[ScriptOutcome], meta: Mapping) -> str:
     return json.dumps({**meta, "clean": clean(verdicts), "counts": counts(verdicts),
-                       "scripts": [v.to_json() for v in verdicts]}, indent=1) + "\n"
+                       "reproduced": reproduced(verdicts), "scripts": [v.to_json() for v in verdicts]},
+                      indent=1) + "\n"
 
 
 def rerun_command(script: Script) -> str:
@@ -281,7 +290,13 @@ def verify_md(verdicts: Sequence[ScriptOutcome], root: Path, meta: Mapping) -> s
     summary = ", ".join(f"{total[o]} {shown(o)}" for o in OUTCOMES if total[o])
     lines = [f"# verify: {root}", "",
              f"{len(verdicts)} scripts in {meta.get('seconds', 0):.0f} s ({meta.get('where', '')}): {summary}.",
-             clean_sentence(failures), ""]
+             clean_sentence(failures)]
+    found = reproduced(verdicts)
+    if found:
+        lines.append(f"The run's failure is reproduced on its own by {', '.join(found[:NAMED_FAILURES])}"
+                     + (f" and {len(found) - NAMED_FAILURES} more" if len(found) > NAMED_FAILURES else "")
+                     + " (REPRODUCED): such a script is the bug report to file.")
+    lines.append("")
     if failures:
         lines += ["## Failures", ""]
         for v in failures:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.records import InputMeta, Triage
+from thunderfx_debug.thunder import options as thunder_options
 
 FORMAT = 1
 DESCRIPTION, GRAPH, TENSORS, RESULTS = "piece.json", "graph.bin", "tensors.pt", "results.jsonl"
@@ -156,19 +156,9 @@ def read(folder: Path) -> tuple[SplitJob, bytes, dict[str, RunTensors]]:
 def executor_modules(executors: Iterable[Any]) -> tuple[str, ...]:
     """The modules in which `executors` (Thunder executor objects) are found as globals, `__main__` and Thunder's
     own left out (a child imports Thunder anyway, and cannot import the training script): a child that imports them
-    has these executors where their modules register them on import."""
-    wanted = {id(executor) for executor in executors}
-    found = []
-    for name, module in list(sys.modules.items()):
-        if module is None or name == "__main__" or name.split(".")[0] in ("thunder", "torch"):
-            continue
-        try:
-            values = list(vars(module).values())
-        except TypeError:
-            continue
-        if any(id(value) in wanted for value in values):
-            found.append(name)
-    return tuple(sorted(found))
+    has these executors where their modules register them on import (`thunder.options.executor_modules`)."""
+    return tuple(sorted({module for module, _ in thunder_options.executor_modules(executors).values()
+                         if module is not None}))
 
 
 # ---- the results a child writes -------------------------------------------------------------------------------------

@@ -150,7 +150,10 @@ class Triager:
                     continue
                 key = f"{snapshot.state.name}/{split.state.name}"
                 if split.state.error or split.fwd_trace is None:  # said, so that no page counts it as judged
+                    failure = snapshot.state.failure
                     why = ("Thunder failed on it in the run" if split.state.error else
+                           f"it never ran: {snapshot.state.name}/{failure.split or ''} raised before it".rstrip("/")
+                           if split.state.calls == 0 and failure is not None else
                            "it has not run yet" if split.state.calls == 0 else "its traces could not be read")
                     untimed[key] = Triage(deviation=settings.deviation, error=f"not triaged: {why}")
                     continue

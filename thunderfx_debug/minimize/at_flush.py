@@ -1,15 +1,18 @@
 """THUNDERFX_DEBUG_MINIMIZE=1: at flush, every piece the correctness sentinel flagged (a Thunder split, a fusion
-region) shrunk to its minimal script, within THUNDERFX_DEBUG_MINIMIZE_BUDGET seconds per piece, in a process of its
-own (`flush_child`): the training process only describes the piece and reads back what was written.
+region), and every Thunder split the run raised in, shrunk to its minimal script (for a split that raised: the
+fewest ops that still raise what the run raised, each trial judged by `scripts/run_failure` as its repro script is),
+within THUNDERFX_DEBUG_MINIMIZE_BUDGET seconds per piece, in a process of its own (`flush_child`): the training
+process only describes the piece and reads back what was written.
 
 The piece is read from the run's own objects: a split's FX graph (printed as its repro scripts print it) and a
 region's ops as Thunder's torch executor lowers its bound symbols (the code its scripts carry), with the inputs of
-the first call it mismatched on where the sentinel kept them (host copies), else the recorded metadata the scripts
-rebuild inputs from. The piece's child runs the piece eagerly for the values its cuts hand on (`shrink.full_values`)
-and runs the trials in children of its own (`trials`). Where the training process has not initialised CUDA, the
-piece's child is a fork of it, and its trials forks of that: they have the run's executors, so a custom executor's
-wrong op is found too; a process that uses CUDA starts a fresh interpreter for the piece instead, whose trials have
-an executor of the user's where its module registers it on import (the piece's note says so where one is missing).
+the first call it mismatched on where the sentinel kept them (host copies; of the call that raised, for a split that
+raised), else the recorded metadata the scripts rebuild inputs from. The piece's child runs the piece eagerly for
+the values its cuts hand on (`shrink.full_values`) and runs the trials in children of its own (`trials`). Where the
+training process has not initialised CUDA, the piece's child is a fork of it, and its trials forks of that: they
+have the run's executors, so a custom executor's wrong op is found too; a process that uses CUDA starts a fresh
+interpreter for the piece instead, whose trials have an executor of the user's where its module registers it on
+import (the piece's note says so where one is missing).
 
 How a trial builds the piece: a split with `thunder.jit` and the run's options and executors (as its mismatch
 script does); a region of Thunder's torch.compile executor as that executor compiles it (torch.compile of the
@@ -39,7 +42,8 @@ from thunderfx_debug.minimize import flush_child
 from thunderfx_debug.minimize.piece import Reduction
 from thunderfx_debug.minimize.statements import PieceCode, split_source
 from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
-from thunderfx_debug.records import InputKind, Minimized, RankRecord
+from thunderfx_debug.artifacts.repro.builder import run_failure_argument
+from thunderfx_debug.records import InputKind, Minimized, RankRecord, SplitKind
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render import minimized
 from thunderfx_debug.render.progress import announce
@@ -49,6 +53,16 @@ from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import scripts as thunder_scripts
 
 log = logging.getLogger("thunderfx_debug")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaisedCall:
+    """The call of a split that raised in the run, as the minimizer takes it (in place of the sentinel's evidence
+    of a mismatching call): its number, phase, and the inputs kept of it (real copies with INPUTS=real)."""
+
+    call: int
+    phase: str
+    captured: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +119,9 @@ class Minimizer:
                     owner = f"{key}/{region.key}"
                     if region_tally is not None and region_tally.evidence is not None and owner not in self._done:
                         pending.append((owner, snapshot, split, region, region_tally.evidence))
+            raised = _raised_call(snapshot, settings)
+            if raised is not None and raised[0] not in self._done and all(p[0] != raised[0] for p in pending):
+                pending.append(raised)
         if not pending:
             return
         self.announced_s = len(pending) * self.settings.budget_s
@@ -149,15 +166,23 @@ class Minimizer:
         graph, name = snapshot.state.name, split.state.name
         module = split.state.split.original_module
         metas = repro_inputs.split_metas(snapshot, split)
+        raised = isinstance(evidence, RaisedCall)
+        if raised and evidence.captured is not None:
+            metas = evidence.captured.metas(wait=True) or metas
         source = thunder_scripts.module_source(module, writers.MODULE_CLASS)
         code = PieceCode.parse(source, writers.MODULE_CLASS)
         prelude = "\n".join(thunder_scripts.fx_builtin_imports())
         options = dict(settings.thunder_options)
+        strategy = writers.ThunderJit(options, thunder_options.executor_names(options),
+                                      thunder_options.run_executor_modules(options), as_split=True)
+        real = evidence.captured is not None and evidence.captured.inputs is not None
         spec = PieceSpec(
             key=f"{graph}/{name}", stem=layout.split_prefix(graph, name), title=f"{split.state.split.kind.value} split",
-            file_kind="thunder", strategy=writers.ThunderJit(options, thunder_options.executor_names(options)),
+            file_kind="thunder", strategy=strategy,
             prelude=prelude, backward=any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas),
-            random_ops=fx_facts.random_ops(module), origin=f"the run, call {evidence.call} ({evidence.phase})")
+            random_ops=fx_facts.random_ops(module),
+            origin=f"the run, call {evidence.call} ({evidence.phase})" + (", where it raised" if raised else ""),
+            run_failure=run_failure_argument(snapshot.state, real) if raised else None)
         return spec, code, prelude, _inputs_of(evidence.captured, metas, split.state.split.input_names)
 
     @staticmethod
@@ -183,6 +208,21 @@ class Minimizer:
             executor="nvfuser" if executor == "nvfuser" else "")
         metas = tuple(dataclasses.replace(m, requires_grad=False) for m in repro_inputs.region_metas(split, region))
         return spec, code, prelude, _inputs_of(evidence.captured, metas, region.inputs)
+
+
+def _raised_call(snapshot: GraphSnapshot, settings: ArtifactSettings):
+    """The minimizer's entry for the Thunder split of `snapshot` that raised in the run (forward or backward),
+    None where none did."""
+    failure = snapshot.state.failure
+    split = next((s for s in snapshot.splits if failure is not None and s.state.name == failure.split), None)
+    if split is None or split.state.split.kind is not SplitKind.THUNDER:
+        return None
+    where = failure.where
+    captured = where.captured if where.captured is not None else split.state.captured
+    if not settings.real_inputs and captured is not None:
+        captured = dataclasses.replace(captured, inputs=None)  # metadata only, as its repro scripts have it
+    call = RaisedCall(where.call, where.failed_in.value, captured)
+    return f"{snapshot.state.name}/{split.state.name}", snapshot, split, None, call
 
 
 def record_of(reduction: Reduction, script: str | None) -> Minimized:

@@ -148,7 +148,7 @@ def read_script(path: Path) -> ScriptPiece:
         key=_literal(arguments, "piece", stem), stem=stem, title=title, file_kind=file_kind, strategy=strategy,
         prelude="\n".join(lines[start:first - 1]).strip(), backward=bool(_literal(arguments, "backward", True)),
         random_ops=tuple(_literal(arguments, "random_ops", ())), needs_thunder=needs_thunder, origin=path.name,
-        executor=region_executor)
+        executor=region_executor, run_failure=_literal(arguments, "run_failure", None))
     try:
         namespace = runpy.run_path(str(path), run_name="thunderfx_debug_minimize")
         torch.manual_seed(namespace["SEED"])
@@ -165,22 +165,24 @@ def _refusal(piece: ScriptPiece, runs: list[ScriptVerdict]) -> str | None:
         seen = "; ".join(dict.fromkeys(run.describe() for run in runs))
         return (f"its failure is random: identical runs said {seen}; a random failure cannot be shrunk (each cut "
                 "would be judged by chance): report it with the script as it is")
-    if first.outcome in ("OK", "NOT_COMPARABLE", "REFUSED", "NOT_REBUILT"):
+    if first.outcome == "NOT_REBUILT" and "is not registered here" in first.line:
+        return (f"it cannot build its piece here ({first.line.split(': ', 1)[-1].split('; ')[0]}): register the "
+                "run's executors in this environment first (import the module that defines them, e.g. from a "
+                "sitecustomize on PYTHONPATH) and run minimize again")
+    if first.outcome in ("OK", "NOT_COMPARABLE", "REFUSED", "NOT_REBUILT", "NOT_REPRODUCED"):
         what = {"OK": "it passes", "NOT_COMPARABLE": "its values cannot be compared (random ops, or picks among ties)",
                 "REFUSED": "its inputs were refused (a bug of thunderfx_debug's input rebuild, not of the backend)",
                 "NOT_REBUILT": "the script itself could not rebuild its piece, so the backend never ran it (a bug of "
-                               "the script, not of the backend)"}
+                               "the script, not of the backend)",
+                "NOT_REPRODUCED": "the piece failed in the run but runs here: nothing here fails (report it with the "
+                                  "run's dump)"}
         return (f"its verdict is {first.outcome.replace('_', ' ')}: {what[first.outcome]}; minimize takes a script "
-                "that says MISMATCH or CRASH")
+                "that says MISMATCH, CRASH or REPRODUCED")
     if first.outcome == "MISMATCH" and first.reproduces is False:
         return ("the mismatch it holds was seen in the run only (running the piece again here matches eager): "
                 "nothing here fails; report it with the run's dump")
     if not first.failing:
         return f"it gave no verdict ({first.describe()}); run it alone to see why"
-    if "has no executor named" in first.line:
-        return (f"it cannot build its piece here ({first.line.split(': ', 1)[-1].split('; ')[0]}): register the "
-                "run's executors in this environment first (import the module that defines them, e.g. from a "
-                "sitecustomize on PYTHONPATH) and run minimize again")
     return None
 
 

@@ -159,13 +159,14 @@ def _check_full(spec: PieceSpec, reference: ScriptVerdict | None, full: Sequence
         seen = "; ".join(dict.fromkeys(run.describe() for run in full))
         raise NotMinimized(f"{spec.key} fails at random: identical runs of it said {seen}; a random failure cannot "
                            "be shrunk (each cut would be judged by chance): report it with its script as it is")
-    if not full[0].failing:
-        raise NotMinimized(f"{spec.key} does not fail outside the training process ({full[0].describe()}): "
-                           "nothing to minimize; its mismatch script holds what the run saw")
-    if "has no executor named" in full[0].line:
+    if "is not registered here" in full[0].line:
         raise NotMinimized(f"the trials of {spec.key} cannot build it ({full[0].line.split(': ', 1)[-1]}): they run "
                            "in a fresh process (this one has initialised CUDA), where only executors registered by "
                            "an import are found")
+    if not full[0].failing:
+        script = "script" if spec.run_failure is not None else "mismatch script"
+        raise NotMinimized(f"{spec.key} does not fail outside the training process ({full[0].describe()}): "
+                           f"nothing to minimize; its {script} holds what the run saw")
 
 
 def _description(spec: PieceSpec, code: PieceCode, reduction: Reduction, cut: Cut, inputs_name: str,

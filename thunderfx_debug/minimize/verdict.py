@@ -5,7 +5,8 @@ from.
 The same failure: a MISMATCH stays a MISMATCH of the same kind of value (forward outputs, gradients, or values
 that changed after the piece returned them; a piece that mismatches in several ways must keep the first of these
 in that order); a CRASH stays a CRASH with the same exception type and the same head of its message (digits
-aside); a process killed by a signal (a device assert aborts it) is killed by the same signal. A MISMATCH that
+aside); a REPRODUCED (the piece raised what the run raised, as its script judges by `scripts/run_failure`) stays
+REPRODUCED; a process killed by a signal (a device assert aborts it) is killed by the same signal. A MISMATCH that
 becomes a CRASH, an OK, a timeout or anything else is not the same failure.
 
 Example:
@@ -31,7 +32,7 @@ import signal
 from thunderfx_debug.scripts.result_line import last_result
 
 #: What a trial counts as failing: the verdicts `thunderfx-debug minimize` shrinks.
-FAILING = ("MISMATCH", "CRASH", "KILLED")
+FAILING = ("MISMATCH", "CRASH", "KILLED", "REPRODUCED")
 #: The kinds of value a MISMATCH is about, the one that decides first.
 KINDS = ("changed", "forward", "gradients")
 

@@ -16,6 +16,7 @@ from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.minimize.statements import PieceCode
 from thunderfx_debug.recording.capture import Captured, InputCapture, value_meta
 from thunderfx_debug.settings.safety import ReportingFailures
+from thunderfx_debug.thunder.splits import sequence_of_numbers
 
 #: A cap no piece reaches: a trial's inputs are saved whole, however large (they are what the piece needs).
 _UNCAPPED_MB = 1e9
@@ -27,7 +28,7 @@ class PieceSpec:
     "graph0/thunder_0/nvFusion0_forward"); `stem` is the file name it gets ("graph0_thunder_0");
     `file_kind` the backend in the minimal script's name (thunder, inductor, nvfuser); `strategy` how trials
     build it; `prelude` the code its statements need (imports, the torch executor's helpers); `origin` where it
-    came from (a script's name, or the run)."""
+    came from (a script's name, or the run); `run_failure` what it raised in the run, where it raised."""
 
     key: str
     stem: str
@@ -40,6 +41,9 @@ class PieceSpec:
     needs_thunder: bool = False
     origin: str = ""
     executor: str = ""  # the fusion executor of a region ("nvfuser", "torchcompile"), "" for a split
+    # what the piece raised in the run, which every trial expects (`script_template.main`'s `run_failure`); None for
+    # a piece that did not raise
+    run_failure: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +97,8 @@ def savable(value: Any) -> bool:
     """Whether a value can be an input of a written script (see `saved_inputs`)."""
     if isinstance(value, torch.Tensor):
         return value.layout is torch.strided and type(value) in (torch.Tensor, torch.nn.Parameter)
-    return isinstance(value, bool | int | float | complex | type(None) | torch.dtype | torch.device)
+    return (isinstance(value, bool | int | float | complex | type(None) | torch.dtype | torch.device)
+            or sequence_of_numbers(value) is not None)
 
 
 def describe_value(value: Any) -> str:
@@ -139,6 +144,7 @@ def render(spec: PieceSpec, code: PieceCode, cut: Cut, values: Mapping[str, Any]
         inputs_path=inputs_name,
         random_ops=spec.random_ops,
         needs_thunder=spec.needs_thunder,
+        run_failure=spec.run_failure,
     )
     text = writers.render(piece, strategy or spec.strategy, script_name, versions)
     return text, repro_inputs.saved_file(captured)

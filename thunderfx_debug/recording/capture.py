@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.scripts import device_timer
 from thunderfx_debug.settings.safety import ReportingFailures
+from thunderfx_debug.thunder.splits import sequence_of_numbers
 
 #: Version of the saved inputs file (format 2 keeps storage offsets and sizes, dtypes and devices).
 INPUTS_FORMAT = 2
@@ -80,6 +81,9 @@ def value_meta(value: Any) -> InputMeta:
         return InputMeta(kind=InputKind.DTYPE, value=str(value))
     if isinstance(value, torch.device):
         return InputMeta(kind=InputKind.DEVICE, value=str(value))
+    numbers = sequence_of_numbers(value)
+    if numbers is not None:
+        return InputMeta(kind=InputKind.SIZE if isinstance(value, torch.Size) else InputKind.TUPLE, value=numbers)
     return InputMeta(kind=InputKind.OTHER, value=repr(value)[:200])
 
 
@@ -316,8 +320,9 @@ def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, 
             if value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter):
                 return None, total, f"an input of type {type(value).__name__} ({value.layout}) cannot be saved"
             total += storage_span(value.shape, value.stride()) * value.element_size()
-        elif not isinstance(value, bool | int | float | complex | type(None) | torch.dtype | torch.device
-                            | torch.SymInt | torch.SymFloat | torch.SymBool):
+        elif not (isinstance(value, bool | int | float | complex | type(None) | torch.dtype | torch.device
+                             | torch.SymInt | torch.SymFloat | torch.SymBool)
+                  or sequence_of_numbers(value) is not None):
             return None, total, f"an input of type {type(value).__name__} cannot be saved"
     if total > budget:
         return None, total, f"{total / 2**20:.1f} MB is over THUNDERFX_DEBUG_INPUTS_MAX_MB"
@@ -331,6 +336,8 @@ def _copy_values(values: Iterable[Any], budget: int) -> tuple[list[Any] | None, 
             copies.append({"dtype": str(value).removeprefix("torch.")})
         elif isinstance(value, torch.device):
             copies.append({"device": str(value)})
+        elif isinstance(value, tuple):
+            copies.append({"size" if isinstance(value, torch.Size) else "tuple": sequence_of_numbers(value)})
         else:
             copies.append(value)
     return copies, total, None
@@ -375,6 +382,16 @@ class InputCapture:
             if self.real:
                 _add_inputs(captured, args, self.max_mb)
             state.captured = captured
+
+    def call(self, where: str, args) -> Captured | None:
+        """The inputs of one call of `where` as `inputs` keeps a piece's first (on the failure path: the call that
+        raised), always with what their values were; None where that failed (logged)."""
+        with self.failures.guard(f"capturing the inputs of the failing call of {where}"):
+            captured = observe(args, statistics=True)
+            if self.real:
+                _add_inputs(captured, args, self.max_mb)
+            return captured
+        return None
 
     def outputs(self, state, outputs) -> None:
         if not self.real:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from thunderfx_debug.settings.config import Config
-from thunderfx_debug.records import InputMeta, Phase, SplitKind, SplitReason
+from thunderfx_debug.records import FailedIn, InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ranges
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.compile_cost import BackendCall, FirstCall
@@ -31,6 +31,7 @@ from thunderfx_debug.thunder.compile_events import SPANS
 from thunderfx_debug.thunder import splits as thunder_splits
 from thunderfx_debug.thunder import traces as thunder_traces
 from thunderfx_debug.thunder.dynamo import GraphFacts
+from thunderfx_debug.thunder.failures import ExceptionFacts, exception_facts
 from thunderfx_debug.thunder.splits import CompiledSplit
 from thunderfx_debug.thunder.traces import FusionRegion
 
@@ -38,6 +39,27 @@ if TYPE_CHECKING:
     from thunderfx_debug.recording.sampler import TimedCalls
 
 log = logging.getLogger("thunderfx_debug")
+
+
+@dataclasses.dataclass
+class PieceFailure:
+    """Where a piece raised in the run (`records.RunFailure` is its record): in its forward or backward, at its
+    `call`-th call; `captured` the inputs of that call where it was not the first (whose inputs every piece keeps)."""
+
+    failed_in: FailedIn
+    call: int
+    captured: Captured | None = None
+
+
+@dataclasses.dataclass
+class GraphFailure:
+    """What the run raised in a graph: the piece that raised (a split's name; None for the graph itself, which
+    failed to compile or raised outside its splits), where, and the exception as it was raised."""
+
+    split: str | None
+    where: PieceFailure
+    facts: ExceptionFacts
+    graph_captured: Captured | None = None  # the graph's inputs at the failing call, where it was not the first
 
 
 @dataclasses.dataclass
@@ -68,6 +90,7 @@ class SplitState:
     check: CheckTally | None = None
     region_checks: dict[str, CheckTally] = dataclasses.field(default_factory=dict)
     memory: PieceMemory = dataclasses.field(default_factory=PieceMemory)  # its sampled calls (`recording.memory`)
+    failure: PieceFailure | None = None  # where it raised in the run, the first time it did
 
     @property
     def name(self) -> str:
@@ -88,6 +111,8 @@ class GraphState:
     calls: int = 0
     error: str | None = None
     failed_split: str | None = None  # the split that raised, when the graph failed at a call
+    failure: GraphFailure | None = None  # what the run first raised in the graph (`Recorder.graph_failed`)
+    dynamic: bool = False  # Dynamo handed it symbolic shapes (ThunderFX compiles it for dynamic shapes)
     fallback: bool = False
     compile_time_s: float | None = None
     split_gm: torch.fx.GraphModule | None = None
@@ -234,8 +259,22 @@ class Recorder:
             state.splits = [SplitState(s, SampleSeries(state.clock), SampleSeries(state.clock)) for s in splits]
             state.unattributed_reasons = unattributed
 
-    def graph_failed(self, state: GraphState, error: BaseException) -> None:
+    def graph_failed(self, state: GraphState, error: BaseException, where: PieceFailure | None = None,
+                     graph_captured: Captured | None = None) -> None:
+        """Records what the run raised in `state`'s graph: in the split its runner noted (`failed_split`, where the
+        split's own `failure` says when), else in the graph itself, `where` (None: while compiling it);
+        `graph_captured` the graph's inputs at a failing call that is not its first. The first failure of a graph is
+        the one its record names; `error` keeps the text of the latest."""
         state.error = describe_exception(error)
+        if state.failure is not None:
+            return
+        with self.failures.guard(f"reading the exception {state.name} raised"):
+            split = next((s for s in state.splits if s.name == state.failed_split), None)
+            if split is not None and split.failure is not None:
+                state.failure = GraphFailure(split.name, split.failure, exception_facts(error), graph_captured)
+            else:
+                state.failure = GraphFailure(None, where or PieceFailure(FailedIn.COMPILE, 0), exception_facts(error),
+                                             graph_captured)
 
     # ---- off the training path ----------------------------------------------------------------------------------
     def snapshot(self, wait: bool) -> list[GraphSnapshot]:

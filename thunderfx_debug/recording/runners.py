@@ -16,7 +16,9 @@ also runs its check after it (`split_check`), outside the split's first-call tim
 first call, which is always checked, includes it). Some sampled calls (`memory.measures`: the first two, then ever
 rarer) also measure what each piece holds in memory (`memory`: saved-tensor hooks around the forward, windows on the
 allocator's history on CUDA), outside the timing marks, at every timing level from `graph` on; the graph's call
-after a sampled one closes the backward windows that never ended.
+after a sampled one closes the backward windows that never ended. After its first, sampled and checked calls, a
+thunder split's backward functions are watched (`BackwardWatch`), so that one that raises in autograd's engine is
+recorded as the split's; a failure of a call records that call's inputs (`fallback`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from thunderfx_debug.recording.memory import measures as memory_measures
 from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
+from thunderfx_debug.records import FailedIn
+from thunderfx_debug.recording.recorder import PieceFailure
 from thunderfx_debug.thunder import compile_events
+from thunderfx_debug.thunder.failures import watch_backward
 
 if TYPE_CHECKING:
     from thunderfx_debug.recording.capture import InputCapture
@@ -52,6 +57,37 @@ class GraphErrorHandler(Protocol):
     def __call__(self, state: GraphState, error: BaseException, args: tuple) -> Callable:
         """Records that Thunder failed on a graph, then raises `error` again or returns what runs the graph from
         now on (THUNDERFX_DEBUG_ON_ERROR)."""
+
+    def backward_failed(self, state: GraphState, error: BaseException) -> bool:
+        """Records that the backward of a piece of the graph raised `error` (which goes on to the training); True
+        where the graph runs without Thunder from its next call (THUNDERFX_DEBUG_ON_ERROR=fallback)."""
+
+    def write(self, state: GraphState) -> None:
+        """Writes the dump with the failure recorded (a backward's, which is not written from autograd's engine)."""
+
+    def fallback(self, state: GraphState, args: tuple) -> Callable:
+        """What runs the graph from now on, without Thunder."""
+
+
+class BackwardWatch:
+    """Tells of a thunder split's backward that raises: it raises inside autograd's engine, after the split's call
+    returned, where the split's runner cannot see it. After each of the split's first, sampled and checked calls
+    (`after_call`), the backward functions of Thunder's cache entries for it, and that of the call just made, are
+    watched (`thunder.failures.watch_backward`); an entry Thunder makes for other inputs at an ordinary call is
+    watched from the split's next such call. A failure is noted (`failed`) and goes on to the training as it was."""
+
+    def __init__(self, compiled, failures: ReportingFailures, label: str,
+                 failed: Callable[[BaseException], None]):
+        self.compiled, self.failures, self.label, self._failed = compiled, failures, label, failed
+
+    def after_call(self, outputs) -> None:
+        with self.failures.guard(f"watching the backward of {self.label}"):
+            watch_backward(self.compiled, outputs, self.failed)
+
+    def failed(self, error: BaseException) -> None:
+        """Called by the backward function that raised (in autograd's engine), before its exception goes on."""
+        with self.failures.guard(f"recording the failure of the backward of {self.label}"):
+            self._failed(error)
 
 
 class ThunderOverhead:
@@ -90,6 +126,9 @@ class SplitRunner(torch.nn.Module):
         self._first, self._overhead = first, overhead
         self._memory = memory
         self.check: SplitCheck | None = None  # the correctness sentinel's check of a thunder split (`split_check`)
+        self.backward_watch: BackwardWatch | None = None  # where a thunder split's backward raises (`BackwardWatch`)
+        # Told of a failure of the split's backward (the graph's runner: `GraphRunner.backward_failed`).
+        self.on_backward_failure: Callable[[BaseException], None] | None = None
         # The graph call from which this split has more to do than run: 0 until its first call has run, then its
         # next sampled or checked call (`_special_call_after`). Kept in the instance dict: read on every call, and
         # written without nn.Module's __setattr__.
@@ -109,12 +148,15 @@ class SplitRunner(torch.nn.Module):
             try:
                 return self._inner(*args)
             except Exception as e:
-                self._failed(e)
+                self._failed(e, args)
                 raise
         try:
-            return self._run_special(args)
+            out = self._run_special(args)
         finally:
             self.__dict__["next_special_call"] = self._special_call_after(self._graph.calls)
+        if self.backward_watch is not None:
+            self.backward_watch.after_call(out)
+        return out
 
     __call__ = forward
 
@@ -133,10 +175,28 @@ class SplitRunner(torch.nn.Module):
         check = self.check
         return sampled if check is None else min(sampled, check.schedule.next_checked(call))
 
-    def _failed(self, error: BaseException) -> None:
-        """Notes which split failed, before the exception goes on (the report names it)."""
-        self._split.error = describe_exception(error)
-        self._graph.failed_split = self._split.name
+    def _failed(self, error: BaseException, args) -> None:
+        """Notes which split failed and at which call, with that call's inputs where it is not the first (whose
+        inputs are kept already), before the exception goes on (the report names it, its scripts reproduce it)."""
+        split = self._split
+        split.error = describe_exception(error)
+        self._graph.failed_split = split.name
+        if split.failure is None:
+            captured = None
+            if split.calls > 1 and self._capture is not None:
+                captured = self._capture.call(f"{self._graph.name}/{split.name}", args)
+            split.failure = PieceFailure(FailedIn.FORWARD, split.calls, captured)
+
+    def backward_failed(self, error: BaseException) -> None:
+        """The split's backward raised `error` (see `BackwardWatch`): noted as `_failed` notes a forward's, for the
+        latest call (the one whose backward runs, in a training step), then the graph's runner is told."""
+        split = self._split
+        split.error = describe_exception(error)
+        self._graph.failed_split = split.name
+        if split.failure is None:
+            split.failure = PieceFailure(FailedIn.BACKWARD, split.calls, None)
+        if self.on_backward_failure is not None:
+            self.on_backward_failure(error)
 
     def _checked_call(self, check: SplitCheck, args):
         checked = check.before(self._graph.calls, args)
@@ -159,7 +219,7 @@ class SplitRunner(torch.nn.Module):
             else:
                 out = self._inner(*args)
         except Exception as e:
-            self._failed(e)
+            self._failed(e, args)
             raise
         return out
 
@@ -219,6 +279,8 @@ class GraphRunner:
         # The call from which this graph has more to do than run its split graph: its first call, then the next
         # sampled call, the call after a sampled one, and every call once it falls back (`_special_call_after`).
         self._next_special_call = 0
+        self._fall_back_next = False  # a backward of the graph raised, and the graph falls back from its next call
+        self._write_failure = False  # a backward of the graph raised: its next call writes the dump first
 
     def __call__(self, *args):
         state = self.state
@@ -254,6 +316,11 @@ class GraphRunner:
                 self._checked_start = None
             if self._periods is not None:
                 self._measure_ordinary_period(state.calls)
+            if self._write_failure:
+                self._write_failure = False
+                self._on_error.write(state)
+            if self._fall_back_next and self._fallback is None:
+                self._fallback = self._on_error.fallback(state, args)
             if self._fallback is not None:
                 return self._fallback(*args)
             if state.calls == 1:
@@ -293,6 +360,14 @@ class GraphRunner:
         self._fallback = self._on_error(self.state, error, args)
         self._next_special_call = 0
         return self._fallback(*args)
+
+    def backward_failed(self, error: BaseException) -> None:
+        """The backward of one of the graph's splits raised `error` (which goes on to the training): `on_error`
+        records it; the graph's next call writes the dump first (the flush at exit does where the training ends
+        there), and where it falls back, runs without Thunder."""
+        self._fall_back_next = self._on_error.backward_failed(self.state, error)
+        self._write_failure = True
+        self._next_special_call = 0
 
     def _call(self, *args):
         state = self.state

@@ -21,7 +21,9 @@ from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import GraphState
 from thunderfx_debug.recording.region_check import RegionCheck
 from thunderfx_debug.recording.regions import RegionObservers
-from thunderfx_debug.recording.runners import GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead
+from thunderfx_debug.recording.runners import (
+    BackwardWatch, GraphErrorHandler, GraphRunner, SplitRunner, ThunderOverhead,
+)
 from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.split_check import SplitCheck
 from thunderfx_debug.recording.timing import (
@@ -94,6 +96,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
     if schedule is not None and config.check_share < 100:
         checked_calls = CheckedCalls(schedule, [], periods)
     split_meters: list[MemoryMeter] = []
+    thunder_runners: list[SplitRunner] = []  # told of a failure of the graph's backward (`GraphRunner`)
     if not timed:
         memory = None
     elif memory is not None and isinstance(state.clock, CudaClock):
@@ -125,6 +128,8 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             setattr(split_gm, split.name, runner)
             if split.split.kind is not SplitKind.THUNDER:
                 continue
+            runner.backward_watch = BackwardWatch(split.split.compiled, failures, label, runner.backward_failed)
+            thunder_runners.append(runner)
             observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
             if ReproKind.FUSION in config.repro or config.triage >= TriageLevel.FUSION:  # triage times regions on
                 # the inputs of their first call
@@ -174,8 +179,11 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
         with failures.guard(f"preparing the memory sampling of {state.name}"):
             graph_memory = GraphMemory(MemoryMeter(state.name, memory, state.memory, failures,
                                                    constants=list(state.gm.parameters()), step=True), split_meters)
-    return GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first,
-                       graph_memory, timed_calls, checked_calls)
+    runner = GraphRunner(state, split_gm, sampling, sampler, capture, on_error, after_first_call, periodic, first,
+                         graph_memory, timed_calls, checked_calls)
+    for split_runner in thunder_runners:
+        split_runner.on_backward_failure = runner.backward_failed
+    return runner
 
 
 def _guarded(hook: Callable[[GraphState], None], failures: ReportingFailures, what: str) -> Callable[[GraphState], None]:

@@ -7,6 +7,7 @@ that was wrong; both come from one codec driven by the records' fields and type 
 - `records.pieces`: graphs, their splits and fusion regions, inputs, split reasons, the rank's collectives;
 - `records.timing`: timing samples, disturbed calls, compile costs, the run's training steps, what a flush took;
 - `records.memory`: what a piece held in memory (saved for its backward, peaks);
+- `records.failures`: the exception the run itself raised in a graph (Thunder, nvFuser, a user's executor);
 - `records.verdicts`: the correctness sentinel's checks, triage against inductor, minimized scripts;
 - `records.sources`: the lines of the model's code a piece's ops came from (and, for a backward piece, those that
   made the saved values it reads), and the code around them;
@@ -16,6 +17,7 @@ that was wrong; both come from one codec driven by the records' fields and type 
 """
 
 from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError
+from thunderfx_debug.records.failures import FailedIn, RunFailure
 from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.pieces import (
     BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
@@ -35,8 +37,9 @@ from thunderfx_debug.records.verdicts import (
 __all__ = [
     "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "MIN_SAMPLES", "READABLE_SCHEMA_VERSIONS", "READS_SAVED",
     "SCHEMA_VERSION", "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage",
-    "CostWhen", "DisturbedCall", "Disturbance", "DumpError", "FlushCost", "FlushPart", "FlushStage", "FusionRecord",
-    "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized", "OpGroup", "Phase", "RankRecord", "SampleTotals",
-    "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord", "Steps", "Timing", "TimingWindow",
-    "Triage", "deviation_outcome", "origin_lines", "percentile", "short_path", "short_sources", "storage_span",
+    "CostWhen", "DisturbedCall", "Disturbance", "DumpError", "FailedIn", "FlushCost", "FlushPart", "FlushStage",
+    "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized", "OpGroup", "Phase", "RankRecord",
+    "RunFailure", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord", "Steps",
+    "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines", "percentile", "short_path",
+    "short_sources", "storage_span",
 ]

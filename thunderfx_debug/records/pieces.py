@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from thunderfx_debug.records.codec import SCHEMA_VERSION, JsonRecord, json_field
+from thunderfx_debug.records.failures import RunFailure
 from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.sources import SourceExcerpt
 from thunderfx_debug.records.timing import CompileCost, DisturbedCall, FlushCost, Steps, Timing
@@ -37,6 +38,8 @@ class InputKind(str, enum.Enum):
     NONE = "none"
     DTYPE = "dtype"  # `value` is its name ("torch.float32")
     DEVICE = "device"  # `value` is its name ("cuda:0")
+    SIZE = "size"  # a torch.Size (a split may hand one to the next); `value` is its sizes
+    TUPLE = "tuple"  # a tuple of numbers; `value` is the numbers
     OTHER = "other"  # `value` is its repr
 
 
@@ -244,7 +247,8 @@ class GraphRecord(JsonRecord):
     `source_excerpts` holds, by source line ("file:line function"), the code around each line its pieces name in
     their `sources` and `reads_saved_from`, read at flush (a file that could not be read has none). `memory` is what
     the graph held in memory on its sampled calls, all its splits together (see `Memory`). `timing_passed_over`
-    counts the sampled calls that were not timed, to keep timing within THUNDERFX_DEBUG_TIMING_SHARE.
+    counts the sampled calls that were not timed, to keep timing within THUNDERFX_DEBUG_TIMING_SHARE. `failure` is
+    the exception the run raised in the graph (`error` holds its traceback), None where it raised none.
     """
 
     name: str
@@ -272,6 +276,7 @@ class GraphRecord(JsonRecord):
     source_excerpts: Mapping[str, SourceExcerpt] = json_field(default_factory=dict, omit_default=True)
     memory: Memory | None = json_field(None, omit_default=True)
     timing_passed_over: int = json_field(0, omit_default=True)
+    failure: RunFailure | None = json_field(None, omit_default=True)
 
     @property
     def reasons(self) -> tuple[SplitReason, ...]:

@@ -15,7 +15,9 @@ from urllib.parse import quote
 
 from thunderfx_debug.records import layout
 from thunderfx_debug.records import READS_SAVED, Check, ClockKind, GraphRecord, Phase, RankRecord, SplitKind, Timing
-from thunderfx_debug.render import accounting, correctness, digest, memory, minimized, provenance, triage_findings
+from thunderfx_debug.render import (
+    accounting, correctness, digest, failures, memory, minimized, provenance, triage_findings,
+)
 from thunderfx_debug.render.digest import PieceLevel
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.svg import Bar, Series, bar_chart, esc, timeline
@@ -387,7 +389,8 @@ def _number(value: float | None) -> str:
 def rank_section(report: RankRecord, prefix: str | None) -> str:
     """Everything about one rank; `prefix` is the relative URL of its rank dir from the page (None: no links)."""
     sources = provenance.SourceIndex(report)
-    parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>', _overview(report),
+    parts = [f'<section id="rank{report.rank}"><h2>Rank {report.rank}</h2>',
+             failures.html_section(report, lambda path: _links({"script": path}, prefix)), _overview(report),
              _correctness(report, prefix),
              minimized.html_section(report, lambda path: _links({"minimal script": path}, prefix)),
              _compiles(report), _reasons(report), _timing_charts(report, sources),
@@ -448,6 +451,10 @@ def render_html(reports: Mapping[int, RankRecord], link_prefixes: Mapping[int, s
     """
     link_prefixes = link_prefixes or {}
     body = [f"<h1>{esc(title)}</h1>"]
+    failed = [(rank, graph.failure) for rank, report in reports.items() for graph in failures.failed_graphs(report)]
+    if failed:  # the first lines of the page: each rank's section says more
+        body.append("".join(f'<p><span class="flag">FAILED</span> <a href="#rank{rank}">rank {rank}</a>: '
+                            f"{esc(failures.headline(failure))}</p>" for rank, failure in failed))
     if len(reports) > 1:
         body.append(_ranks_compared(reports))
     body += [rank_section(report, link_prefixes.get(rank)) for rank, report in reports.items()]

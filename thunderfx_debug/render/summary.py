@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from thunderfx_debug.records import (
     ClockKind, CompileCost, CostWhen, FlushStage, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
 )
-from thunderfx_debug.render import accounting, digest, memory, minimized, next_steps, provenance, triage_findings
+from thunderfx_debug.render import (accounting, digest, failures, memory, minimized, next_steps, provenance,
+                                    triage_findings)
 from thunderfx_debug.render.correctness import describe_check, render_correctness
 from thunderfx_debug.render.headline import headline, left_out_calls
 from thunderfx_debug.render.text import about_seconds, flagged, ms, plural, shortened
@@ -349,7 +350,9 @@ def render_graph(graph: GraphRecord) -> list[str]:
     if graph.disturbed:
         lines.append("  left out of the headline statistics: " + ", ".join(
             f"call {d.call} ({d.why.value})" for d in graph.disturbed))
-    if graph.error:
+    if graph.failure is not None:
+        lines.append(f"  ERROR: {failures.headline(graph.failure)}")
+    elif graph.error:
         lines.append(f"  ERROR: {_last_line(graph.error)}")
     for split in graph.splits:
         line = f"  {split.name}: {plural(len(split.ops), 'op')}"
@@ -377,8 +380,12 @@ def render_graph(graph: GraphRecord) -> list[str]:
             if line:
                 lines.append(f"    {line}")
         lines += _parts_lines(graph, split)
-        if split.error:
+        if graph.failure is not None and graph.failure.piece == f"{graph.name}/{split.name}":
+            lines.append(f"    ERROR: {graph.failure.exception} {graph.failure.when}")
+        elif split.error:
             lines.append(f"    ERROR: {_last_line(split.error)}")
+        elif graph.failure is not None and f"{graph.name}/{split.name}" in graph.failure.not_run:
+            lines.append(f"    never ran: {graph.failure.piece} raised before it")
     for reason in graph.unattributed_reasons:
         lines.append(f"  split reason (no split): {reason.type} {digest.reason_op(reason)[:120]}")
     return lines
@@ -434,8 +441,8 @@ def _fusion_lines(split, left_out) -> list[str]:
 
 
 def render_summary(report: RankRecord) -> str:
-    """The summary of one rank (what `str(report)` prints)."""
-    lines = render_overview(report)
+    """The summary of one rank (what `str(report)` prints): what the run raised first, where it raised."""
+    lines = failures.summary_lines(report) + render_overview(report)
     for graph in report.graphs:
         lines.append("")
         lines.extend(render_graph(graph))
@@ -456,7 +463,8 @@ def render_ranks(reports: Mapping[int, RankRecord]) -> str:
         flags = [flag for flag, on in (("STRAGGLER", row.straggler), ("SPLITS DIFFERENTLY", row.splits_differently)) if on]
         table.append([str(row.rank), *(str(row.counts[k]) for k in keys), _ms(row.compiled_ms),
                       " ".join(flags) or "-"])
-    lines = [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
+    lines = failures.ranks_lines(reports)
+    lines += [f"thunderfx_debug report of {plural(len(reports), 'rank')} (ranks {', '.join(map(str, reports))})", ""]
     lines += _table(table, right=set(range(len(keys) + 2)))
     lines += ["", "time per graph and rank (median forward + backward):"]
     names = sorted({g.name for r in reports.values() for g in r.graphs}, key=_natural)

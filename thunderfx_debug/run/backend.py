@@ -180,12 +180,14 @@ class ReportingBackend(ThunderCompiler):
 
     # ---- compile ------------------------------------------------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, sample_args: list[Any]):
-        inductor_compile = make_inductor_compile(has_dynamic_inputs(sample_args))
+        dynamic = has_dynamic_inputs(sample_args)
+        inductor_compile = make_inductor_compile(dynamic)
         if not self.recording:
             split_gm, info = compile_graph(gm, sample_args, self.thunder_options, inductor_compile)
             self.subgraph_infos.append(info)
             return split_gm
         state = self.recorder.new_graph(gm, sample_args)
+        state.dynamic = dynamic
         if self._torch_trace is not None:
             self._torch_trace.graph_started(state)
         started = time.perf_counter()

@@ -31,6 +31,8 @@ class Outcome(enum.IntEnum):
     CRASH = 4
     NOT_COMPARABLE = 5
     NOT_REBUILT = 6
+    REPRODUCED = 7
+    NOT_REPRODUCED = 8
 
 
 MEANINGS = {
@@ -44,6 +46,10 @@ MEANINGS = {
     Outcome.NOT_REBUILT: "this script could not rebuild the piece as the run built it, so {backend} never ran it: a "
                          "bug of thunderfx_debug's script (or of the printer of the backend's definition), no claim "
                          "about {backend}",
+    Outcome.REPRODUCED: "the piece raised here what it raised in the run: the run's failure, reproduced by this "
+                        "script on its own; report it upstream with this script",
+    Outcome.NOT_REPRODUCED: "the piece failed in the run and does not fail so here: this script does not reproduce the "
+                            "run's failure, and makes no claim that the piece works",
 }
 
 

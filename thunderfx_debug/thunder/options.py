@@ -7,6 +7,7 @@ import difflib
 import functools
 import inspect
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,82 @@ def executor_names(thunder_options: dict[str, Any]) -> list[str] | None:
 
     value = thunder_options.get("executors")
     return None if value is None else [ex.name for ex in resolve_executors(value)]
+
+
+def executor_modules(executors: Iterable[Any]) -> dict[str, tuple[str | None, str | None]]:
+    """Executor name -> (the module that holds it as a global, the folder of sys.path that module was imported from)
+    for the executors not of Thunder's own: what a process other than the run's imports to have them (a repro script,
+    a flush-time child). A module that registers its executor on import registers it there too. Where none can be
+    imported, (None, why): the training script itself (`__main__`) holds it, or no module does. An executor is
+    Thunder's own where a module of Thunder holds it, or, held by none, where its ops were all made by Thunder."""
+    wanted = {id(executor): executor for executor in executors}
+    holders: dict[int, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] in ("torch", "thunderfx_debug"):
+            continue
+        try:
+            values = list(vars(module).values())
+        except TypeError:
+            continue
+        for value in values:
+            if id(value) in wanted:
+                holders.setdefault(id(value), []).append(name)
+    found: dict[str, tuple[str | None, str | None]] = {}
+    for key, executor in wanted.items():
+        # The module that defines its ops first (others that hold it import that one); the training script,
+        # `__main__` (and `__mp_main__` once multiprocessing ran), last: held there only, it cannot be imported.
+        defining = _defining_modules(executor)
+        names = sorted(holders.get(key, ()), key=lambda n: (n in _MAIN, n not in defining, n))
+        if any(n.split(".")[0] == "thunder" for n in names) or (not names and not _made_outside_thunder(executor)):
+            continue
+        if not names:
+            found[executor.name] = (None, "no module of the run held it as a global")
+        elif names[0] in _MAIN:
+            main = getattr(sys.modules["__main__"], "__file__", None) or "the interpreter's own"
+            found[executor.name] = (None, f"the training script itself ({main}) registered it, and no other script "
+                                          "can import the training script")
+        else:
+            found[executor.name] = (names[0], _import_folder(names[0]))
+    return found
+
+
+_MAIN = ("__main__", "__mp_main__")
+
+
+def run_executor_modules(thunder_options: dict[str, Any]) -> dict[str, tuple[str | None, str | None]]:
+    """`executor_modules` of the executors the run's options name (none where they name none: Thunder's defaults)."""
+    from thunder import resolve_executors
+
+    value = thunder_options.get("executors")
+    return {} if value is None else executor_modules(resolve_executors(value))
+
+
+def _defining_modules(executor: Any) -> set[str]:
+    """The modules the meta functions of an executor's ops come from."""
+    found = set()
+    for symbol in getattr(executor, "opmap", {}).values():
+        module = getattr(getattr(symbol, "meta", None), "__module__", None)
+        if isinstance(module, str) and module:
+            found.add(module)
+    return found
+
+
+def _made_outside_thunder(executor: Any) -> bool:
+    """Whether an executor's ops were made outside Thunder: the meta function of one comes from another module."""
+    return any(module.split(".")[0] != "thunder" for module in _defining_modules(executor))
+
+
+def _import_folder(module_name: str) -> str | None:
+    """The folder of sys.path from which `module_name` was imported (None where it has no file)."""
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if not path:
+        return None
+    folder = Path(path).resolve().parent
+    if Path(path).name == "__init__.py":
+        folder = folder.parent
+    for _ in module_name.split(".")[1:]:
+        folder = folder.parent
+    return str(folder)
 
 
 def jit_arguments() -> frozenset[str]:

@@ -19,6 +19,7 @@ The workarounds, for lightning-thunder <= 0.2.6:
 """
 
 import contextlib
+import importlib
 import importlib.metadata
 import re
 import sys
@@ -115,17 +116,52 @@ def eager_graph_module_code():
     return _use_lazy_graph_module(False)
 
 
-def executors(names):
-    """The run's Thunder executors, by name (a custom executor must be imported, i.e. registered, first)."""
+class MissingExecutor(LookupError):
+    """An executor the run used is not registered in this process, so the piece cannot be built as the run built it:
+    no claim about Thunder (a script says NOT REBUILT, naming the executor)."""
+
+
+def import_executor_module(module, folder):
+    """Imports `module`, the module that registered a custom executor in the run: as this process finds it, else
+    from `folder`, the folder of the run's sys.path it was imported from (appended to sys.path, behind what this
+    process finds first)."""
+    try:
+        importlib.import_module(module)
+        return
+    except ModuleNotFoundError as error:
+        if folder is None or error.name not in (module, module.split(".")[0]):
+            raise
+    sys.path.append(folder)
+    importlib.import_module(module)
+
+
+def executors(names, modules=None):
+    """The run's Thunder executors, by name. `modules` maps a custom executor's name to (the module that registered
+    it in the run, the folder it was imported from), or to (None, why no script can import it): that module is
+    imported first where the executor is not registered yet. MissingExecutor where one cannot be had."""
     import_thunder()
     from thunder.extend import get_executor
 
     found = []
     for name in names:
         executor = get_executor(name)
+        module, where = (modules or {}).get(name, (None, None))
+        if executor is None and module is not None:
+            try:
+                import_executor_module(module, where)
+            except Exception as error:
+                raise MissingExecutor(
+                    f"the run's executor {name!r} is not registered here: importing {module!r} (the module that "
+                    f"registered it in the run, from {where}) raised {type(error).__name__}: {error}") from error
+            executor = get_executor(name)
+            if executor is None:
+                raise MissingExecutor(f"the run's executor {name!r} is not registered here: importing {module!r} did "
+                                      "not register it (the run registered it later than at import)")
+            print(f"  executor {name!r}: registered by importing {module!r}, as in the run")
         if executor is None:
-            raise LookupError(f"Thunder has no executor named {name!r} in this process; a custom executor must be "
-                              "registered (imported) before the piece is built")
+            why = f" ({where})" if where else ""
+            raise MissingExecutor(f"the run's executor {name!r} is not registered here{why}: register it (import the "
+                                  "module that defines it) before this script builds the piece")
         found.append(executor)
     return found
 

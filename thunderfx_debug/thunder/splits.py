@@ -58,6 +58,21 @@ def graph_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return tuple(op_name(n) for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
 
+def sequence_of_numbers(value: Any) -> list[int | float | bool] | None:
+    """The numbers of a torch.Size or a tuple of numbers (symbolic ones by their hint), None for anything else: a
+    split hands the next one the size of a tensor where shapes are dynamic."""
+    if not isinstance(value, tuple):
+        return None
+    numbers = []
+    for item in value:
+        if isinstance(item, torch.SymInt | torch.SymFloat | torch.SymBool):
+            item = item.node.hint
+        if not isinstance(item, bool | int | float):
+            return None
+        numbers.append(item)
+    return numbers
+
+
 def input_meta(value: Any) -> InputMeta:
     """Metadata of one input as Thunder's report module describes it (value range included for real tensors)."""
     from thunder.dynamo.utils import ExampleInputMetaData, input_to_example_input_meta
@@ -76,6 +91,9 @@ def input_meta(value: Any) -> InputMeta:
         return InputMeta(kind=InputKind(type(value).__name__), value=value)
     elif value is None:
         return InputMeta(kind=InputKind.NONE)
+    elif sequence_of_numbers(value) is not None:  # a size a split hands the next where shapes are dynamic
+        return InputMeta(kind=InputKind.SIZE if isinstance(value, torch.Size) else InputKind.TUPLE,
+                         value=sequence_of_numbers(value))
     else:
         return InputMeta(kind=InputKind.OTHER, value=repr(value)[:200])
     return InputMeta(

@@ -13,8 +13,12 @@ THUNDERFX_DEBUG_REPRO asks (names in `layout`):
         and their inputs/..._mismatch_inputs.pt                       (pieces THUNDERFX_DEBUG_CHECK found mismatching)
 
 A graph that failed under Thunder always gets the scripts of the piece that failed (the split, or the whole graph
-when it failed to compile), whatever THUNDERFX_DEBUG_REPRO says. Each script is written independently: one that
-cannot be written is recorded as a reporting failure and the others are still written.
+when it failed to compile or raised outside its splits; and the fusion region the failure was raised in), whatever
+THUNDERFX_DEBUG_REPRO says, with the inputs of the failing call (of the first, for a backward that failed later).
+Its scripts that run the backend that raised (Thunder for a split or graph, nvFuser or torch.compile for a region;
+the graph's own Thunder script too) expect what the run raised (`script_template.main`'s `run_failure`). The scripts
+of a piece the failure kept from running say so. Each script is written independently: one that cannot be written
+is recorded as a reporting failure and the others are still written.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
 from thunderfx_debug.settings.config import ReproKind
 from thunderfx_debug.recording.manifest import package_versions
-from thunderfx_debug.records import InputKind, InputMeta, SplitKind
+from thunderfx_debug.records import FailedIn, InputKind, InputMeta, SplitKind
+from thunderfx_debug.recording.capture import Captured
 from thunderfx_debug.recording.check import Evidence
-from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.recording.recorder import GraphSnapshot, GraphState, SplitSnapshot
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import options as thunder_options
 from thunderfx_debug.thunder import provenance as thunder_provenance
@@ -53,6 +58,7 @@ def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings,
     deviating = deviating or {}
     state = snapshot.state
     failed_split = state.failed_split if state.error else None
+    failed_region = failing_region(snapshot)
     pieces: list[Piece] = []
     if ReproKind.GRAPH in settings.repro or (state.error and failed_split is None):
         pieces.append((None, None))
@@ -61,8 +67,20 @@ def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings,
         if ReproKind.SPLIT in settings.repro or split.state.name == failed_split or key in deviating:
             pieces.append((split, None))
         pieces += [(split, region) for region in split.regions
-                   if ReproKind.FUSION in settings.repro or f"{key}/{region.key}" in deviating]
+                   if ReproKind.FUSION in settings.repro or f"{key}/{region.key}" in deviating
+                   or (split.state.name == failed_split and region.key == failed_region)]
     return pieces
+
+
+def failing_region(snapshot: GraphSnapshot) -> str | None:
+    """The key of the fusion region of the failing split that the run's failure was raised in ("nvFusion0_forward"),
+    None where it was raised in none (or the region is not among the split's)."""
+    failure = snapshot.state.failure
+    if failure is None or failure.split is None or failure.facts.region is None:
+        return None
+    split = next((s for s in snapshot.splits if s.state.name == failure.split), None)
+    return failure.facts.region if split is not None and any(r.key == failure.facts.region
+                                                            for r in split.regions) else None
 
 
 def scripts_for_graph(snapshot: GraphSnapshot, settings: ArtifactSettings, failures: ReportingFailures,
@@ -128,6 +146,9 @@ class ScriptBuilder:
         self.thunder_options = dict(settings.thunder_options)
         self.real = settings.real_inputs
         self.executor_names = thunder_options.executor_names(self.thunder_options)
+        self.executor_modules: dict[str, tuple[str | None, str | None]] = {}
+        with failures.guard("finding the modules that registered the run's executors"):
+            self.executor_modules = thunder_options.run_executor_modules(self.thunder_options)
         self.versions = versions_line()
         self.fx_imports = tuple(thunder_scripts.fx_builtin_imports())
         self.artifacts: list[Artifact] = []
@@ -163,6 +184,16 @@ class ScriptBuilder:
             self._add(owner, f"repro_mismatch_{strategy.file_kind}" if evidence else f"repro_{strategy.file_kind}",
                       path, text)
 
+    # ---- the run's failure ------------------------------------------------------------------------------------------
+    def _run_failure(self, piece: ReproSubject, region: str | None = None) -> dict | None:
+        """What the scripts of the backend that raised expect (`script_template.main`'s `run_failure`)."""
+        return run_failure_argument(self.state, piece.real, region)
+
+    @staticmethod
+    def _expecting(piece: ReproSubject, expects: bool, run_failure: dict | None) -> ReproSubject:
+        """`piece` for a script that expects the run's failure (`expects`), or not."""
+        return dataclasses.replace(piece, run_failure=run_failure if expects else None)
+
     # ---- mismatches -----------------------------------------------------------------------------------------------
     def mismatch_scripts(self) -> None:
         """A script for each piece the correctness sentinel found mismatching (whatever THUNDERFX_DEBUG_REPRO says),
@@ -181,9 +212,17 @@ class ScriptBuilder:
         state = self.state
         with self.failures.guard(f"preparing the repro scripts of {state.name}"):
             description = f"The Dynamo graph {state.name} (compile id {state.facts.compile_id}) as handed to the backend."
-            if state.error:
-                description += " It FAILED under Thunder in the run; the thunder script reproduces the failure."
-            metas = repro_inputs.with_fx_bounds(state.gm, self.snapshot.input_meta)
+            failure = state.failure
+            captured, inputs_call = state.captured, 1
+            metas = self.snapshot.input_meta
+            if failure is not None:
+                description += (f"\nIt FAILED in the run: {_failure_words(state.name, failure)}. Its thunder script "
+                                "compiles it as the run did and expects that exception.")
+                if failure.graph_captured is not None:
+                    captured, metas = failure.graph_captured, _captured_metas(failure.graph_captured, metas)
+                    inputs_call = state.calls
+                    description += f" Its inputs are those of the failing call ({state.name}'s call {state.calls})."
+            metas = repro_inputs.with_fx_bounds(state.gm, metas)
             piece = ReproSubject(
                 key=state.name,
                 title="Dynamo graph",
@@ -194,19 +233,20 @@ class ScriptBuilder:
                 metas=metas,
                 names=_placeholder_names(state.gm),
                 backward=_needs_backward(metas),
-                captured=state.captured if self.real else None,
+                captured=captured if self.real else None,
                 inputs_path=layout.inputs_file(state.name),
-                run_integers=repro_inputs.run_integers(state.captured, metas),
+                run_integers=repro_inputs.run_integers(captured, metas),
                 imports=self.fx_imports + fx_facts.custom_op_imports(state.gm),
                 random_ops=fx_facts.random_ops(state.gm),
                 sources=thunder_provenance.module_sources(state.gm),
+                inputs_call=inputs_call,
             )
-            for strategy in (
-                writers.Eager(),
-                writers.ThunderFX(self.thunder_options, self.executor_names),
-                writers.TorchCompile(),
-            ):
-                self._write(state.name, piece, strategy, layout.graph_script(state.name, strategy.file_kind))
+            thunder = writers.ThunderFX(self.thunder_options, self.executor_names, self.executor_modules,
+                                        dynamic=state.dynamic)
+            for strategy in (writers.Eager(), thunder, writers.TorchCompile()):
+                expects = failure is not None and strategy is thunder
+                self._write(state.name, self._expecting(piece, expects, self._run_failure(piece)), strategy,
+                            layout.graph_script(state.name, strategy.file_kind))
 
     # ---- splits ---------------------------------------------------------------------------------------------------
     def split_metas(self, split: SplitSnapshot) -> tuple[InputMeta, ...]:
@@ -227,8 +267,23 @@ class ScriptBuilder:
             if state.split.reasons:
                 reasons = "; ".join(f"{r.type}: {r.info}" for r in state.split.reasons)[:1500]
                 description += f"\nWhy ThunderFX gave it to inductor: {reasons}"
-            if state.error:
-                description += "\nIt FAILED in the run; the thunder script reproduces the failure."
+            failure = self.state.failure
+            failing = failure is not None and failure.split == state.name and evidence is None
+            captured, inputs_call = state.captured, 1
+            if failing:
+                description += (f"\nIt FAILED in the run: {_failure_words(key, failure)}. Its thunder script runs it "
+                                "as the run did and expects that exception.")
+                if failure.where.captured is not None:
+                    captured, inputs_call = failure.where.captured, failure.where.call
+                    metas = repro_inputs.with_fx_bounds(state.split.original_module, _captured_metas(captured, metas))
+                    description += f" Its inputs are those of the failing call (call {failure.where.call})."
+                elif failure.where.call > 1:
+                    description += (f" Its inputs are those of its first call: the forward's inputs are not kept on "
+                                    f"every call, and the backward of call {failure.where.call} failed.")
+            elif self.state.failure is not None and state.calls == 0:
+                description += (f"\nIt never ran in the run: {_failure_words(_failed_piece(self.state), failure)}, "
+                                "before it was called. Its inputs are made from ThunderFX's example values of the "
+                                "graph (shapes, dtypes), not from values the run passed it.")
             if evidence is not None:
                 description += _mismatch_description(evidence)
             module = state.split.original_module
@@ -242,26 +297,30 @@ class ScriptBuilder:
                 metas=metas,
                 names=_placeholder_names(module),
                 backward=_needs_backward(metas),
-                captured=state.captured if self.real else None,
+                captured=captured if self.real else None,
                 inputs_path=layout.inputs_file(graph, state.name),
-                run_integers=repro_inputs.run_integers(state.captured, metas),
+                run_integers=repro_inputs.run_integers(captured, metas),
                 imports=self.fx_imports + fx_facts.custom_op_imports(module),
                 random_ops=fx_facts.random_ops(module),
                 sources=state.split.sources,
+                inputs_call=inputs_call,
             )
+            thunder = writers.ThunderJit(self.thunder_options, self.executor_names, self.executor_modules,
+                                         as_split=True)
             if evidence is not None:
                 piece.captured = evidence.captured
                 piece.inputs_path = layout.mismatch_inputs_file(graph, state.name)
-                strategy = writers.ThunderJit(self.thunder_options, self.executor_names)
-                self._write(key, piece, strategy, layout.mismatch_script(graph, state.name, strategy.file_kind),
+                self._write(key, piece, thunder, layout.mismatch_script(graph, state.name, thunder.file_kind),
                             evidence)
                 return
             strategies: list[writers.Strategy] = [writers.Eager()]
             if kind is SplitKind.THUNDER:
-                strategies.append(writers.ThunderJit(self.thunder_options, self.executor_names))
+                strategies.append(thunder)
             strategies.append(writers.InductorSplit())
             for strategy in strategies:
-                self._write(key, piece, strategy, layout.split_script(graph, state.name, strategy.file_kind))
+                expects = failing and strategy is thunder
+                self._write(key, self._expecting(piece, expects, self._run_failure(piece)), strategy,
+                            layout.split_script(graph, state.name, strategy.file_kind))
 
     # ---- fusion regions -------------------------------------------------------------------------------------------
     def fusion_scripts(self, split: SplitSnapshot, region: FusionRegion, evidence: Evidence | None = None) -> None:
@@ -321,9 +380,56 @@ class ScriptBuilder:
                 self._write(key, piece, strategy, layout.mismatch_script(graph, split_name, strategy.file_kind,
                                                                         region.key), evidence)
                 return
+            failed_here = failing_region(self.snapshot) == region.key and self.state.failure.split == split_name
+            if failed_here:
+                piece.description += (f"\nThe run's failure was raised in this region: "
+                                      f"{_failure_words(f'{graph}/{split_name}', self.state.failure)}. Its "
+                                      f"{strategies[0].file_kind} script expects that exception.")
             for strategy in strategies:
                 path = layout.fusion_script(graph, split_name, region.name, phase, strategy.file_kind)
-                self._write(key, piece, strategy, path)
+                # the backend that raised: nvFuser for an nvFusion region, torch.compile for a TorchCompile one
+                expects = failed_here and isinstance(strategy, writers.NvFuserRegion if region.executor == "nvfuser"
+                                                     else writers.InductorRegion)
+                self._write(key, self._expecting(piece, expects, self._run_failure(piece, region.key)), strategy,
+                            path)
+
+
+def run_failure_argument(state: GraphState, real: bool, region: str | None = None) -> dict | None:
+    """What a script that runs the piece with the backend that raised in the run expects (`script_template.main`'s
+    `run_failure`; `real`: the script has the run's values), None where the graph did not fail."""
+    failure = state.failure
+    if failure is None:
+        return None
+    facts, where = failure.facts, failure.where
+    expected = {"piece": _failed_piece(state), "type": facts.type, "message": facts.message,
+                "raised_in": facts.raised_in, "raised_at": facts.raised_at, "raised_code": facts.raised_code,
+                "failed_in": where.failed_in.value, "call": where.call, "inputs": "real" if real else "rebuilt"}
+    if region is not None:
+        expected["region"] = region
+    return expected
+
+
+def _failed_piece(state) -> str:
+    """"graph0/thunder_0": the piece that raised in the run (the graph where no split did)."""
+    failure = state.failure
+    return state.name if failure is None or failure.split is None else f"{state.name}/{failure.split}"
+
+
+def _failure_words(piece: str, failure) -> str:
+    """"graph0/thunder_0 raised ValueError: ... at tests/x.py:29 f, in the forward of its call 3"."""
+    facts, where = failure.facts, failure.where
+    message = facts.message.strip().splitlines()
+    exception = facts.type + (f": {message[0][:300]}" if message else "")
+    at = f" at {facts.raised_at}" if facts.raised_at else ""
+    when = (" while ThunderFX split and compiled it" if where.failed_in is FailedIn.COMPILE
+            else f", in the {where.failed_in.value} of its call {where.call}")
+    return f"{piece} raised {exception}{at}{when}"
+
+
+def _captured_metas(captured: Captured, fallback: tuple[InputMeta, ...]) -> tuple[InputMeta, ...]:
+    """The metadata of a captured call (its statistics read: the flush waited for the device), else `fallback`."""
+    metas = captured.metas(wait=True)
+    return fallback if metas is None else metas
 
 
 def _mismatch_description(evidence: Evidence) -> str:

@@ -167,6 +167,10 @@ def value_code(meta: InputMeta) -> str:
         return str(meta.value)
     if meta.kind is InputKind.DEVICE:
         return f"torch.device({meta.value!r})"
+    if meta.kind is InputKind.SIZE:
+        return f"torch.Size({list(meta.value)!r})"
+    if meta.kind is InputKind.TUPLE:
+        return repr(tuple(meta.value))
     return f"None  # the run passed {meta.value}: not reproducible from metadata, give it by hand"
 
 

@@ -19,7 +19,12 @@ Exit status of a script (`main`), each with one line that says which it is:
                        identically before each run), or its values follow which of tied values an index op
                        (topk, sort, argmax) picked, and the backend picked otherwise: nothing is claimed
     6  NOT REBUILT     the script could not rebuild the piece as the run built it (tracing its code, or the
-                       definition the backend printed, failed): the backend never ran it, a bug of the script
+                       definition the backend printed, failed; an executor the run used is not registered here):
+                       the backend never ran it, no claim about the backend
+    7  REPRODUCED      the piece failed in the run, and raised here what it raised there (`run_failure`): the run's
+                       failure, reproduced by the script alone
+    8  NOT REPRODUCED  the piece failed in the run and does not fail so here; the line says why (it needed what only
+                       the run had), and makes no claim that the piece works
 A native abort (e.g. an inductor kernel's bounds assertion) ends the process with a signal and no line: a crash.
 """
 
@@ -40,6 +45,7 @@ from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.scripts.device_timer import held_device_ms
 from thunderfx_debug.scripts.result_line import Outcome, Verdict
+from thunderfx_debug.scripts.run_failure import described, same_failure
 from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Picks, rounding_floor, to_float64,
                                                   tolerance, verdict)
 
@@ -50,6 +56,9 @@ SEED = 0
 #: What a NOT COMPARABLE verdict means where the values that differ follow a pick among tied values (`Picks`).
 TIED_MEANING = ("its values depend on which of tied values {backend} and eager picked, and they picked otherwise: "
                 "those values not compared, nothing is claimed")
+#: What a NOT REBUILT verdict means where an executor the run used is not registered where the script runs.
+MISSING_EXECUTOR_MEANING = ("this script cannot build the piece as the run built it, so {backend} never ran it: no "
+                            "claim about {backend}")
 #: The same for an eager script judged against the values the run returned.
 TIED_WITH_THE_RUN_MEANING = ("its values depend on which of tied values the run and eager picked, and they picked "
                              "otherwise: those values not compared, nothing is claimed")
@@ -108,6 +117,38 @@ def dynamo_graph_module(module):
     tracer = _DynamoTracer()
     graph = tracer.trace(module)
     return torch.fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def for_inductor(graph_module):
+    """`graph_module`, where `torch._inductor.compile` can take it: ValueError where it returns a whole `x.size()`
+    (a torch.Size), which inductor's AOT autograd refuses as an output ("output spec mismatch"; torch.fx's
+    `split_module` splits such sizes into their dims for that reason). A split of ThunderFX can return one where
+    shapes are dynamic; ThunderFX gives such a split to Thunder, never to inductor."""
+    output = next(node for node in graph_module.graph.nodes if node.op == "output")
+    for node in output.all_input_nodes:
+        if node.op == "call_method" and node.target == "size" and len(node.args) == 1 and not node.kwargs:
+            raise ValueError(f"the piece returns {node.name} = {node.args[0]}.size(), a torch.Size, which inductor's "
+                             "compile refuses as an output")
+    return graph_module
+
+
+def differentiable_outputs_as_thunderfx(module, inputs):
+    """The `is_differentiable_outputs` ThunderFX's splitter hands `thunder.jit` with a split (lightning-thunder 0.2.6,
+    thunder/dynamo/splitter.py): one entry per node of the split's FX output node's `all_input_nodes` (a node returned
+    twice counts once, a value that is not a node not at all), True where that node's value has a grad_fn. The
+    splitter reads Dynamo's example values; here the module runs once on copies of `inputs`."""
+    graph_module = dynamo_graph_module(module)
+    values = {}
+
+    class Recording(torch.fx.Interpreter):
+        def run_node(self, node):
+            values[node] = super().run_node(node)
+            return values[node]
+
+    with torch.enable_grad():
+        Recording(graph_module).run(*as_non_leaves(fresh(inputs)))
+    output = next(node for node in graph_module.graph.nodes if node.op == "output")
+    return [getattr(values.get(node), "grad_fn", None) is not None for node in output.all_input_nodes]
 
 
 # ---- inputs ---------------------------------------------------------------------------------------------------------
@@ -196,6 +237,10 @@ def _rebuild(saved):
         return getattr(torch, saved["dtype"])
     if isinstance(saved, dict) and set(saved) == {"device"}:
         return torch.device(saved["device"])
+    if isinstance(saved, dict) and set(saved) == {"size"}:
+        return torch.Size(saved["size"])
+    if isinstance(saved, dict) and set(saved) == {"tuple"}:
+        return tuple(saved["tuple"])
     return saved
 
 
@@ -401,6 +446,10 @@ def as_non_leaves(args):
     return [x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in args]
 
 
+#: The phase the latest `run` was in ("forward", "backward"): where a piece that raised raised.
+RUNNING = {"phase": "forward"}
+
+
 def run(fn, inputs, backward, float64=False, cotangent_dtypes=None, positions=None):
     """Forward outputs (flattened) and, with `backward`, the gradients of the inputs that require one, for the
     cotangents of the outputs at `positions` (eager's `differentiated`; this run's own where None, as for eager
@@ -409,6 +458,7 @@ def run(fn, inputs, backward, float64=False, cotangent_dtypes=None, positions=No
     `cotangent_dtypes` (position -> eager's dtype) rounds its cotangents as eager's."""
     args = fresh(inputs)
     torch.manual_seed(SEED)
+    RUNNING["phase"] = "forward"
     with (Float64Mode() if float64 else contextlib.nullcontext()):
         outputs = tree_leaves(fn(*as_non_leaves(args) if backward else args))
     if not backward:
@@ -418,6 +468,7 @@ def run(fn, inputs, backward, float64=False, cotangent_dtypes=None, positions=No
                                                 cotangent_dtypes)
     if not wanted or not differentiable:
         return outputs, None
+    RUNNING["phase"] = "backward"
     with (Float64Mode() if float64 else contextlib.nullcontext()):
         grads = torch.autograd.grad(differentiable, wanted, cotangents, allow_unused=True)
     return outputs, list(grads)
@@ -584,10 +635,11 @@ def _is_binding_error(error):
     return any(text in str(error) for text in _BINDING_ERRORS)
 
 
-def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()):
+def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=(), run_failure=None):
     """Runs the piece once and compares it: forward outputs with the run's (where saved) or with eager's, gradients
     with eager's; then checks that what it returned is unchanged after eager ran. Eager and a float64 eager run once
-    each. Returns the verdict; exceptions of the piece itself become CRASH or REFUSED."""
+    each. Returns the verdict; exceptions of the piece itself become CRASH or REFUSED, or REPRODUCED where they are
+    the run's failure (`run_failure`, see `main`)."""
     # An eager piece judged against the run's values records its own picks (`Picks`): the run may have picked
     # otherwise among ties.
     picks = Picks() if is_eager and expected_outputs is not None else None
@@ -604,7 +656,7 @@ def check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops=()
         if is_eager:
             traceback.print_exc()
             return Verdict(Outcome.REFUSED, f"eager raised {type(error).__name__}: {str(error)[:300]}")
-        return _classify_failure(error, eager, inputs, backward)
+        return _reproduced(error, RUNNING["phase"], run_failure) or _classify_failure(error, eager, inputs, backward)
     if is_eager and expected_outputs is None:
         print(f"  ran eagerly: {len(outputs)} outputs" + (f", {len(grads)} gradients" if grads else ""))
         return Verdict(Outcome.OK, "ran eagerly (an eager script has nothing to compare with)")
@@ -664,6 +716,61 @@ def _classify_failure(error, eager, inputs, backward):
         return Verdict(Outcome.REFUSED, f"eager refuses these inputs too ({type(eager_error).__name__}: "
                                         f"{str(eager_error)[:200]})")
     return Verdict(Outcome.CRASH, summary)
+
+
+# ---- the run's failure: a piece that raised in the run ---------------------------------------------------------------
+
+
+def the_run_raised(run_failure):
+    """"AssertionError at thunder/executors/torch_autograd.py:75 forward, in the forward of call 1"."""
+    message = run_failure.get("message", "").strip().splitlines()
+    exception = run_failure["type"] + (f": {message[0][:200]}" if message else "")
+    where = f" at {run_failure['raised_at']}" if run_failure.get("raised_at") else ""
+    phase = run_failure.get("failed_in", "forward")
+    when = ("while ThunderFX compiled the graph" if phase == "compile"
+            else f"in the {phase} of call {run_failure.get('call', 1)}")
+    return f"{exception}{where}, {when}"
+
+
+def _reproduced(error, phase, run_failure):
+    """REPRODUCED where `error`, raised in `phase`, is the run's failure (`scripts/run_failure.same_failure`; a
+    failure of the run's compile, or of a fusion region, counts in either phase), else None."""
+    if run_failure is None or not same_failure(run_failure, described(error)):
+        return None
+    if run_failure.get("failed_in", "compile") not in ("compile", phase) and not run_failure.get("region"):
+        return None  # a region's script runs its ops alone, in neither phase
+    traceback.print_exc()
+    return Verdict(Outcome.REPRODUCED, f"raised what the run raised: {the_run_raised(run_failure)}")
+
+
+def _why_not_reproduced(run_failure):
+    """What the run had that this script has not, which the failure may have needed."""
+    reasons = []
+    if run_failure.get("call", 1) > 1:
+        reasons.append(f"the {run_failure['call'] - 1} calls of the piece before the failing one (Thunder's caches, "
+                       "the executors' state)")
+    if run_failure.get("failed_in") == "backward":
+        reasons.append("the incoming gradients of its backward (drawn here)")
+    if run_failure.get("inputs") != "real":
+        reasons.append("the values of its inputs (drawn here, laid out as the run's; THUNDERFX_DEBUG_INPUTS=real "
+                       "keeps them)")
+    reasons.append("the rest of the training process (other compiled pieces, memory, the device's state)")
+    return "; ".join(reasons)
+
+
+def against_the_run(verdict, run_failure):
+    """`verdict` of a piece that failed in the run (`run_failure`) and ran here without raising: NOT REPRODUCED
+    where it found nothing wrong (never OK), a MISMATCH that says the failure did not reproduce; other verdicts (of
+    a piece that raised something else, or could not be judged) with what the run raised."""
+    if verdict.outcome in (Outcome.OK, Outcome.NOT_COMPARABLE):
+        found = "and matched eager" if verdict.outcome is Outcome.OK else "(its values not comparable)"
+        return Verdict(Outcome.NOT_REPRODUCED, f"the run raised {the_run_raised(run_failure)}; here the piece ran "
+                                               f"{found}: the failure may need what only the run had: "
+                                               f"{_why_not_reproduced(run_failure)}")
+    if verdict.outcome in (Outcome.REPRODUCED, Outcome.REFUSED):
+        return verdict
+    return Verdict(verdict.outcome, f"{verdict.detail}; not the run's failure, which was "
+                                    f"{the_run_raised(run_failure)}", verdict.meaning)
 
 
 # ---- mismatch scripts: a piece the correctness sentinel found mismatching during training ---------------------------
@@ -852,7 +959,7 @@ def _describe(timings):
 
 
 def main(*, piece, executor, backend, build, eager, make_inputs, expected_outputs=None, backward=True,
-         random_ops=(), refusal=None, argv=None, script=None, mismatch=None):
+         random_ops=(), refusal=None, argv=None, script=None, mismatch=None, run_failure=None):
     """Checks the piece, with `--benchmark` also times it, and returns the exit status (see `Outcome`).
 
     build: makes the piece's callable (compiling is done by its first call); eager: makes the eager reference;
@@ -861,7 +968,9 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     the random ops in the piece (reseeded runs; a difference is NOT COMPARABLE); refusal: inputs -> why the backend
     cannot take them, or None; mismatch: for the script of a piece the correctness sentinel found mismatching in
     the run (its call, phase, findings, the values it compared, the inputs file), `check_mismatch` instead of the
-    check, and exit 1 whatever it finds."""
+    check, and exit 1 whatever it finds. run_failure: for the script of the piece that raised in the run, what it
+    raised (`scripts/run_failure.described`, with where: `failed_in`, `call`, `raised_at`; `inputs`: "real" where
+    the script has the run's values): REPRODUCED where it raises the same, NOT REPRODUCED where it runs."""
     script = script or sys.argv[0]
     parser = argparse.ArgumentParser(description=f"Repro of {piece} run with {executor} (written by thunderfx_debug)")
     parser.add_argument("--benchmark", action="store_true", help="also time forward (and backward) after the check")
@@ -871,13 +980,15 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     if mismatch is not None:
         return _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script)
     print(f"{piece} [{executor}]  ({Path(script).name})")
+    if run_failure is not None:
+        print(f"  in the run it raised {the_run_raised(run_failure)}; this script expects the same")
     if random_ops:
         # Inductor draws random numbers with its own generator unless told to call eager's random ops.
         from torch._inductor import config as inductor_config
 
         inductor_config.fallback_random = True
     verdict, fn, inputs = _checked(build, eager, make_inputs, expected_outputs, executor == "eager", backward,
-                                   random_ops, refusal)
+                                   random_ops, refusal, run_failure)
     figures = {"script": Path(script).name, "piece": piece, "executor": executor, "outcome": verdict.outcome.name}
     if options.benchmark and fn is not None and verdict.outcome in (Outcome.OK, Outcome.MISMATCH,
                                                                      Outcome.NOT_COMPARABLE):
@@ -898,7 +1009,7 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     return int(verdict.outcome)
 
 
-def _checked(build, eager, make_inputs, expected_outputs, is_eager, backward, random_ops, refusal):
+def _checked(build, eager, make_inputs, expected_outputs, is_eager, backward, random_ops, refusal, run_failure=None):
     torch.manual_seed(SEED)
     try:
         inputs = make_inputs()
@@ -916,6 +1027,13 @@ def _checked(build, eager, make_inputs, expected_outputs, is_eager, backward, ra
         traceback.print_exc()
         return Verdict(Outcome.NOT_REBUILT, str(error)), None, None
     except Exception as error:
+        if type(error).__name__ == "MissingExecutor":  # Thunder support's: the run's executor is not registered here
+            return Verdict(Outcome.NOT_REBUILT, str(error), meaning=MISSING_EXECUTOR_MEANING), None, None
+        reproduced = _reproduced(error, "forward", run_failure)
+        if reproduced is not None:
+            return reproduced, None, None
         traceback.print_exc()
-        return Verdict(Outcome.CRASH, f"building the piece raised {type(error).__name__}: {str(error)[:300]}"), None, None
-    return check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops), fn, inputs
+        verdict = Verdict(Outcome.CRASH, f"building the piece raised {type(error).__name__}: {str(error)[:300]}")
+        return (verdict if run_failure is None else against_the_run(verdict, run_failure)), None, None
+    verdict = check(fn, eager, inputs, expected_outputs, is_eager, backward, random_ops, run_failure)
+    return (verdict if run_failure is None else against_the_run(verdict, run_failure)), fn, inputs

@@ -45,8 +45,11 @@ EXIT_STATUS = (
     "    5 NOT COMPARABLE  the piece draws random numbers that {backend} and eager draw differently, or its\n"
     "                      values follow which of tied values topk/sort/argmax picked, and {backend} picked\n"
     "                      otherwise: no claim\n"
-    "    6 NOT REBUILT     this script could not rebuild the piece as the run built it ({backend} never ran it):\n"
-    "                      a bug of the script, no claim\n"
+    "    6 NOT REBUILT     this script could not rebuild the piece as the run built it ({backend} never ran it:\n"
+    "                      a bug of the script, or an executor of the run's that is not registered here): no claim\n"
+    "    7 REPRODUCED      the piece failed in the run and raised the same here: the run's failure, reproduced\n"
+    "    8 NOT REPRODUCED  the piece failed in the run and does not fail so here (the line says what the run had\n"
+    "                      that this script has not): no claim that it works\n"
     "    (killed by a signal: a native abort, e.g. an inductor kernel's bounds assertion: a crash)"
 )
 
@@ -65,6 +68,8 @@ class ReproSubject:
     needs_thunder: the definitions call `import_thunder()` or other Thunder support.
     sources: the lines of the model's code its ops came from ("file:line function", most ops first).
     reads_saved_from: a backward region's: the lines of the forward ops that made the saved values it reads.
+    run_failure: what the piece raised in the run (`script_template.main`'s `run_failure`), for the scripts of the
+    backend that raised it, which expect it (None for the others).
     """
 
     key: str
@@ -85,6 +90,13 @@ class ReproSubject:
     needs_thunder: bool = False
     sources: tuple[str, ...] = ()
     reads_saved_from: tuple[str, ...] = ()
+    run_failure: dict[str, Any] | None = None
+    inputs_call: int = 1  # the piece's call whose inputs the script has (the one that raised, for a failing piece)
+
+    @property
+    def which_call(self) -> str:
+        """"first call", or "call 3" where the inputs are those of a later call."""
+        return "first call" if self.inputs_call == 1 else f"call {self.inputs_call}"
 
     @property
     def real(self) -> bool:
@@ -134,9 +146,11 @@ class Eager(Strategy):
     pass
 
 
-def _options_code(thunder_options: dict[str, Any], executor_names: list[str] | None) -> str:
-    """`options = {...}` for the run's Thunder options: executors by name (resolved by Thunder in the script),
-    literal values as they were; anything else (transform objects, callables) cannot be written and is listed."""
+def _options_code(thunder_options: dict[str, Any], executor_names: list[str] | None,
+                  executor_modules: dict[str, tuple[str | None, str | None]] | None = None) -> str:
+    """`options = {...}` for the run's Thunder options: executors by name (resolved by Thunder in the script, after
+    importing the modules that registered the run's own executors, `executor_modules`), literal values as they
+    were; anything else (transform objects, callables) cannot be written and is listed."""
     literal, skipped = {}, []
     for key, value in thunder_options.items():
         if key == "executors":
@@ -150,10 +164,28 @@ def _options_code(thunder_options: dict[str, Any], executor_names: list[str] | N
         skipped.append(f"{key}={value!r}"[:300])
     lines = [f"options = {literal!r}"]
     if executor_names is not None:
-        lines.append(f"options['executors'] = executors({executor_names!r})")
+        modules = {name: where for name, where in (executor_modules or {}).items() if name in executor_names}
+        lines.append(f"options['executors'] = executors({executor_names!r}" + (f", {modules!r})" if modules else ")"))
     for text in skipped:
         lines.insert(0, f"# The run also had {text}: not writable as code; add it by hand to reproduce it exactly.")
     return "\n".join(lines)
+
+
+def executors_note(executor_names: list[str] | None,
+                   executor_modules: dict[str, tuple[str | None, str | None]] | None) -> str:
+    """What a script's docstring says of the run's executors of the user's: the module it imports for each, or
+    why it cannot (the script then says which executor is missing, NOT REBUILT)."""
+    notes = []
+    for name, (module, where) in (executor_modules or {}).items():
+        if executor_names is not None and name not in executor_names:
+            continue
+        if module is not None:
+            notes.append(f"the run's executor {name!r} is registered by importing {module} (from {where}, where the "
+                         "run imported it), which build() does")
+        else:
+            notes.append(f"the run's executor {name!r} cannot be imported here: {where}; register it before build() "
+                         "(this script says NOT REBUILT, naming it, where it is missing)")
+    return "Executors: " + "; ".join(notes) + "." if notes else ""
 
 
 class _WithThunderOptions(Strategy):
@@ -164,27 +196,52 @@ class _WithThunderOptions(Strategy):
     backend = "Thunder"
     needs_thunder = True
 
-    def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None):
-        self.options_code = _options_code(thunder_options, executor_names)
+    def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None,
+                 executor_modules: dict[str, tuple[str | None, str | None]] | None = None):
+        self.options_code = _options_code(thunder_options, executor_names, executor_modules)
+        self.executors_note = executors_note(executor_names, executor_modules)
 
 
 class ThunderFX(_WithThunderOptions):
     """A Dynamo graph through torch.compile with Thunder's own backend, compiling as the run did (same options,
-    same workarounds: `script_support.thunder_compiler`)."""
+    same workarounds: `script_support.thunder_compiler`; dynamic shapes where the run's graph had them)."""
 
     description = "ThunderFX: torch.compile(backend=thunder.dynamo.ThunderCompiler(<the run's options>))"
 
+    def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None,
+                 executor_modules: dict[str, tuple[str | None, str | None]] | None = None, dynamic: bool = False):
+        super().__init__(thunder_options, executor_names, executor_modules)
+        self.dynamic = dynamic
+
     def build_body(self, piece: ReproSubject) -> str:
-        return f"{self.options_code}\nreturn torch.compile({piece.instance()}, backend=thunder_compiler(**options))"
+        dynamic = ", dynamic=True" if self.dynamic else ""
+        return (f"{self.options_code}\n"
+                f"return torch.compile({piece.instance()}, backend=thunder_compiler(**options){dynamic})")
 
 
 class ThunderJit(_WithThunderOptions):
-    """A split through thunder.jit with the run's options and executors (Thunder 0.2.6's own writer drops them)."""
+    """A split through thunder.jit with the run's options and executors (Thunder 0.2.6's own writer drops them)
+    and, for a split (`as_split`), which of its outputs are differentiable, computed as ThunderFX's splitter computes
+    it (`script_template.differentiable_outputs_as_thunderfx`)."""
 
     description = "thunder.jit with the run's options and executors"
 
+    def __init__(self, thunder_options: dict[str, Any], executor_names: list[str] | None,
+                 executor_modules: dict[str, tuple[str | None, str | None]] | None = None, as_split: bool = False):
+        super().__init__(thunder_options, executor_names, executor_modules)
+        self.as_split = as_split
+        if as_split:
+            self.description = ("thunder.jit with the run's options and executors, as ThunderFX jits a split (which "
+                                "outputs are differentiable)")
+
     def build_body(self, piece: ReproSubject) -> str:
-        return f"thunder = import_thunder()\n{self.options_code}\nreturn thunder.jit({piece.instance()}, **options)"
+        outputs = ""
+        if self.as_split:
+            outputs = ("# ThunderFX's splitter also tells thunder.jit which outputs are differentiable:\n"
+                       "options['is_differentiable_outputs'] = differentiable_outputs_as_thunderfx("
+                       f"{piece.instance()}, make_inputs())\n")
+        return (f"thunder = import_thunder()\n{self.options_code}\n{outputs}"
+                f"return thunder.jit({piece.instance()}, **options)")
 
 
 class TorchCompile(Strategy):
@@ -210,8 +267,8 @@ class InductorSplit(Strategy):
     description = "torch._inductor.compile of the FX module (as ThunderFX compiles inductor splits)"
 
     def build_body(self, piece: ReproSubject) -> str:
-        return (f"graph_module = as_the_run_built(lambda: dynamo_graph_module({piece.instance()}), "
-                "\"tracing the split's code\")\n"
+        return (f"graph_module = as_the_run_built(lambda: for_inductor(dynamo_graph_module({piece.instance()})), "
+                "\"tracing the split's code for inductor\")\n"
                 "return torch._inductor.compile(graph_module, fresh(make_inputs()))")
 
 
@@ -446,6 +503,25 @@ def _where_in_the_model(sources: tuple[str, ...], reads_saved_from: tuple[str, .
     return text
 
 
+def _in_docstring(text: str) -> str:
+    """`text` as the docstring shows it, whatever characters it holds (an exception's message, a split reason)."""
+    return text.replace("\\", "\\\\").replace('"""', "\\\"\"\"")
+
+
+def _the_run_failure(run_failure: dict[str, Any] | None) -> str:
+    """The header's comment lines that say what the piece raised in the run (comments, not the docstring: an
+    exception's message is written as it is, whatever characters it holds)."""
+    if run_failure is None:
+        return ""
+    lines = [f"# in the run, {run_failure.get('piece', 'the piece')} raised "
+             f"{script_template.the_run_raised(run_failure)}"]
+    if run_failure.get("raised_code"):
+        lines.append(f"#     {run_failure['raised_code']}")
+    message = run_failure.get("message", "").strip().splitlines()
+    lines += [f"#   {line}" for line in message[1:8]]
+    return "".join(line.replace("\r", " ") + "\n" for line in lines)
+
+
 def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: str,
            mismatch: dict[str, Any] | None = None) -> str:
     """The text of the script at `script_path` (relative to the rank directory) running `piece` with `strategy`.
@@ -457,21 +533,22 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
     if piece.real:
         relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
         inputs_code = (
-            "# The values of the run's first call of this piece, and what that call returned (saved at the end of\n"
-            "# the run; torch.load with weights_only=True).\n"
+            f"# The values of the run's {piece.which_call} of this piece, and what that call returned (saved at the\n"
+            "# end of the run; torch.load with weights_only=True).\n"
             f"INPUTS_FILE = {relative!r}\n\n\n"
             "def make_inputs():\n"
             f"    return {strategy.loaded_inputs(piece, 'load_inputs(INPUTS_FILE, __file__)[0]')}\n\n\n"
             "def saved_outputs():\n    return load_inputs(INPUTS_FILE, __file__)[1]"
         )
-        note = "the values the run passed on its first call of this piece, loaded from the file next to this script."
+        note = (f"the values the run passed on its {piece.which_call} of this piece, loaded from the file next to this "
+                "script.")
     elif piece.takes_run_integers:
         relative = posixpath.relpath(piece.inputs_path, posixpath.dirname(script_path))
         listed = repro_inputs.make_inputs_code(metas, piece.names, piece.run_integers).removeprefix("return ")
         inputs_code = (
-            "# The integer and bool inputs of the run's first call of this piece, as the run passed them (they index,\n"
-            "# select and mask: drawn at random they would not keep what they index), saved at the end of the run\n"
-            "# (torch.load with weights_only=True); the other inputs random.\n"
+            f"# The integer and bool inputs of the run's {piece.which_call} of this piece, as the run passed them\n"
+            "# (they index, select and mask: drawn at random they would not keep what they index), saved at the end\n"
+            "# of the run (torch.load with weights_only=True); the other inputs random.\n"
             f"INPUTS_FILE = {relative!r}\n\n\n"
             "def make_inputs():\n"
             "    run = load_inputs(INPUTS_FILE, __file__)[0]\n"
@@ -479,7 +556,8 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
             "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
             + _indent(f"inputs = {listed}\nreturn {strategy.loaded_inputs(piece, 'inputs')}")
         )
-        note = ("the integer and bool ones as the run passed them on its first call of this piece, loaded from the "
+        note = (f"the integer and bool ones as the run passed them on its {piece.which_call} of this piece, loaded "
+                "from the "
                 "file next to this script; the others random, made from the metadata of that call (layout, dtype, "
                 "device, value range).")
     else:
@@ -487,7 +565,7 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
                        "    # Random values laid out as the run's inputs were (shapes, strides, storage offsets and\n"
                        "    # sizes, dtypes, devices), drawn like the run's values (ranges, sentinels, masks).\n"
                        + _indent(repro_inputs.make_inputs_code(metas, piece.names)))
-        note = "random, made from the metadata of the run's first call (layout, dtype, device, value range)."
+        note = f"random, made from the metadata of the run's {piece.which_call} (layout, dtype, device, value range)."
         if piece.captured is not None and piece.captured.skipped:
             note += f" The real values were not saved: {piece.captured.skipped}."
     for extra_note in (piece.inputs_note, strategy.inputs_note(piece)):
@@ -512,6 +590,10 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         if piece.real:
             note = (f"the values the run passed on call {mismatch.get('call')} of this piece (the first it "
                     "mismatched on), loaded from the file next to this script.")
+    run_failure = piece.run_failure
+    if run_failure is not None:
+        check = ("runs it as the run did and expects the exception the run raised: REPRODUCED (exit 7) where it "
+                 "raises it, NOT REPRODUCED (exit 8) where it runs")
     random_note = ""
     if piece.random_ops:
         random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): every run starts from the same seed (and inductor "
@@ -533,14 +615,17 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"    python {file_name} --benchmark [--json PATH]  # and times it (forward{', backward' if piece.backward else ''})\n")
     header = (
         f'"""{piece.key}: {piece.title}, run with {strategy.description}.\n\n'
-        f"{piece.description}\n\n"
+        f"{_in_docstring(piece.description)}\n\n"
         f"Written by thunderfx_debug at the end of a training run; needs {requirements} (not thunderfx_debug):\n"
         f"    python {file_name}                            # {check}\n"
         + benchmark_line +
         f"{EXIT_STATUS.format(backend=strategy.backend)}\n"
         f"Inputs: {textwrap.fill(note, 110, subsequent_indent='    ')}{random_note}\n"
-        '"""\n'
+        + (textwrap.fill(strategy.executors_note, 110, subsequent_indent="    ") + "\n"
+           if getattr(strategy, "executors_note", "") else "")
+        + '"""\n'
         f"# versions: {versions}\n"
+        + _the_run_failure(run_failure)
         + _where_in_the_model(piece.sources, piece.reads_saved_from)
     )
     main_call = (
@@ -556,7 +641,8 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         f"        backward={piece.backward},\n"
         f"        random_ops={tuple(piece.random_ops)!r},\n"
         f"        refusal={strategy.refusal(piece)},\n"
-        + mismatch_argument +
+        + mismatch_argument
+        + (f"        run_failure={run_failure!r},\n" if run_failure else "") +
         "    ))\n"
     )
     imports = "\n".join(dict.fromkeys(piece.imports))
