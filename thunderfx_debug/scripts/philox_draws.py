@@ -1,0 +1,167 @@
+"""The uniform numbers a CUDA run drew, drawn again in torch integer ops on any device: nvFuser's (`nvfuser_uniform`,
+what a dropout region draws from Thunder's `uniform_philox`) and torch's CUDA generator's (`torch_cuda_uniform`, what
+`torch.rand` and `rngprims.philox_rand` draw). Both are Philox4x32-10 (Random123; `philox4x32_10`) keyed by the seed,
+with the offset in the counter's low 64 bits and a subsequence in its high 64 bits, and both turn a 32-bit word into a
+float the same way (`uniform_from_words`); they differ in which counter, subsequence and word each element takes, so
+the same seed and offset give other numbers (element 0 alone agrees): a reference for an nvFuser region must draw
+nvFuser's way.
+
+Read from nvFuser at commit 3925c6fd (2026-02-20, the commit that set python/version.txt to 0.2.36; these files are
+unchanged up to 81c4b22f, 2026-04-03):
+- runtime/random_numbers.cu: `philox(seed, subsequence, offset)`, counter = {offset lo, offset hi, subsequence lo,
+  subsequence hi}, key = {seed lo, seed hi}; `raw_uniform_float(x) = (float)x * 2**-32 + 2**-33` with 1.0 mapped to 0
+  (`uniformf`); half and bfloat16 round that float (cvt.rn, runtime/casts.cu) and map 1 to 0 (`uniform_half`,
+  `uniform_bfloat`); double takes two words, `x ^ (y << 21)`, as 53 bits (`uniform`).
+- csrc/device_lower/pass/rng.cpp (`RNGInserter::handle`): subsequence = linear index / multiple, component = linear
+  index % multiple, where multiple is 4, or 2 for double (csrc/ir/internal_nodes.h, `RNGOp::getPhiloxMultiple`), and
+  the linear index is the element's row-major index in the RNG op's output (csrc/device_lower/pass/index.cpp,
+  `Index::getLinearLogicalIndex`); the op's offset goes into `philox` as it is. Thunder's offset is already nvFuser's
+  unit, a quarter of PyTorch's (thunder/executors/torchex.py `_get_and_update_rng_state_impl`; nvFuser's
+  "Note [Divide offset by 4]", csrc/rng.cpp).
+- csrc/ops/arith.cpp `uniform`: bounds 0 and 1 give the plain `rng_uniform` (dropout's case, the only one here).
+Read from PyTorch (aten/src/ATen/native/cuda/DistributionTemplates.h, `distribution_elementwise_grid_stride_kernel`,
+`calc_execution_policy`, `uniform_kernel`): each thread `curand_init(seed, thread, offset)` draws 4 words per step
+(2 doubles), element `thread + blockDim * gridDim * (unroll * step + word)`.
+"""
+
+import math
+
+import torch
+
+_WORD = 0xFFFFFFFF
+_PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_KEY_BUMPS = (0x9E3779B9, 0xBB67AE85)
+_PHILOX_ROUNDS = 10
+
+
+def _mulhilo32(multiplier: int, word: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The high and low 32 bits of `multiplier * word` (both below 2**32). The product needs 64 bits, past int64: the
+    word is split into 16-bit halves, whose products (below 2**48) int64 holds exactly."""
+    low_product = (word & 0xFFFF) * multiplier
+    high_product = (word >> 16) * multiplier
+    low_sum = low_product + ((high_product & 0xFFFF) << 16)
+    return (high_product >> 16) + (low_sum >> 32), low_sum & _WORD
+
+
+def philox4x32_10(counter, key) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 (Salmon et al., SC'11; Random123's `philox4x32_10`, nvFuser's `philox`, cuRAND's
+    `curand_Philox4x32_10`): four 32-bit counter words and two key words in, four words out, each an int64 tensor
+    in [0, 2**32). Counter words are tensors or ints (broadcast together), key words ints.
+
+    >>> [f"{int(w):08x}" for w in philox4x32_10((0, 0, 0, 0), (0, 0))]
+    ['6627e8d5', 'e169c58d', 'bc57ac4c', '9b00dbd8']
+    """
+    words = [torch.as_tensor(w, dtype=torch.int64) for w in counter]
+    device = next((w.device for w in words if w.ndim), words[0].device)
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(w.to(device) for w in words))
+    k0, k1 = (int(k) & _WORD for k in key)
+    for round_ in range(_PHILOX_ROUNDS):
+        if round_:
+            k0, k1 = (k0 + _PHILOX_KEY_BUMPS[0]) & _WORD, (k1 + _PHILOX_KEY_BUMPS[1]) & _WORD
+        high0, low0 = _mulhilo32(_PHILOX_MULTIPLIERS[0], c0)
+        high1, low1 = _mulhilo32(_PHILOX_MULTIPLIERS[1], c2)
+        c0, c1, c2, c3 = high1 ^ c1 ^ k0, low1, high0 ^ c3 ^ k1, low0
+    return c0, c1, c2, c3
+
+
+def uniform_from_words(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Uniform numbers in [0, 1) from 32-bit words (int64 tensor in [0, 2**32)), as nvFuser's `uniformf`,
+    `uniform_half`, `uniform_bfloat` and cuRAND's `curand_uniform` with torch's `uniform_kernel` make them: the word
+    rounded to float, times 2**-32, plus 2**-33, a 1.0 taken as 0. For float64 the words come in pairs, (x, y) along
+    a last dimension of 2 that the result drops, `x ^ (y << 21)` as 53 bits (`uniform`, `_curand_uniform_double_hq`).
+
+    The CUDA code computes `(float)x * scale + scale / 2`, contracted to a fused multiply-add or not: the product is
+    exact (scale is a power of two), so either way the result is the sum rounded once. Here the sum is exact in
+    float64 and rounded once to float32; float32 to half and bfloat16 round to nearest even, as cvt.rn does.
+
+    >>> uniform_from_words(torch.tensor([0, 2**31, 2**32 - 129, 2**32 - 128]), torch.float32).tolist()
+    [1.1641532182693481e-10, 0.5, 0.9999999403953552, 0.0]
+    """
+    if dtype == torch.float64:
+        bits53 = words[..., 0] ^ (words[..., 1] << 21)
+        values = bits53.to(torch.float64) * 2.0**-53 + 2.0**-54
+        return torch.where(values == 1.0, 0.0, values)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"uniform draws are float64, float32, float16 or bfloat16, not {dtype}")
+    word_as_float = words.to(torch.float64).to(torch.float32)  # int64 -> float64 is exact below 2**53
+    values = (word_as_float.to(torch.float64) * 2.0**-32 + 2.0**-33).to(torch.float32).to(dtype)
+    return torch.where(values == 1.0, 0.0, values)
+
+
+def _counter(offset: int, steps: torch.Tensor | int, subsequences: torch.Tensor | int) -> tuple:
+    """Philox's counter words for `offset + steps` (64 bits) and the subsequences (64 bits)."""
+    low = torch.as_tensor(steps, dtype=torch.int64) + (offset & _WORD)
+    high = (offset >> 32) + (low >> 32)  # the carry of the low word: what cuRAND's 128-bit increment does
+    subsequences = torch.as_tensor(subsequences, dtype=torch.int64)
+    return low & _WORD, high & _WORD, subsequences & _WORD, (subsequences >> 32) & _WORD
+
+
+def _key(seed: int) -> tuple[int, int]:
+    seed &= 2**64 - 1  # a seed read as int64 (Thunder's `view(torch.int64)`) is the same 64 bits
+    return seed & _WORD, seed >> 32
+
+
+def _elements_per_call(dtype: torch.dtype) -> int:
+    """Elements per Philox call: 4 of one word each, or 2 of two words each for float64."""
+    return 2 if dtype == torch.float64 else 4
+
+
+def _uniform_per_component(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(calls, 4) words -> (calls, elements per call) uniform numbers, component by component."""
+    return uniform_from_words(words.reshape(len(words), -1, 2) if dtype == torch.float64 else words, dtype)
+
+
+def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32,
+                    device="cpu") -> torch.Tensor:
+    """What nvFuser's `uniform(0, 1, shape, rng_seed=seed, rng_offset=offset, dtype)` draws (Thunder's
+    `uniform_philox(shape, seed=seed, offset=offset)` in an nvFusion region), bit for bit, on any device. `offset`
+    is in nvFuser's (and Thunder's) unit, a quarter of the CUDA generator's: `gen.get_offset() // 4` before the call.
+
+    Element i (row-major) is component i % 4 of `philox(counter = (offset, i // 4), key = seed)` (for float64,
+    words 2(i % 2) and 2(i % 2) + 1 of `philox(counter = (offset, i // 2))`).
+
+    >>> nvfuser_uniform((2, 3), seed=0, offset=0).shape
+    torch.Size([2, 3])
+    """
+    numel = math.prod(shape)
+    calls = torch.arange(-(-numel // _elements_per_call(dtype)), dtype=torch.int64, device=device)
+    words = torch.stack(philox4x32_10(_counter(offset, 0, calls), _key(seed)), dim=-1)
+    return _uniform_per_component(words, dtype).reshape(-1)[:numel].reshape(shape)
+
+
+def torch_cuda_threads(numel: int, multiprocessors: int, max_threads_per_multiprocessor: int) -> int:
+    """The threads (blockDim.x * gridDim.x) torch's CUDA generator launches for `numel` random elements
+    (`calc_execution_policy`: blocks of 256, at most as many as the device holds at once)."""
+    block = 256
+    blocks = min(multiprocessors * (max_threads_per_multiprocessor // block), -(-numel // block))
+    return block * max(blocks, 1)
+
+
+def torch_cuda_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32, device="cpu", *,
+                       threads: int) -> torch.Tensor:
+    """What `torch.rand(shape, dtype=dtype)` draws on CUDA when the generator holds `seed` and `offset` (PyTorch's
+    unit, a multiple of 4), which is what `torch.ops.rngprims.philox_rand(shape, seed, offset, ...)` draws. `threads`
+    is `torch_cuda_threads(numel, ...)` with the properties of the device that drew them.
+
+    Element i is drawn by thread t = i % threads in step s = i // (threads * unroll), as component (i // threads) %
+    unroll of `philox(counter = (offset / 4 + s, t), key = seed)`; unroll is 4 (2 for float64). Torch draws 2**31
+    elements or more in several launches; not modelled.
+
+    >>> torch_cuda_uniform((3,), 0, 0, threads=256)[0] == nvfuser_uniform((3,), 0, 0)[0]
+    tensor(True)
+    """
+    numel = math.prod(shape)
+    if numel >= 2**31:
+        raise ValueError(f"{numel} elements: torch draws that many in several launches, which this does not model")
+    if offset % 4:
+        raise ValueError(f"offset {offset}: the CUDA generator's offsets are multiples of 4")
+    unroll = _elements_per_call(dtype)
+    steps = -(-numel // (threads * unroll))
+    step, thread = torch.meshgrid(torch.arange(steps, device=device), torch.arange(threads, device=device),
+                                  indexing="ij")
+    words = torch.stack(philox4x32_10(_counter(offset // 4, step.reshape(-1), thread.reshape(-1)), _key(seed)),
+                        dim=-1)
+    # (step, thread, component) -> (step, component, thread): in each step the threads write one component after the
+    # other, each a stride of `threads` apart
+    per_step = _uniform_per_component(words, dtype).reshape(steps, threads, unroll).transpose(1, 2)
+    return per_step.reshape(-1)[:numel].reshape(shape)
