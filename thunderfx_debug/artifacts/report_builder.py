@@ -1,5 +1,6 @@
 """The `Report` of the recorder's snapshots: records built from the states and the Thunder objects read at
-snapshot time, with the dump files each record owns."""
+snapshot time, with the dump files each record owns and what the flush's work in processes of its own found of each
+piece (`FlushFindings`: the triage's verdicts, the minimizer's reductions), the one way they reach the records."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from thunderfx_debug.artifacts.source_excerpts import excerpts
-from thunderfx_debug.records import FailedIn, FusionRecord, GraphRecord, OpGroup, RunFailure, SplitRecord, Triage
+from thunderfx_debug.records import (FailedIn, FusionRecord, GraphRecord, Minimized, OpGroup, RunFailure, SplitRecord,
+                                     Triage)
 from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
@@ -25,15 +27,25 @@ from thunderfx_debug.thunder.provenance import TraceSources
 FileIndex = Mapping[str, Mapping[str, str]]
 
 
+@dataclasses.dataclass(frozen=True)
+class FlushFindings:
+    """What the flush's work in processes of its own found, by owner key ("graph0/thunder_0",
+    "graph0/thunder_0/nvFusion0_forward"): each piece's triage against inductor (`thunderfx_debug.flush.triage`) and
+    the reduction of each piece the sentinel flagged (`thunderfx_debug.minimize.at_flush`)."""
+
+    triage: Mapping[str, Triage] = dataclasses.field(default_factory=dict)
+    minimized: Mapping[str, Minimized] = dataclasses.field(default_factory=dict)
+
+
 def build_report(snapshots: list[GraphSnapshot], files: FileIndex, meta: Mapping[str, Any],
-                 failures: ReportingFailures, triage: Mapping[str, Triage] | None = None) -> Report:
-    """`triage`: owner key -> the piece's flush-time triage (see `thunderfx_debug.flush.triage`)."""
+                 failures: ReportingFailures, findings: FlushFindings | None = None) -> Report:
+    findings = findings or FlushFindings()
     graphs = []
     for snap in snapshots:
         with failures.guard(f"building the record of {snap.state.name}"):
-            graphs.append(_graph_record(snap, files, triage or {}))
+            graphs.append(_graph_record(snap, files, findings))
     report = Report(graphs=tuple(graphs), meta=dict(meta))
-    if triage:
+    if findings.triage:
         with failures.guard("setting the triage beside the run's own figures"):
             report = triage_beside_the_run(report)
     return report
@@ -88,7 +100,7 @@ def _check(tally: CheckTally | None):
 
 
 def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int,
-                  triage: Mapping[str, Triage]) -> SplitRecord:
+                  findings: FlushFindings) -> SplitRecord:
     split = snap.state
     key = f"{graph}/{split.name}"
     fusions = tuple(
@@ -103,7 +115,8 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             timing=_timing(split.region_series.get(r.key)),
             files=files.get(f"{key}/{r.key}", {}),
             check=_check(split.region_checks.get(r.key)),
-            triage=triage.get(f"{key}/{r.key}"),
+            triage=findings.triage.get(f"{key}/{r.key}"),
+            minimized=findings.minimized.get(f"{key}/{r.key}"),
             sources=snap.sources.regions.get(r.key, ()),
             reads_saved_from=snap.sources.regions_reads_saved_from.get(r.key, ()),
         )
@@ -130,7 +143,8 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
         op_groups=_op_groups(split, snap.sources),
         compile_cost=compile_cost.split_cost(split.first, split.split.kind, origin_ns, SPANS),
         check=_check(split.check),
-        triage=triage.get(key),
+        triage=findings.triage.get(key),
+        minimized=findings.minimized.get(key),
         sources=split.split.sources,
         memory=split.memory.record(),
     )
@@ -170,10 +184,10 @@ def _run_failure(snap: GraphSnapshot, files: FileIndex) -> RunFailure | None:
         not_run=tuple(f"{state.name}/{s.state.name}" for s in snap.splits if s.state.calls == 0))
 
 
-def _graph_record(snap: GraphSnapshot, files: FileIndex, triage: Mapping[str, Triage]) -> GraphRecord:
+def _graph_record(snap: GraphSnapshot, files: FileIndex, findings: FlushFindings) -> GraphRecord:
     state, facts = snap.state, snap.state.facts
     origin_ns = state.origin_ns
-    splits = tuple(_split_record(state.name, split, files, origin_ns, triage) for split in snap.splits)
+    splits = tuple(_split_record(state.name, split, files, origin_ns, findings) for split in snap.splits)
     return GraphRecord(
         name=state.name,
         index=state.index,

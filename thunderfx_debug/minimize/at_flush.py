@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import posixpath
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from thunderfx_debug.minimize.piece import Reduction
 from thunderfx_debug.minimize.statements import PieceCode, split_source
 from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.artifacts.repro.builder import run_failure_argument
-from thunderfx_debug.records import InputKind, Minimized, RankRecord, SplitKind
+from thunderfx_debug.records import InputKind, Minimized, SplitKind
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render import minimized
 from thunderfx_debug.render.progress import announce
@@ -232,19 +231,3 @@ def record_of(reduction: Reduction, script: str | None) -> Minimized:
     if script is None:
         shared.update(ops_after=None, inputs_after=None, outputs_after=None)
     return Minimized(**shared, script=script)
-
-
-def with_reductions(report: RankRecord, reductions: Mapping[str, Minimized]):
-    """`report` with each piece's `minimized` record."""
-    if not reductions:
-        return report
-    graphs = []
-    for graph in report.graphs:
-        splits = []
-        for split in graph.splits:
-            key = f"{graph.name}/{split.name}"
-            fusions = tuple(dataclasses.replace(f, minimized=reductions[f"{key}/{f.qualified_name}"])
-                            if f"{key}/{f.qualified_name}" in reductions else f for f in split.fusions)
-            splits.append(dataclasses.replace(split, fusions=fusions, minimized=reductions.get(key, split.minimized)))
-        graphs.append(dataclasses.replace(graph, splits=tuple(splits)))
-    return dataclasses.replace(report, graphs=tuple(graphs))

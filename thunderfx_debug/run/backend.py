@@ -15,14 +15,14 @@ import torch
 from thunder.dynamo import ThunderCompiler
 
 from thunderfx_debug.artifacts.artifact import ArtifactSettings
-from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.artifacts.report_builder import FlushFindings, build_report
 from thunderfx_debug.artifacts.torch_trace import TorchTraceEmitter
 from thunderfx_debug.settings.config import (
     OWN_OPTIONS, Config, ConfigError, Inputs, TriageLevel, load_config, misspelt_option,
 )
 from thunderfx_debug.dump.files import check_writable
 from thunderfx_debug.run.flusher import DumpFlusher, FlushStats
-from thunderfx_debug.minimize.at_flush import MinimizeSettings, with_reductions
+from thunderfx_debug.minimize.at_flush import MinimizeSettings
 from thunderfx_debug.recording.manifest import run_facts
 from thunderfx_debug.recording.capture import InputCapture
 from thunderfx_debug.recording.collectives import read_flight_recorder
@@ -232,9 +232,8 @@ class ReportingBackend(ThunderCompiler):
         device: timing samples whose events are not complete yet are left for later."""
         snapshots = self.recorder.snapshot(wait=False)
         flushes = self._flusher.flushes if self._flusher is not None else 0
-        triaged = self._flusher.triaged if self._flusher is not None else None  # what the last flushes timed
-        report = build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures, triaged)
-        return with_reductions(report, self._flusher.minimized) if self._flusher is not None else report
+        findings = None if self._flusher is None else FlushFindings(self._flusher.triaged, self._flusher.minimized)
+        return build_report(snapshots, {}, self._run_facts(flushes, None), self.recorder.failures, findings)
 
     def flush(self) -> Path | None:
         """Writes the dump to `<dump_dir>/rank<R>/` atomically and returns that directory (None without a dump

@@ -37,9 +37,9 @@ from typing import Any
 from thunderfx_debug.records import layout
 from thunderfx_debug.artifacts.artifact import Artifact, ArtifactSettings
 from thunderfx_debug.artifacts.dump_contents import ArtifactCache, file_index, report_files
-from thunderfx_debug.artifacts.report_builder import build_report
+from thunderfx_debug.artifacts.report_builder import FlushFindings, build_report
 from thunderfx_debug.dump.files import DumpWriter, move_earlier_run_aside
-from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer, with_reductions
+from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer
 from thunderfx_debug.records import FlushCost, FlushPart, FlushStage, GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.render.report import Report
@@ -271,8 +271,8 @@ class DumpFlusher:
         artifacts = artifacts + self._minimizer.artifacts()
         last = self.history[-1] if self.history else None
         meta = self._meta(self.flushes, last)
-        report = with_reductions(build_report(snapshots, file_index(artifacts), meta, self.failures, triaged),
-                                 self._minimizer.reductions)
+        report = build_report(snapshots, file_index(artifacts), meta, self.failures,
+                              FlushFindings(triaged, self._minimizer.reductions))
         part(FlushStage.RECORDS)
         cost = FlushCost(occasion, tuple(p for p in parts if p.seconds >= 0.0005 or p.announced_s is not None),
                          self._triager.spent_s or None)
