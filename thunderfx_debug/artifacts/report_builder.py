@@ -15,6 +15,7 @@ from thunderfx_debug.recording import compile_cost
 from thunderfx_debug.recording.check import CheckTally
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot, SplitState
 from thunderfx_debug.recording.timing import SampleSeries
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.headline import left_out_calls, summed_headline
 from thunderfx_debug.render.report import Report
@@ -102,7 +103,7 @@ def _check(tally: CheckTally | None):
 def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: int,
                   findings: FlushFindings) -> SplitRecord:
     split = snap.state
-    key = f"{graph}/{split.name}"
+    key = PieceKey.of(graph, split.name)
     fusions = tuple(
         FusionRecord(
             name=r.name,
@@ -113,10 +114,10 @@ def _split_record(graph: str, snap: SplitSnapshot, files: FileIndex, origin_ns: 
             outputs=r.outputs,
             input_meta=snap.region_metas(r),
             timing=_timing(split.region_series.get(r.key)),
-            files=files.get(f"{key}/{r.key}", {}),
+            files=files.get(key.region(r.key), {}),
             check=_check(split.region_checks.get(r.key)),
-            triage=findings.triage.get(f"{key}/{r.key}"),
-            minimized=findings.minimized.get(f"{key}/{r.key}"),
+            triage=findings.triage.get(key.region(r.key)),
+            minimized=findings.minimized.get(key.region(r.key)),
             sources=snap.sources.regions.get(r.key, ()),
             reads_saved_from=snap.sources.regions_reads_saved_from.get(r.key, ()),
         )
@@ -165,7 +166,7 @@ def _run_failure(snap: GraphSnapshot, files: FileIndex) -> RunFailure | None:
         return None
     facts, where = failure.facts, failure.where
     split = next((s for s in snap.splits if s.state.name == failure.split), None)
-    piece = state.name if split is None else f"{state.name}/{split.state.name}"
+    piece = PieceKey.of(state.name, None if split is None else split.state.name)
     region = facts.region if split is not None and any(r.key == facts.region for r in split.regions) else None
     if split is None:
         sources = thunder_provenance.module_sources(state.gm)
@@ -181,7 +182,7 @@ def _run_failure(snap: GraphSnapshot, files: FileIndex) -> RunFailure | None:
         piece=piece, failed_in=where.failed_in, type=facts.type, message=facts.message, call=where.call,
         region=region, raised_at=facts.raised_at, raised_code=facts.raised_code, sources=tuple(sources),
         inputs_call=inputs_call, script=files.get(piece, {}).get("repro_thunder"),
-        not_run=tuple(f"{state.name}/{s.state.name}" for s in snap.splits if s.state.calls == 0))
+        not_run=tuple(PieceKey.of(state.name, s.state.name) for s in snap.splits if s.state.calls == 0))
 
 
 def _graph_record(snap: GraphSnapshot, files: FileIndex, findings: FlushFindings) -> GraphRecord:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from thunderfx_debug.artifacts.repro import standalone
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, deviation_outcome, layout
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 
 
@@ -81,7 +82,7 @@ def plan(report: RankRecord) -> list[Comparison]:
         for split in graph.splits:
             if split.kind is not SplitKind.THUNDER:
                 continue
-            where = f"{graph.name}/{split.name}"
+            where = PieceKey.of(graph.name, split.name)
             thunder, inductor = _script(split.files, "thunder"), _script(split.files, "inductor")
             if thunder and inductor:
                 comparisons.append(Comparison(digest.PieceLevel.SPLIT, where, "thunder", thunder, inductor, per_step, where))

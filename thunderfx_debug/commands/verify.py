@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from thunderfx_debug.records import InputMeta, RankRecord, layout
+from thunderfx_debug.records.keys import PieceKey
 
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
@@ -94,7 +95,7 @@ def _listed(report: RankRecord) -> Iterable[tuple[str, str, str, str, bool]]:
         for label, path in graph.files.items():
             yield path, label, "graph", graph.name, _on_cuda(graph.input_meta)
         for split in graph.splits:
-            piece = f"{graph.name}/{split.name}"
+            piece = PieceKey.of(graph.name, split.name)
             for label, path in split.files.items():
                 yield path, label, "split", piece, _on_cuda(split.input_meta)
             for fusion in split.fusions:

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.flush import children, graph_codec, jobs, triage_ahead, triage_child, worker_pool
 from thunderfx_debug.flush.judging import TriageSettings
@@ -112,7 +113,7 @@ class Triager:
             return
 
         def write_job(folder: Path, snapshot: GraphSnapshot, split: SplitSnapshot) -> None:
-            _write_job(folder, f"{snapshot.state.name}/{split.state.name}", snapshot, split, settings,
+            _write_job(folder, PieceKey.of(snapshot.state.name, split.state.name), snapshot, split, settings,
                        thunder_options(), run_tensors_too=False)
 
         self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
@@ -148,7 +149,7 @@ class Triager:
             for split in snapshot.splits:
                 if split.state.split.kind is not SplitKind.THUNDER:
                     continue
-                key = f"{snapshot.state.name}/{split.state.name}"
+                key = PieceKey.of(snapshot.state.name, split.state.name)
                 if split.state.error or split.fwd_trace is None:  # said, so that no page counts it as judged
                     failure = snapshot.state.failure
                     why = ("Thunder failed on it in the run" if split.state.error else
@@ -257,7 +258,7 @@ def _regions_not_seen(split: SplitSnapshot, settings: TriageSettings) -> list[st
 
 def _owners(key: str, split: SplitSnapshot, settings: TriageSettings) -> list[str]:
     regions = [r.key for r in split.regions] if settings.level >= TriageLevel.FUSION else []
-    return [key, *(f"{key}/{region}" for region in regions)]
+    return [key, *(PieceKey(key).region(region) for region in regions)]
 
 
 # ---- the jobs -------------------------------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnap
         for region in split.regions:
             region_metas = repro_inputs.region_metas(split, region)
             regions.append((region.key, jobs.PieceInputs(region_metas, region.inputs)))
-            tensors[f"{key}/{region.key}"] = handed(split.region_captures.get(region.key), region_metas)
+            tensors[PieceKey(key).region(region.key)] = handed(split.region_captures.get(region.key), region_metas)
     job = jobs.SplitJob(
         key=key, setup=setup, inputs=jobs.PieceInputs(metas, tuple(split.state.split.input_names)),
         grad_enabled=captured.grad_enabled if captured is not None else True,

@@ -58,6 +58,7 @@ from thunderfx_debug.flush import jobs, worker_pool
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder
+from thunderfx_debug.records.keys import PieceKey
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -138,7 +139,7 @@ class Ahead:
         ready = []
         for state in list(self._recorder.graphs):
             for split in list(state.splits):
-                key = f"{state.name}/{split.name}"
+                key = PieceKey.of(state.name, split.name)
                 if (split.split.kind is SplitKind.THUNDER and key not in self._tried and split.error is None
                         and split.calls >= READY_CALLS and split.captured is not None and not self._done(key)):
                     first = split.first

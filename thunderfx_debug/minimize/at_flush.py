@@ -44,6 +44,7 @@ from thunderfx_debug.minimize.writing import PieceSpec, ThroughThunder
 from thunderfx_debug.artifacts.repro.builder import run_failure_argument
 from thunderfx_debug.records import InputKind, Minimized, SplitKind
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import minimized
 from thunderfx_debug.render.progress import announce
 from thunderfx_debug.render.text import plural
@@ -109,13 +110,13 @@ class Minimizer:
         for snapshot in snapshots:
             graph = snapshot.state.name
             for split in snapshot.splits:
-                key = f"{graph}/{split.state.name}"
+                key = PieceKey.of(graph, split.state.name)
                 tally = split.state.check
                 if tally is not None and tally.evidence is not None and key not in self._done:
                     pending.append((key, snapshot, split, None, tally.evidence))
                 for region in split.regions:
                     region_tally = split.state.region_checks.get(region.key)
-                    owner = f"{key}/{region.key}"
+                    owner = key.region(region.key)
                     if region_tally is not None and region_tally.evidence is not None and owner not in self._done:
                         pending.append((owner, snapshot, split, region, region_tally.evidence))
             raised = _raised_call(snapshot, settings)
@@ -221,7 +222,7 @@ def _raised_call(snapshot: GraphSnapshot, settings: ArtifactSettings):
     if not settings.real_inputs and captured is not None:
         captured = dataclasses.replace(captured, inputs=None)  # metadata only, as its repro scripts have it
     call = RaisedCall(where.call, where.failed_in.value, captured)
-    return f"{snapshot.state.name}/{split.state.name}", snapshot, split, None, call
+    return PieceKey.of(snapshot.state.name, split.state.name), snapshot, split, None, call
 
 
 def record_of(reduction: Reduction, script: str | None) -> Minimized:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import Config
 from thunderfx_debug.records import FailedIn, InputMeta, Phase, SplitKind, SplitReason
 from thunderfx_debug.recording.capture import Captured, agrees, with_recorded_ranges
@@ -322,7 +323,7 @@ class Recorder:
         return snap
 
     def _split_snapshot(self, state: GraphState, split: SplitState, wait: bool) -> SplitSnapshot:
-        where = f"{state.name}/{split.name}"
+        where = PieceKey.of(state.name, split.name)
         metas = self._observed(where, split.captured, split.split.input_meta, wait)
         snap = SplitSnapshot(split, input_meta=split.split.input_meta if metas is None else metas)
         if split.split.kind is not SplitKind.THUNDER:

@@ -32,6 +32,7 @@ import torch
 from thunderfx_debug.recording.memory import measures as memory_measures
 from thunderfx_debug.recording.sampler import PhaseSampler, TimedCalls
 from thunderfx_debug.recording.timing import NEVER, RegionTimer, SampleSeries, Sampling
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.safety import ReportingFailures, describe_exception
 from thunderfx_debug.records import FailedIn
 from thunderfx_debug.recording.recorder import PieceFailure
@@ -184,7 +185,7 @@ class SplitRunner(torch.nn.Module):
         if split.failure is None:
             captured = None
             if split.calls > 1 and self._capture is not None:
-                captured = self._capture.call(f"{self._graph.name}/{split.name}", args)
+                captured = self._capture.call(PieceKey.of(self._graph.name, split.name), args)
             split.failure = PieceFailure(FailedIn.FORWARD, split.calls, captured)
 
     def backward_failed(self, error: BaseException) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import CheckLevel, Config, Inputs, ReproKind, TimingLevel, TriageLevel
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording.capture import InputCapture, RegionCapture
@@ -104,7 +105,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             memory.for_device(torch.device(next(m.device for m in state.input_meta if m.device.startswith("cuda"))))
     with failures.guard(f"wrapping the splits of {state.name}"):
         for split in state.splits:
-            label = f"{state.name}/{split.name}"
+            label = PieceKey.of(state.name, split.name)
             sampler = overhead = first = None
             if level >= TimingLevel.SPLIT:
                 split.host_forward, split.host_backward = _host_series(state)
@@ -133,7 +134,7 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config
             observers = []  # of the split's fusion regions, the timer last (see `RegionObservers`)
             if ReproKind.FUSION in config.repro or config.triage >= TriageLevel.FUSION:  # triage times regions on
                 # the inputs of their first call
-                capture_regions = RegionCapture(f"{state.name}/{split.name}", config.inputs is Inputs.REAL,
+                capture_regions = RegionCapture(PieceKey.of(state.name, split.name), config.inputs is Inputs.REAL,
                                                 config.inputs_max_mb, failures,
                                                 references=config.triage >= TriageLevel.FUSION)
                 split.region_captures = capture_regions.captures

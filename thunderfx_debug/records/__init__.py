@@ -12,12 +12,14 @@ that was wrong; both come from one codec driven by the records' fields and type 
 - `records.sources`: the lines of the model's code a piece's ops came from (and, for a backward piece, those that
   made the saved values it reads), and the code around them;
 - `records.layout`: the names of a dump's files (following Thunder's report module);
+- `records.keys`: the key of a piece ("graph0/thunder_0/nvFusion0_forward"), written and read in one place;
 - `records.stats`: the statistics of timings the diff's noise model and the flush-time triage share (Student's t,
   Yuen's test), pure Python.
 """
 
 from thunderfx_debug.records.codec import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, DumpError
 from thunderfx_debug.records.failures import FailedIn, RunFailure
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.records.memory import Memory
 from thunderfx_debug.records.pieces import (
     BETWEEN_OPS, CollectiveCall, CollectiveLog, FusionRecord, GraphRecord, InputKind, InputMeta, OpGroup, Phase,
@@ -36,10 +38,10 @@ from thunderfx_debug.records.verdicts import (
 
 __all__ = [
     "BETWEEN_OPS", "DEVIATION", "MAX_CHECK_REASONS", "MIN_SAMPLES", "READABLE_SCHEMA_VERSIONS", "READS_SAVED",
-    "SCHEMA_VERSION", "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart", "CostStage",
-    "CostWhen", "DisturbedCall", "Disturbance", "DumpError", "FailedIn", "FlushCost", "FlushPart", "FlushStage",
-    "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized", "OpGroup", "Phase", "RankRecord",
-    "RunFailure", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind", "SplitReason", "SplitRecord", "Steps",
-    "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines", "percentile", "short_path",
-    "short_sources", "storage_span",
+    "SCHEMA_VERSION", "Check", "ClockKind", "CollectiveCall", "CollectiveLog", "CompileCost", "CostPart",
+    "CostStage", "CostWhen", "Disturbance", "DisturbedCall", "DumpError", "FailedIn", "FlushCost", "FlushPart",
+    "FlushStage", "FusionRecord", "GraphRecord", "InputKind", "InputMeta", "Memory", "Minimized", "OpGroup",
+    "Phase", "PieceKey", "RankRecord", "RunFailure", "SampleTotals", "SourceExcerpt", "SourceLine", "SplitKind",
+    "SplitReason", "SplitRecord", "Steps", "Timing", "TimingWindow", "Triage", "deviation_outcome", "origin_lines",
+    "percentile", "short_path", "short_sources", "storage_span",
 ]

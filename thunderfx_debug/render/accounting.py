@@ -29,6 +29,7 @@ import dataclasses
 from collections import defaultdict
 
 from thunderfx_debug.records import ClockKind, CostStage, GraphRecord, Phase, RankRecord, SplitKind, SplitRecord, Timing
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
 
@@ -152,7 +153,7 @@ def _host_pieces(report: RankRecord) -> tuple[HostPiece, ...]:
     for graph in report.graphs:
         per_step = steps.per_step(graph)
         left_out = left_out_calls(graph)
-        owners = [(graph.name, graph, None)] + [(f"{graph.name}/{s.name}", s, s) for s in graph.splits]
+        owners = [(graph.name, graph, None)] + [(PieceKey.of(graph.name, s.name), s, s) for s in graph.splits]
         for name, owner, split in owners:
             for phase, host, device in (("forward", owner.host_timing, owner.timing),
                                         ("backward", owner.host_backward_timing, owner.backward_timing)):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from thunderfx_debug.records import GraphRecord, RankRecord, SplitKind, SplitRecord, Timing
+from thunderfx_debug.records.keys import PieceKey
 
 _SLOT_MARGIN = 1.25  # a slot is this times the longest call, so consecutive calls stay apart
 
@@ -62,12 +63,12 @@ def _layout_fusions(tracks: _Tracks, graph: GraphRecord, split: SplitRecord, cal
     for fusion in split.fusions_in(phase):
         ms = _by_call(fusion.timing).get(call)
         if ms is not None:
-            tracks.add(track, f"{graph.name}/{split.name}/{fusion.qualified_name}", cursor, ms,
+            tracks.add(track, PieceKey.of(graph.name, split.name, fusion.qualified_name), cursor, ms,
                        {"call": call, "phase": phase, "executor": fusion.executor, "split": split.name})
             cursor += ms * 1000.0
     outside = _by_call(split.outside_fusions_timing.get(f"outside_{phase}")).get(call)
     if outside is not None:
-        tracks.add(track, f"{graph.name}/{split.name} outside fusions {phase}", cursor, outside,
+        tracks.add(track, f"{PieceKey.of(graph.name, split.name)} outside fusions {phase}", cursor, outside,
                    {"call": call, "phase": phase, "split": split.name,
                     "note": "time of the split's trace outside fusion regions, spread between them"})
 
@@ -86,7 +87,7 @@ def _layout_call(tracks: _Tracks, graph: GraphRecord, call: int, slot_us: float)
             if split.kind is SplitKind.THUNDER and split.fusions:
                 _layout_fusions(tracks, graph, split, call, phase, cursor)
             if ms is not None:
-                tracks.add(split_track, f"{graph.name}/{split.name} {phase}", cursor, ms,
+                tracks.add(split_track, f"{PieceKey.of(graph.name, split.name)} {phase}", cursor, ms,
                            {"call": call, "phase": phase, "kind": split.kind.value})
                 cursor += ms * 1000.0
 

@@ -13,6 +13,7 @@ import dataclasses
 from collections import Counter
 
 from thunderfx_debug.records import Check, RankRecord, SplitKind, origin_lines
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render.text import plural
 
 #: Pieces listed by name in the text summary's section; the rest are counted.
@@ -107,7 +108,7 @@ def checked_pieces(report: RankRecord) -> list[CheckedPiece]:
     pieces = []
     for graph in report.graphs:
         for split in graph.splits:
-            path = f"{graph.name}/{split.name}"
+            path = PieceKey.of(graph.name, split.name)
             if split.kind is SplitKind.THUNDER or split.check is not None:
                 pieces.append(CheckedPiece(path, "split", split.check, dict(split.files), split.sources))
             for fusion in split.fusions:

@@ -13,6 +13,7 @@ import dataclasses
 from collections import Counter
 
 from thunderfx_debug.records import RankRecord, SplitRecord, Timing
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import correctness, digest
 from thunderfx_debug.render import memory as render_memory
 from thunderfx_debug.render.headline import COLD_SAMPLES, MIN_SAMPLES
@@ -82,10 +83,10 @@ def diff_reports(a: RankRecord, b: RankRecord) -> RunDiff:
     for name in common:
         splits_a = {s.name: s for s in graphs_a[name].splits}
         splits_b = {s.name: s for s in graphs_b[name].splits}
-        splits_added += [f"{name}/{s}" for s in splits_b if s not in splits_a]
-        splits_removed += [f"{name}/{s}" for s in splits_a if s not in splits_b]
+        splits_added += [PieceKey.of(name, s) for s in splits_b if s not in splits_a]
+        splits_removed += [PieceKey.of(name, s) for s in splits_a if s not in splits_b]
         for split in splits_a.keys() & splits_b.keys():
-            fusions += _fusion_changes(f"{name}/{split}", splits_a[split], splits_b[split])
+            fusions += _fusion_changes(PieceKey.of(name, split), splits_a[split], splits_b[split])
     timings, shift = _timing_changes(a, b)
     reasons_a = Counter({(g.type, g.op): g.count for g in digest.group_reasons(a)})
     reasons_b = Counter({(g.type, g.op): g.count for g in digest.group_reasons(b)})

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from thunderfx_debug.records import ClockKind, GraphRecord, Phase, RankRecord, SplitKind, SplitReason, Timing
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render.headline import Headline, headline, left_out_calls, thinnest
 from thunderfx_debug.render.text import plural
 
@@ -49,7 +50,7 @@ def group_reasons(report_or_graphs: RankRecord | Iterable[GraphRecord]) -> list[
     places: dict[tuple[str, str], list[str]] = defaultdict(list)
     exceptions: dict[tuple[str, str], list[str]] = defaultdict(list)
     for graph in graphs:
-        located = [(f"{graph.name}/{s.name}", r) for s in graph.splits for r in s.reasons]
+        located = [(PieceKey.of(graph.name, s.name), r) for s in graph.splits for r in s.reasons]
         located += [(graph.name, r) for r in graph.unattributed_reasons]
         for place, reason in located:
             key = (reason.type, reason_op(reason))

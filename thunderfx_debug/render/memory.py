@@ -11,6 +11,7 @@ import dataclasses
 import html as _html
 
 from thunderfx_debug.records import Memory, RankRecord, SplitKind
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.text import plural
 
@@ -61,7 +62,7 @@ def memory_pieces(report: RankRecord) -> list[MemoryPiece]:
             pieces.append(MemoryPiece(graph.name, "graph", "graph", graph.memory, per_step))
         for split in graph.splits:
             if split.memory is not None:
-                pieces.append(MemoryPiece(f"{graph.name}/{split.name}", "split", split.kind.value, split.memory,
+                pieces.append(MemoryPiece(PieceKey.of(graph.name, split.name), "split", split.kind.value, split.memory,
                                           per_step))
     return pieces
 
@@ -108,7 +109,7 @@ def triage_gaps(report: RankRecord) -> list[MemoryGap]:
             triage = split.triage
             if split.kind is SplitKind.THUNDER and triage is not None and triage.thunder_memory is not None \
                     and triage.inductor_memory is not None:
-                gaps.append(MemoryGap(f"{graph.name}/{split.name}", triage.thunder_memory, triage.inductor_memory))
+                gaps.append(MemoryGap(PieceKey.of(graph.name, split.name), triage.thunder_memory, triage.inductor_memory))
     return sorted(gaps, key=lambda g: (-(g.saved_gap or 0), -(g.peak_gap or 0), g.path))
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable
 
 from thunderfx_debug.records import Minimized, RankRecord
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render.svg import esc
 
 
@@ -28,7 +29,7 @@ def minimized_pieces(report: RankRecord) -> list[MinimizedPiece]:
     pieces = []
     for graph in report.graphs:
         for split in graph.splits:
-            path = f"{graph.name}/{split.name}"
+            path = PieceKey.of(graph.name, split.name)
             if split.minimized is not None:
                 pieces.append(MinimizedPiece(path, split.minimized))
             pieces += [MinimizedPiece(f"{path}/{f.qualified_name}", f.minimized) for f in split.fusions

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from thunderfx_debug.records import READS_SAVED, RankRecord, SourceExcerpt, SourceLine, origin_lines, short_path
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.svg import esc
 from thunderfx_debug.render.text import ms, plural
@@ -165,7 +166,7 @@ def _named_by(report: RankRecord) -> Mapping[str, list[str]]:
     found: dict[str, list[str]] = {}
     for graph in report.graphs:
         for split in graph.splits:
-            path = f"{graph.name}/{split.name}"
+            path = PieceKey.of(graph.name, split.name)
             pieces = [(f"{path}/{f.name} {f.phase.value}", f) for f in split.fusions]
             pieces += [(f"{path} {g.label} {g.phase.value}", g) for g in split.op_groups]
             named = [(name, piece.sources) for name, piece in pieces]

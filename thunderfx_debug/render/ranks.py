@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Mapping
 
 from thunderfx_debug.records import ClockKind, RankRecord, SplitKind
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
 from thunderfx_debug.render.accounting import step_account
 from thunderfx_debug.render.digest import PieceLevel, TimedPiece
@@ -141,7 +142,7 @@ def collective_places(report: RankRecord) -> list[CollectivePlace]:
         for split in graph.splits:
             ops = tuple(dict.fromkeys(op for op in split.ops if is_collective(op)))
             if ops:
-                places.append(CollectivePlace(f"{graph.name}/{split.name}", split.kind.value, ops))
+                places.append(CollectivePlace(PieceKey.of(graph.name, split.name), split.kind.value, ops))
             for fusion in split.fusions:
                 ops = tuple(dict.fromkeys(op for op in fusion.ops if is_collective(op)))
                 if ops:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from thunderfx_debug.records import (
     ClockKind, CompileCost, CostWhen, FlushStage, GraphRecord, Phase, RankRecord, SplitKind, Timing, origin_lines,
 )
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import (accounting, digest, failures, memory, minimized, next_steps, provenance,
                                     triage_findings)
 from thunderfx_debug.render.correctness import describe_check, render_correctness
@@ -380,11 +381,11 @@ def render_graph(graph: GraphRecord) -> list[str]:
             if line:
                 lines.append(f"    {line}")
         lines += _parts_lines(graph, split)
-        if graph.failure is not None and graph.failure.piece == f"{graph.name}/{split.name}":
+        if graph.failure is not None and graph.failure.piece == PieceKey.of(graph.name, split.name):
             lines.append(f"    ERROR: {graph.failure.exception} {graph.failure.when}")
         elif split.error:
             lines.append(f"    ERROR: {_last_line(split.error)}")
-        elif graph.failure is not None and f"{graph.name}/{split.name}" in graph.failure.not_run:
+        elif graph.failure is not None and PieceKey.of(graph.name, split.name) in graph.failure.not_run:
             lines.append(f"    never ran: {graph.failure.piece} raised before it")
     for reason in graph.unattributed_reasons:
         lines.append(f"  split reason (no split): {reason.type} {digest.reason_op(reason)[:120]}")

@@ -11,6 +11,7 @@ import dataclasses
 import html as _html
 
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, Triage, origin_lines
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import accounting, digest, memory
 from thunderfx_debug.render.headline import MIN_SAMPLES, too_few_samples
 from thunderfx_debug.render.text import flagged, ms, plural
@@ -38,7 +39,7 @@ def triaged_pieces(report: RankRecord) -> list[TriagedPiece]:
         for split in graph.splits:
             if split.kind is not SplitKind.THUNDER:
                 continue
-            where = f"{graph.name}/{split.name}"
+            where = PieceKey.of(graph.name, split.name)
             if split.triage is not None:
                 pieces.append(TriagedPiece(where, "split", "thunder", where, split.triage,
                                            tuple(v for k, v in sorted(split.files.items()) if k.startswith("repro")),

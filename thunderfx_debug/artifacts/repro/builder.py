@@ -34,6 +34,7 @@ from thunderfx_debug.artifacts.repro import fx_facts
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import writers
 from thunderfx_debug.artifacts.repro.writers import MODULE_CLASS, ReproSubject
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import ReproKind
 from thunderfx_debug.recording.manifest import package_versions
 from thunderfx_debug.records import FailedIn, InputKind, InputMeta, SplitKind
@@ -63,11 +64,11 @@ def pieces_with_scripts(snapshot: GraphSnapshot, settings: ArtifactSettings,
     if ReproKind.GRAPH in settings.repro or (state.error and failed_split is None):
         pieces.append((None, None))
     for split in snapshot.splits:
-        key = f"{state.name}/{split.state.name}"
+        key = PieceKey.of(state.name, split.state.name)
         if ReproKind.SPLIT in settings.repro or split.state.name == failed_split or key in deviating:
             pieces.append((split, None))
         pieces += [(split, region) for region in split.regions
-                   if ReproKind.FUSION in settings.repro or f"{key}/{region.key}" in deviating
+                   if ReproKind.FUSION in settings.repro or key.region(region.key) in deviating
                    or (split.state.name == failed_split and region.key == failed_region)]
     return pieces
 
@@ -412,7 +413,7 @@ def run_failure_argument(state: GraphState, real: bool, region: str | None = Non
 def _failed_piece(state) -> str:
     """"graph0/thunder_0": the piece that raised in the run (the graph where no split did)."""
     failure = state.failure
-    return state.name if failure is None or failure.split is None else f"{state.name}/{failure.split}"
+    return PieceKey.of(state.name, None if failure is None else failure.split)
 
 
 def _failure_words(piece: str, failure) -> str:
