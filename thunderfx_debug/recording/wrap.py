@@ -3,6 +3,7 @@ each split, samplers as the timing level asks, and the fusion-level instrumentat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -58,22 +59,38 @@ def call_schedules(config: Config) -> tuple[Sampling | TimingBesideChecks, Check
     return TimingBesideChecks(sampling, schedule), schedule  # a checked call is not timed (its check would be)
 
 
-def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, config: Config, failures: ReportingFailures,
-               capture: InputCapture | None, on_error: GraphErrorHandler,
-               after_first_call: Callable[[GraphState], None] | None = None,
-               periodic: PeriodicFlush | None = None, isolation: CheckIsolation | None = None,
-               memory: MemoryProbe | None = None, turns: Turns | None = None,
-               timing_turns: Turns | None = None) -> GraphRunner:
-    """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners);
-    `after_first_call(state)` runs once, when the graph's first call has returned (reporting: failures logged);
-    `periodic`, shared by the backend's graphs, is the trigger of the periodic flush; `isolation`, shared too, is
-    where the correctness checks run (their memory pool and stream on CUDA), and `turns`, shared too, which of its
-    scheduled calls each split checks (THUNDERFX_DEBUG_CHECK_SHARE), and `timing_turns`, shared too, which of its
-    sampled calls each graph times (THUNDERFX_DEBUG_TIMING_SHARE); `memory`, shared too, measures what the
-    graph and its splits hold in memory on sampled calls (with any timing level but `off`; None: not measured).
+@dataclasses.dataclass(frozen=True)
+class RunShared:
+    """What every graph of one backend's run shares, built once by the backend: its settings and the failures of its
+    reporting; the capture of inputs (None: none); what happens when Thunder fails on a graph (`on_error`); what runs
+    once a graph's first call has returned (`after_first_call(state)`; reporting: failures logged); the periodic
+    flush's trigger (None without one); where the correctness checks run (`isolation`: their pools and stream on
+    CUDA); which scheduled calls each split checks (`check_turns`, THUNDERFX_DEBUG_CHECK_SHARE) and which sampled
+    calls each graph times (`timing_turns`, THUNDERFX_DEBUG_TIMING_SHARE); and what measures the memory the graphs and
+    splits hold on sampled calls (`memory`; None: not measured)."""
+
+    config: Config
+    failures: ReportingFailures
+    capture: InputCapture | None
+    on_error: GraphErrorHandler
+    after_first_call: Callable[[GraphState], None] | None = None
+    periodic: PeriodicFlush | None = None
+    isolation: CheckIsolation | None = None
+    memory: MemoryProbe | None = None
+    check_turns: Turns | None = None
+    timing_turns: Turns | None = None
+
+
+def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, shared: RunShared) -> GraphRunner:
+    """The callable to hand Dynamo for `state`'s compiled `split_gm` (whose splits it replaces with runners), with
+    what the run's graphs share (`RunShared`).
 
     Wrapping is reporting: a failure here is logged and leaves the splits that were not wrapped as Thunder made them.
     """
+    config, failures, capture, on_error = shared.config, shared.failures, shared.capture, shared.on_error
+    after_first_call, periodic, isolation, memory = (shared.after_first_call, shared.periodic, shared.isolation,
+                                                     shared.memory)
+    turns, timing_turns = shared.check_turns, shared.timing_turns
     level = config.timing
     timed = level >= TimingLevel.GRAPH
     sampling, schedule = call_schedules(config)

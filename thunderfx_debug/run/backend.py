@@ -31,7 +31,7 @@ from thunderfx_debug.recording.turns import Turns
 from thunderfx_debug.recording.isolation import CheckIsolation
 from thunderfx_debug.recording.periodic import PeriodicFlush
 from thunderfx_debug.recording.recorder import Recorder
-from thunderfx_debug.recording.wrap import call_schedules, wrap_graph
+from thunderfx_debug.recording.wrap import RunShared, call_schedules, wrap_graph
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.dump.runs import this_run
@@ -111,9 +111,6 @@ class ReportingBackend(ThunderCompiler):
         self._run = this_run()
         self._flusher: DumpFlusher | None = None
         self._periodic: PeriodicFlush | None = None
-        self._check_isolation = CheckIsolation()  # the correctness checks' memory pool and stream (CUDA), shared
-        self._check_turns = Turns(self.config.check_share)  # which scheduled calls each split checks, shared
-        self._timing_turns = Turns(self.config.timing_share)  # which sampled calls each graph times, shared
         self._collectives = None  # the last flight-recorder log read (see `recording.collectives`)
         self._closed = False
         self._built_ns = time.time_ns()  # the flight recorder's clock: the collectives from here on are this run's
@@ -131,6 +128,9 @@ class ReportingBackend(ThunderCompiler):
             if self.config.flush_every > 0:
                 self._periodic = PeriodicFlush(self.config.flush_every, self._flush_periodically)
             chain_sigterm(self._on_sigterm)
+        self._shared = RunShared(self.config, self.recorder.failures, self._capture, self._on_graph_error,
+                                 self._after_first_call, self._periodic, CheckIsolation(), self.recorder.memory,
+                                 Turns(self.config.check_share), Turns(self.config.timing_share))
         if self.config.dump_dir is not None or self._torch_trace is not None:
             _flush_at_exit(self)
 
@@ -199,9 +199,7 @@ class ReportingBackend(ThunderCompiler):
         self.recorder.graph_compiled(state, info, split_gm, time.perf_counter() - started)
         if self._torch_trace is not None:
             self._torch_trace.graph_compiled(state)
-        return wrap_graph(state, split_gm, self.config, self.recorder.failures, self._capture, self._on_graph_error,
-                          self._after_first_call, self._periodic, self._check_isolation, self.recorder.memory,
-                          self._check_turns, self._timing_turns)
+        return wrap_graph(state, split_gm, self._shared)
 
     def _after_first_call(self, state) -> None:
         """Once a graph's first call has returned (Thunder has compiled its splits)."""
