@@ -140,7 +140,8 @@ def write(folder: Path, job: SplitJob, graph: bytes, tensors: Mapping[str, RunTe
     folder.mkdir(parents=True, exist_ok=True)
     (folder / GRAPH).write_bytes(graph)
     buffer = io.BytesIO()
-    torch.save({owner: {"captured": t.captured, "live": t.live} for owner, t in tensors.items()}, buffer)
+    # Plain str keys: a `PieceKey` would be a global that `torch.load(weights_only=True)` refuses.
+    torch.save({str(owner): {"captured": t.captured, "live": t.live} for owner, t in tensors.items()}, buffer)
     (folder / TENSORS).write_bytes(buffer.getvalue())
     (folder / DESCRIPTION).write_text(json.dumps(job.to_json()))
 

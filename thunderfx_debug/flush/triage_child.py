@@ -367,11 +367,13 @@ def run_ahead(folder: Path, cap_bytes: int, training_pid: int) -> None:
 
 
 def _cap_device_memory(cap_bytes: int | None) -> None:
-    """At most `cap_bytes` of device memory for this process's allocator (None: no cap)."""
+    """At most `cap_bytes` of device memory for this process's allocator (None: no cap, and a process that has not
+    touched the device yet does not start to: its CUDA context alone would take device memory)."""
     if not torch.cuda.is_available():
         return
     if cap_bytes is None:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+        if torch.cuda.is_initialized():
+            torch.cuda.set_per_process_memory_fraction(1.0)
         return
     _, total = torch.cuda.mem_get_info()
     torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, cap_bytes / total)))
