@@ -237,10 +237,9 @@ class DeviceWatch:
             used, by_pid = device_used()
             if used is None:
                 continue
-            children = _children_by_parent()
             for pid, phase_file in list(self.watched.items()):
                 phase = phase_file.read_text() if phase_file.exists() else "starting"
-                descendants = _descendants(pid, children)
+                descendants = _descendants(pid)
                 self.readings.setdefault(pid, []).append(
                     (phase, used, by_pid.get(pid, 0), sum(by_pid.get(d, 0) for d in descendants)))
 
@@ -270,26 +269,14 @@ def device_used() -> tuple[int | None, dict[int, int]]:
     return (int(total[0]) * 2**20 if total and total[0].isdigit() else None), by_pid
 
 
-def _children_by_parent() -> dict[int, list[int]]:
-    found: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        found.setdefault(ppid, []).append(int(entry.name))
-    return found
+def _descendants(pid: int) -> list[int]:
+    """The process ids of `pid`'s children, theirs, and so on (psutil's process tree; none once it has ended)."""
+    import psutil
 
-
-def _descendants(pid: int, children: dict[int, list[int]]) -> list[int]:
-    found, queue = [], list(children.get(pid, []))
-    while queue:
-        child_pid = queue.pop()
-        found.append(child_pid)
-        queue.extend(children.get(child_pid, []))
-    return found
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def run_configuration(args, config: str, model: str, dump: Path, watch: DeviceWatch | None,

@@ -83,6 +83,19 @@ def cpu_executors_apart_at_matmuls():
     return [executor, *thunder.get_default_executors()]
 
 
+class ThreeSplits(torch.nn.Module):
+    """thunder_0 (matmul, relu), inductor_1 (torch.sinc: Thunder has no sinc of its own), thunder_2 (matmul, sin)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8) / 3)
+        self.v = torch.nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        h = torch.sinc(torch.relu(x @ self.w) + 1)
+        return (torch.sin(h @ self.v) * 2).sum()
+
+
 def tiny_gpt(seed: int = 0, device: str = "cpu", **overrides):
     from thunderfx_debug.commands.models import GPT, GPTConfig
 

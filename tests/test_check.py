@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from conftest import cpu_executors, dump_fixtures, sitecustomize_source, tiny_gpt, train
+from conftest import ThreeSplits, cpu_executors, dump_fixtures, sitecustomize_source, tiny_gpt, train
 from wrong_executors import slightly_wrong_sin_executor, wrong_cos_executor, wrong_sin_executor
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.records import Check, DumpError, SplitKind, SplitRecord
@@ -28,19 +28,6 @@ from thunderfx_debug.render.diff import diff_reports, render_diff
 from thunderfx_debug.render.html import render_html
 from thunderfx_debug.render.summary import render_summary
 from thunderfx_debug.render.text import plural
-
-
-class ThreeSplits(nn.Module):
-    """thunder_0 (matmul, relu), inductor_1 (torch.sinc: Thunder has no sinc of its own), thunder_2 (matmul, sin)."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(8, 8) / 3)
-        self.v = nn.Parameter(torch.randn(8, 8) / 3)
-
-    def forward(self, x):
-        h = torch.sinc(torch.relu(x @ self.w) + 1)
-        return (torch.sin(h @ self.v) * 2).sum()
 
 
 def _train(model, backend, steps: int, make_input=lambda: torch.randn(4, 8)):

@@ -16,36 +16,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
-from conftest import cpu_executors
+from conftest import ThreeSplits, cpu_executors
 from thunderfx_debug import ReportingBackend
 from thunderfx_debug.flush import triage_ahead, triage_child
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.check import OUT_OF_MEMORY
+from thunderfx_debug.settings.safety import ReportingFailures
 
 GiB = 2**30
 HERE = Path(__file__).parent
 
 
-class TwoSplits(nn.Module):
-    """thunder_0 (matmul, relu), inductor_1 (torch.sinc), thunder_2 (matmul, sin)."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(8, 8) / 3)
-        self.v = nn.Parameter(torch.randn(8, 8) / 3)
-
-    def forward(self, x):
-        h = torch.sinc(torch.relu(x @ self.w) + 1)
-        return (torch.sin(h @ self.v) * 2).sum()
-
-
 def _train(backend, steps: int = 4, after_first=lambda backend: None) -> list[torch.Tensor]:
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = TwoSplits()
+    model = ThreeSplits()
     compiled = torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []
@@ -113,6 +100,7 @@ class _Recorder:
     """The little of a `Recorder` the compiles ahead read: graphs with splits that ran, on CUDA device 0."""
 
     def __init__(self, splits: int):
+        self.failures = ReportingFailures(strict=True)
         observed = (types.SimpleNamespace(device="cuda:0"),)
         self.graphs = [types.SimpleNamespace(name="graph0", splits=[
             types.SimpleNamespace(name=f"thunder_{i}", split=types.SimpleNamespace(kind=SplitKind.THUNDER), calls=3,

@@ -256,9 +256,9 @@ def _regions_not_seen(split: SplitSnapshot, settings: TriageSettings) -> list[st
     return [region.key for region in split.regions if region.key not in split.region_input_meta]
 
 
-def _owners(key: str, split: SplitSnapshot, settings: TriageSettings) -> list[str]:
+def _owners(key: PieceKey, split: SplitSnapshot, settings: TriageSettings) -> list[str]:
     regions = [r.key for r in split.regions] if settings.level >= TriageLevel.FUSION else []
-    return [key, *(PieceKey(key).region(region) for region in regions)]
+    return [key, *(key.region(region) for region in regions)]
 
 
 # ---- the jobs -------------------------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def _device_unusable() -> str | None:
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
-def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
+def _write_job(folder: Path, key: PieceKey, snapshot: GraphSnapshot, split: SplitSnapshot, settings: TriageSettings,
                thunder_options: Mapping[str, Any], run_tensors_too: bool = True,
                device_lock: str | None = None) -> None:
     """The job of one split (see `jobs`); without `run_tensors_too` (a device that cannot be read), metadata only.
@@ -300,7 +300,7 @@ def _write_job(folder: Path, key: str, snapshot: GraphSnapshot, split: SplitSnap
         for region in split.regions:
             region_metas = repro_inputs.region_metas(split, region)
             regions.append((region.key, jobs.PieceInputs(region_metas, region.inputs)))
-            tensors[PieceKey(key).region(region.key)] = handed(split.region_captures.get(region.key), region_metas)
+            tensors[key.region(region.key)] = handed(split.region_captures.get(region.key), region_metas)
     job = jobs.SplitJob(
         key=key, setup=setup, inputs=jobs.PieceInputs(metas, tuple(split.state.split.input_names)),
         grad_enabled=captured.grad_enabled if captured is not None else True,

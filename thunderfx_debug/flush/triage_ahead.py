@@ -94,7 +94,6 @@ class Ahead:
         self._recorder, self._slots, self._write_job, self._done = recorder, slots, write_job, done
         self._margin = margin_percent
         self._read = read if read is not None else device_room.HighWater().read
-        self._said: set[str] = set()  # what the thread logged once
         self._children: dict[str, AheadChild] = {}
         self._tried: set[str] = set()  # split keys compiled ahead, or that could not be: each once
         # The thread's looks and a flush's reading of the records and hand-over, one at a time (reentrant: the flush
@@ -111,7 +110,7 @@ class Ahead:
     def __getstate__(self) -> dict[str, Any]:
         # A copy of the backend (Lightning deep-copies it) compiles nothing ahead: the original does.
         return {"_recorder": None, "_slots": None, "_write_job": None, "_done": None, "_children": {},
-                "_tried": set(), "_pid": -1, "_margin": self._margin, "_read": None, "_said": set()}
+                "_tried": set(), "_pid": -1, "_margin": self._margin, "_read": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock(), _stop=threading.Event(), _thread=None)
@@ -154,7 +153,7 @@ class Ahead:
             reading = self._read(device)
             cap = device_room.child_cap(reading, self._margin, self._slots() - len(self._children))
             if not cap:
-                self._once("no room", "thunderfx_debug: the triage's children compile at the flush, not during "
+                self._once("triage ahead: no room", "thunderfx_debug: the triage's children compile at the flush, not during "
                            "training: the device has %.1f GiB free beyond the training's high-water mark, and %.0f %% "
                            "of it (%.1f GiB, THUNDERFX_DEBUG_DEVICE_MARGIN) stays free for the training",
                            reading.beyond_the_training / 2**30, self._margin, reading.total * self._margin / 1e2 / 2**30)
@@ -169,7 +168,7 @@ class Ahead:
             reading = self._read(device)
             if not device_room.no_room(reading, self._margin):
                 continue
-            self._once("ended", "thunderfx_debug: the triage's children compiling ahead of the flush were ended: the "
+            self._once("triage ahead: ended", "thunderfx_debug: the triage's children compiling ahead of the flush were ended: the "
                        "device has %.1f GiB free beyond the training's high-water mark, less than THUNDERFX_DEBUG_DEVICE"
                        "_MARGIN's %.0f %%; their splits compile at the flush", reading.beyond_the_training / 2**30,
                        self._margin)
@@ -178,9 +177,7 @@ class Ahead:
                     self.discard(self._children.pop(key))
 
     def _once(self, what: str, message: str, *args: Any) -> None:
-        if what not in self._said:
-            self._said.add(what)
-            log.info(message, *args)
+        self._recorder.failures.note_once(what, message, *args, level=logging.INFO)
 
     def _start(self, key: str, state, split, cap_bytes: int) -> None:
         snapshot = self._recorder.one_split(state, split)

@@ -179,25 +179,26 @@ class SplitRunner(torch.nn.Module):
     def _failed(self, error: BaseException, args) -> None:
         """Notes which split failed and at which call, with that call's inputs where it is not the first (whose
         inputs are kept already), before the exception goes on (the report names it, its scripts reproduce it)."""
+        self._note_failure(error, FailedIn.FORWARD, args)
+
+    def backward_failed(self, error: BaseException) -> None:
+        """The split's backward raised `error` (see `BackwardWatch`): noted as `_failed` notes a forward's, for the
+        latest call (the one whose backward runs, in a training step), then the graph's runner is told."""
+        self._note_failure(error, FailedIn.BACKWARD, None)
+        if self.on_backward_failure is not None:
+            self.on_backward_failure(error)
+
+    def _note_failure(self, error: BaseException, failed_in: FailedIn, args) -> None:
+        """The split's error and, the first time, where it raised (`args`: a forward's inputs, captured where the
+        call is not the first; None for a backward, whose incoming gradients are not kept)."""
         split = self._split
         split.error = describe_exception(error)
         self._graph.failed_split = split.name
         if split.failure is None:
             captured = None
-            if split.calls > 1 and self._capture is not None:
+            if args is not None and split.calls > 1 and self._capture is not None:
                 captured = self._capture.call(PieceKey.of(self._graph.name, split.name), args)
-            split.failure = PieceFailure(FailedIn.FORWARD, split.calls, captured)
-
-    def backward_failed(self, error: BaseException) -> None:
-        """The split's backward raised `error` (see `BackwardWatch`): noted as `_failed` notes a forward's, for the
-        latest call (the one whose backward runs, in a training step), then the graph's runner is told."""
-        split = self._split
-        split.error = describe_exception(error)
-        self._graph.failed_split = split.name
-        if split.failure is None:
-            split.failure = PieceFailure(FailedIn.BACKWARD, split.calls, None)
-        if self.on_backward_failure is not None:
-            self.on_backward_failure(error)
+            split.failure = PieceFailure(failed_in, split.calls, captured)
 
     def _checked_call(self, check: SplitCheck, args):
         checked = check.before(self._graph.calls, args)

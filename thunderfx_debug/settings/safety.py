@@ -59,12 +59,13 @@ class ReportingFailures:
             if self.strict:
                 raise
 
-    def note_once(self, kind: str, message: str, *args: object) -> None:
-        """Logs `message % args` as a warning the first time `kind` is noted: something the reporting could not do
-        for a reason that is no failure of its own (the device had no memory for a check), said once per run."""
+    def note_once(self, kind: str, message: str, *args: object, level: int = logging.WARNING) -> None:
+        """Logs `message % args` (at `level`) the first time `kind` is noted: something the reporting could not do,
+        or did otherwise, for a reason that is no failure of its own (the device had no memory for a check, no room
+        for a child), said once per run."""
         if kind not in self._noted:
             self._noted.add(kind)
-            log.warning(message, *args)
+            log.log(level, message, *args)
 
     def record(self, what: str, error: BaseException) -> None:
         summary = f"{type(error).__name__}: {error}"
