@@ -229,14 +229,19 @@ def nvfuser_draws():
     import thunder
     import thunder.torch as ltorch
 
-    def draw(shape, dtype, device, seed, offset):
-        return ltorch.uniform_philox(shape, device=device, dtype=dtype, seed=seed, offset=offset)
-
-    jitted = thunder.jit(draw, executors=[_nvfuser_executor()])
+    jitted = {}
 
     def draws(shape, seed, offset, dtype):
-        out = jitted(shape, dtype, "cuda", seed, offset)
-        assert "uniform_philox" in str(thunder.last_traces(jitted)[-1])
+        # one jitted function per dtype, the dtype a constant of it: Thunder's cache does not tell calls apart by a
+        # dtype argument (a float64 call reran the float32 trace)
+        if dtype not in jitted:
+            jitted[dtype] = thunder.jit(
+                lambda shape, seed, offset: ltorch.uniform_philox(shape, device="cuda", dtype=dtype, seed=seed,
+                                                                  offset=offset),
+                executors=[_nvfuser_executor()])
+        out = jitted[dtype](shape, seed, offset)
+        assert "uniform_philox" in str(thunder.last_traces(jitted[dtype])[-1])
+        assert out.dtype == dtype, (out.dtype, dtype)
         return out
 
     return draws

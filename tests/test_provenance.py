@@ -414,3 +414,14 @@ def test_dumps_written_before_sources_load_without_them():
     normal = load_report(dump_fixtures() / "normal")
     assert all(f.sources for g in normal.graphs for s in g.splits for f in s.fusions if f.phase.value == "forward")
     assert "Where the regions come from" in render_html({0: normal})
+
+
+def test_a_package_file_on_an_import_root_of_sys_path_is_named_from_its_package_on(tmp_path, monkeypatch):
+    # packages installed with `pip install --target` into a PYTHONPATH folder lie outside site-packages
+    from thunderfx_debug.records.sources import short_path
+
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert short_path(str(tmp_path / "site" / "thunder" / "executors" / "torch_autograd.py")) \
+        == "thunder/executors/torch_autograd.py"
+    assert short_path(str(tmp_path / "site" / "train.py")) == "site/train.py"  # a script there: no package
+    assert short_path(str(tmp_path / "elsewhere" / "train" / "model.py")) == "train/model.py"

@@ -13,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 
 from thunderfx_debug.records.codec import JsonRecord
 
@@ -22,7 +24,8 @@ _INSTALLED = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
 
 def short_path(path: str) -> str:
     """A path as a reader recognises it: an installed package's file from its package on
-    ("transformers/models/llama/modeling_llama.py"), else its last two parts ("train/model.py").
+    ("transformers/models/llama/modeling_llama.py", from site-packages or from an import root on `sys.path`), else
+    its last two parts ("train/model.py").
 
     Example:
         >>> short_path("/home/me/project/train/model.py"), short_path("model.py")
@@ -31,8 +34,26 @@ def short_path(path: str) -> str:
     installed = _INSTALLED.sub("", path)
     if installed != path:
         return installed
+    in_package = _in_package_on_path(path)
+    if in_package:
+        return in_package
     parts = re.split(r"[/\\]", path)
     return "/".join(parts[-2:])
+
+
+def _in_package_on_path(path: str) -> str | None:
+    """`path` from the deepest import root on `sys.path` it lies under, where it is a package's file there
+    ("thunder/executors/torch_autograd.py" of a package installed with `pip install --target` into a PYTHONPATH
+    folder), else None."""
+    best = None
+    for root in sys.path:
+        if not root or not os.path.isabs(root):
+            continue
+        root = root.rstrip("/\\") + os.sep
+        if path.startswith(root) and (best is None or len(root) > len(best)):
+            best = root
+    rest = path[len(best):] if best else ""
+    return rest.replace("\\", "/") if re.search(r"[/\\]", rest) else None
 
 
 @dataclasses.dataclass(frozen=True)
