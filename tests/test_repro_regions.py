@@ -15,9 +15,10 @@ import torch
 from conftest import cpu_executors
 
 
-def _dropout_region(device: str = "cuda:0"):
+def _dropout_region(device: str = "cuda:0", executor: str = "torchcompile"):
     """A region as Thunder's rematerialisation leaves a dropout on CUDA: `uniform_philox` whose seed and offset are
-    region inputs (IntegerProxy, known at run time), and the mask applied. Built on Thunder's own prims."""
+    region inputs (IntegerProxy, known at run time), and the mask applied. Built on Thunder's own prims; the region's
+    symbol names its executor (a TorchCompile region's, or an nvFusion region's)."""
     import thunder.torch as ltorch
     from thunder.core import devices, dtypes, prims
     from thunder.core.proxies import IntegerProxy, TensorProxy
@@ -31,7 +32,9 @@ def _dropout_region(device: str = "cuda:0"):
                                      seed=seed, offset=offset)
         kept = ltorch.lt(draws, 0.9)
         y = ltorch.mul(ltorch.mul(x, kept), 1 / 0.9)
-    return types.SimpleNamespace(flat_args=[seed, offset, x], flat_outs=[y], subsymbols=list(trace.bound_symbols))
+    sym = types.SimpleNamespace(executor=types.SimpleNamespace(name=executor), name="nvFusion0", is_fusion=True)
+    return types.SimpleNamespace(flat_args=[seed, offset, x], flat_outs=[y], subsymbols=list(trace.bound_symbols),
+                                 sym=sym)
 
 
 def _lowered(region):
@@ -71,6 +74,48 @@ def test_a_dropout_regions_philox_seed_and_offset_reach_philox_rand_as_tensors(m
         torch.int64, torch.device("cpu"), 1234, torch.int64, torch.device("cpu"), 4 * 8)
     assert device == torch.device("cuda:0")
     torch.testing.assert_close(out, x / 0.9)
+
+
+def test_an_nvfusion_regions_dropout_is_lowered_to_nvfusers_draws_which_run_on_any_device():
+    """nvFuser draws `uniform_philox` otherwise than philox_rand (tests/test_philox_draws.py): an nvFusion region's
+    torch code draws with `nvfuser_uniform` from the seed and offset it is called with (nvFuser's offset, as
+    Thunder passes it), on the device of its inputs, and its random ops count as reproduced."""
+    from thunderfx_debug.scripts.philox_draws import nvfuser_uniform
+    from thunderfx_debug.thunder.scripts import region_random_ops
+
+    region_bsym = _dropout_region("cpu", executor="nvfuser")
+    source, region = _lowered(region_bsym)
+    assert "nvfuser_uniform(" in source and "philox_rand" not in source
+    x = torch.randn(4, 8)
+    (out,) = region(-(2**62) - 11, 7, x)
+    drawn = nvfuser_uniform((4, 8), -(2**62) - 11, 7)
+    assert torch.equal(out, x * (drawn < 0.9) * (1 / 0.9))
+    assert region_random_ops(region_bsym) == ("uniform_philox",)
+    assert region_random_ops(region_bsym, unreproduced=True) == ()
+    assert region_random_ops(_dropout_region("cpu"), unreproduced=True) == ("uniform_philox",)
+
+
+def test_an_nvfusion_regions_script_carries_nvfusers_draws_and_needs_nothing_of_thunderfx_debug(tmp_path):
+    """The names the lowered code uses, written for a script: `nvfuser_uniform` is the one the script carries
+    (inlined from scripts/philox_draws.py), not an import of the package."""
+    from thunderfx_debug.artifacts.repro.writers import context_assignments, inlined_source
+    from thunderfx_debug.artifacts.repro import script_template
+    from thunderfx_debug.thunder.scripts import region_helpers, region_torch_function
+
+    source, ctx = region_torch_function(_dropout_region("cpu", executor="nvfuser"), "nvFusion0")
+    lines, needs_thunder = context_assignments(source, ctx, region_helpers(ctx))
+    assert not any("thunderfx_debug" in line for line in lines), lines
+    assert "def nvfuser_uniform(" in inlined_source(script_template)
+    script = tmp_path / "region.py"
+    check = ("x = torch.ones(4, 8)\n"
+             "print(bool(torch.equal(nvFusion0(3, 5, x)[0], x * (nvfuser_uniform((4, 8), 3, 5) < 0.9) / 0.9)))\n")
+    script.write_text("import sys\nsys.modules['thunderfx_debug'] = None\n" + inlined_source(script_template)
+                      + "\n".join(lines) + "\n" + source + "\n" + check)
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().endswith("True"), done.stderr[-3000:]
 
 
 @pytest.mark.cuda

@@ -203,7 +203,7 @@ class Minimizer:
             stem=layout.fusion_prefix(graph, split.state.name, region.name, region.phase.value),
             title=f"{region.phase.value} fusion region {region.name} ({executor})", file_kind=file_kind,
             strategy=strategy, prelude=prelude, backward=False,
-            random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
+            random_ops=thunder_scripts.region_random_ops(region.bsym, unreproduced=True), needs_thunder=needs_thunder,
             origin=f"the run, call {evidence.call} ({evidence.phase})",
             executor="nvfuser" if executor == "nvfuser" else "")
         metas = tuple(dataclasses.replace(m, requires_grad=False) for m in repro_inputs.region_metas(split, region))

@@ -112,12 +112,19 @@ class SplitFacts:
     """`random_ops`: names of the ops drawing random numbers; `random_outputs`: positions (in the flattened output)
     of outputs whose values depend on them; `random_gradients`: placeholder positions whose gradient may depend on
     them (some op on a path from the input to an output depends on a random value); `mutated_inputs`: placeholder
-    positions the graph may write into (directly or through a view)."""
+    positions the graph may write into (directly or through a view); `dropouts`: how many of the random ops are
+    plain dropouts (F.dropout, torch.dropout) that draw."""
 
     random_ops: tuple[str, ...] = ()
     random_outputs: tuple[int, ...] = ()
     random_gradients: tuple[int, ...] = ()
     mutated_inputs: tuple[int, ...] = ()
+    dropouts: int = 0
+
+    @property
+    def draws_in_dropouts_only(self) -> bool:
+        """Whether every random op is a plain dropout (what `scripts.philox_draws.DrawnAsRun` draws again)."""
+        return bool(self.random_ops) and set(self.random_ops) == {"dropout"}
 
 
 def _users_closure(start: list[torch.fx.Node]) -> set[torch.fx.Node]:
@@ -155,4 +162,5 @@ def split_facts(gm: torch.fx.GraphModule) -> SplitFacts:
             source = source.args[0]
         if source in position:
             mutated.add(position[source])
-    return SplitFacts(tuple(dict.fromkeys(random.values())), random_outputs, random_gradients, tuple(sorted(mutated)))
+    return SplitFacts(tuple(dict.fromkeys(random.values())), random_outputs, random_gradients, tuple(sorted(mutated)),
+                      dropouts=sum(1 for name in random.values() if name == "dropout"))

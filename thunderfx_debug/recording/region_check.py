@@ -165,8 +165,8 @@ class RegionCheck:
                              "cache entry): not compared")
             return
         if reference.random_ops:
-            tally.skip(call, f"the region draws random numbers ({', '.join(reference.random_ops)}), which torch "
-                             "draws differently: its values are not compared, only that they hold")
+            tally.skip(call, f"the region draws random numbers ({', '.join(reference.random_ops)}) that its torch "
+                             "reference cannot draw as the run did: its values are not compared, only that they hold")
             return
         values = tree_leaves(list(outputs))
         picks = Picks()  # what the reference's topk, sort, argmax picked, for indices that pick among ties

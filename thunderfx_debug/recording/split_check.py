@@ -26,7 +26,10 @@ backward (`queue_callback`) for inputs whose node never ran.
 Where the split's backward never runs (an evaluation step under grad), the check dies with the autograd graph and
 the record says that the backward of that call never ran.
 
-Outputs and gradients that depend on random ops are not compared (`piece_facts`): the reason is recorded instead.
+Outputs and gradients that depend on random ops are compared where the reference draws them as the run did: the
+split's dropouts, drawn as its trace says Thunder drew them (`thunder.draws.split_draws`: nvFuser's draws from the
+generator's seed and offset before the call, the torch executor's or an executor's own from the generator's state
+then), by `scripts.philox_draws.DrawnAsRun`. Elsewhere they are not compared, and the reason is recorded instead.
 """
 
 from __future__ import annotations
@@ -48,8 +51,11 @@ from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.sampler import backward_nodes
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
+from thunderfx_debug.scripts.philox_draws import DrawnAsRun
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
+from thunderfx_debug.thunder.draws import split_draws
+from thunderfx_debug.thunder.traces import final_traces
 
 
 @dataclasses.dataclass
@@ -60,23 +66,75 @@ class _Call:
     call: int
     copies: dict[int, torch.Tensor]
     versions: list[int | None]
+    generators: GeneratorStates | None = None
+
+
+@dataclasses.dataclass
+class GeneratorStates:
+    """The random generators' states before a checked call of a split that draws (host copies: no device work), so
+    that its reference draws what the call drew (`Draws`)."""
+
+    cpu: torch.Tensor | None
+    cuda: dict[int, torch.Tensor]
+
+    @classmethod
+    def before(cls, args: tuple) -> GeneratorStates:
+        devices = {a.device.index if a.device.index is not None else torch.cuda.current_device()
+                   for a in args if isinstance(a, torch.Tensor) and a.is_cuda}
+        on_cpu = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        return cls(torch.get_rng_state() if on_cpu or not devices else None,
+                   {d: torch.cuda.get_rng_state(d) for d in sorted(devices)})
+
+    def restore(self) -> None:
+        if self.cpu is not None:
+            torch.set_rng_state(self.cpu)
+        for device, state in self.cuda.items():
+            torch.cuda.set_rng_state(state, device)
+
+    def nvfuser_seed_and_offset(self) -> tuple[int, int]:
+        """The seed and nvFuser's offset Thunder's `get_and_update_rng_state` reads from the first CUDA device's
+        generator (thunder/executors/torchex.py, `_get_and_update_rng_state_impl`: the offset divided by 4)."""
+        seed, offset = torch.chunk(next(iter(self.cuda.values())), 2)
+        return int(seed.view(torch.int64).item()), int(offset.view(torch.int64).item()) // 4
+
+
+@dataclasses.dataclass
+class Draws:
+    """How the reference of one checked call draws its dropouts as the call did: `how` (`philox_draws.DRAWS`), the
+    generator states before the call, and the dtype of each draw as the first reference run saw it."""
+
+    how: str
+    generators: GeneratorStates
+    dtypes: list = dataclasses.field(default_factory=list)
+
+    @contextlib.contextmanager
+    def drawn(self):
+        """Runs eager code with the call's draws (inside the check's isolation, which restores the training's random
+        states afterwards)."""
+        self.generators.restore()
+        seed, offset = self.generators.nvfuser_seed_and_offset() if self.how == "nvfuser" else (0, 0)
+        with DrawnAsRun(self.how, seed, offset, self.dtypes):
+            yield
 
 
 class SplitCheck:
     """Checks one Thunder split on the calls `schedule` picks; results go to `tally`. `regions` (a
     `region_check.RegionCheck`, at `fusion` level) is armed for the forward and backward of the checked calls.
     `isolation` is where the check's work runs (its own memory pool and stream on CUDA); `turn` says which of the
-    scheduled calls the split checks (`turns.Turns`; None: all of them) and takes what its work costs."""
+    scheduled calls the split checks (`turns.Turns`; None: all of them) and takes what its work costs; `compiled`
+    is the split's Thunder function, whose trace says how it drew its random numbers."""
 
     def __init__(self, label: str, module: torch.fx.GraphModule, input_names: list[str], schedule: CheckSchedule,
                  tally: CheckTally, failures: ReportingFailures, evidence: EvidenceKeeper, regions=None,
-                 isolation: CheckIsolation | None = None, turn: Turn | None = None):
+                 isolation: CheckIsolation | None = None, turn: Turn | None = None, compiled=None):
         self.label, self.module, self.input_names = label, module, input_names
         self.schedule, self.tally, self.failures, self.evidence = schedule, tally, failures, evidence
         self.regions = regions
         self.isolation = isolation if isolation is not None else CheckIsolation()
         self.turn = turn
         self.facts: SplitFacts = split_facts(module)
+        self.compiled = compiled
+        self._draws_of: tuple[Any, tuple[str | None, str]] | None = None  # (forward trace, `split_draws` of it)
         # checked calls whose forward picked among tied values otherwise than eager (their gradients follow the picks)
         self.picked_otherwise: set[int] = set()
 
@@ -93,7 +151,8 @@ class SplitCheck:
             with self.isolation.entered(args, self.turn):
                 copies = {i: to_host(args[i]) for i in self.facts.mutated_inputs
                           if i < len(args) and isinstance(args[i], torch.Tensor)}
-            pending = _Call(call, copies, [version(a) for a in args])
+            pending = _Call(call, copies, [version(a) for a in args],
+                            GeneratorStates.before(args) if self.facts.draws_in_dropouts_only else None)
             if self.regions is not None:
                 self.regions.watch_inputs([(self.describe_input(i), a) for i, a in enumerate(args)],
                                           set(self.facts.mutated_inputs))
@@ -109,13 +168,32 @@ class SplitCheck:
             with self.isolation.entered([*args, *tree_leaves(out)], self.turn):
                 inputs = self._reference_inputs(pending, args)
                 if inputs is not None:
-                    self._check_forward(pending.call, inputs, out, args)
-                    self._arm_backward(pending.call, args, inputs, out)
+                    draws = self._draws(pending)
+                    self._check_forward(pending.call, inputs, out, args, draws)
+                    self._arm_backward(pending.call, args, inputs, out, draws)
 
     def abandon(self, pending: _Call) -> None:
         """The split raised: nothing to check."""
         if self.regions is not None:
             self.regions.forward_call = 0
+
+    # ---- random numbers -------------------------------------------------------------------------------------------
+    def _draws(self, pending: _Call) -> Draws | str | None:
+        """How this call's reference draws its random numbers (`Draws`), why it cannot (str), or None where the split
+        draws none."""
+        if not self.facts.random_ops:
+            return None
+        if pending.generators is None:
+            return f"it draws with {', '.join(self.facts.random_ops)}, which no reference here draws again"
+        forward, _ = final_traces(self.compiled) if self.compiled is not None else (None, None)
+        if self._draws_of is None or self._draws_of[0] is not forward:
+            self._draws_of = (forward, split_draws(forward, self.facts.dropouts))
+        how, why = self._draws_of[1]
+        return Draws(how, pending.generators) if how is not None else why
+
+    @staticmethod
+    def drawn(draws: Draws | str | None):
+        return draws.drawn() if isinstance(draws, Draws) else contextlib.nullcontext()
 
     # ---- forward --------------------------------------------------------------------------------------------------
     def _reference_inputs(self, pending: _Call, args: tuple) -> list[Any] | None:
@@ -135,25 +213,26 @@ class SplitCheck:
         """Input `i` as the records name it: "input 2 (l_x_)", its name in the split's graph where it has one."""
         return f"input {i} ({self.input_names[i]})" if i < len(self.input_names) else f"input {i}"
 
-    def _check_forward(self, call: int, inputs: list[Any], out: Any, args: tuple) -> None:
+    def _check_forward(self, call: int, inputs: list[Any], out: Any, args: tuple, draws: Draws | str | None) -> None:
         outputs = tree_leaves(out)
         picks = Picks()  # what eager's topk, sort, argmax picked, for indices that pick among ties
-        with torch.no_grad(), picks:
+        with torch.no_grad(), picks, self.drawn(draws):
             eager = tree_leaves(self.module(*inputs))
         if len(eager) != len(outputs):
             self.tally.add(call, judge([f"forward outputs: {len(outputs)} values where eager has {len(eager)}"],
                                        [len(outputs)], [len(eager)]))
             return
-        random = set(self.facts.random_outputs)
+        random = set(self.facts.random_outputs) if not isinstance(draws, Draws) else set()
         chosen = [i for i in range(len(outputs)) if i not in random]
         if random:
             self.tally.skip(call, f"forward outputs {sorted(random)} depend on random ops "
-                                  f"({', '.join(self.facts.random_ops)}), which Thunder and eager draw differently")
+                                  f"({', '.join(self.facts.random_ops)}) that the reference cannot draw as the run "
+                                  f"did: {draws}")
         if not chosen:
             return
 
         def float64():
-            with torch.no_grad(), Float64Mode():
+            with torch.no_grad(), Float64Mode(), self.drawn(draws):
                 wide = tree_leaves(self.module(*to_float64(inputs)))
             return [wide[i] for i in chosen]
 
@@ -170,7 +249,7 @@ class SplitCheck:
                                outputs, mismatches, values=chosen)
 
     # ---- backward -------------------------------------------------------------------------------------------------
-    def _arm_backward(self, call: int, args: tuple, inputs: list[Any], out: Any) -> None:
+    def _arm_backward(self, call: int, args: tuple, inputs: list[Any], out: Any, draws: Draws | str | None) -> None:
         outputs = [t if isinstance(t, torch.Tensor) and t.grad_fn is not None else None for t in tree_leaves(out)]
         if not torch.is_grad_enabled() or not any(o is not None for o in outputs):
             return
@@ -179,6 +258,7 @@ class SplitCheck:
         if not first or not last or not wanted:
             return
         check = BackwardCheck(self, call, args, inputs, outputs, wanted, first, last)
+        check.draws = draws
         # Held by its hooks only, so it lives as long as the call's autograd graph; should that die before its
         # backward ran, the record says so.
         finalizer = weakref.finalize(check, _never_ran, self.tally, call, check.state)
@@ -240,6 +320,8 @@ class BackwardCheck:
     node's Python wrapper lives only as long as something references it (pytorch/pytorch#181390 made the node own
     it), so the `id()` of a wrapper that was dropped can be that of another node's wrapper made later: keyed by such
     ids, gradients went missing or to the wrong input."""
+
+    draws: Draws | str | None = None  # how the reference draws the call's random numbers (`SplitCheck._draws`)
 
     def __init__(self, owner: SplitCheck, call: int, args: tuple, inputs: list[Any], outputs: list, wanted: list[int],
                  first: list, last: list):
@@ -408,11 +490,12 @@ class BackwardCheck:
             owner.tally.skip(call, f"inputs changed in place between the forward and the backward ({names}): "
                                    "gradients not compared")
             return
-        random = set(owner.facts.random_gradients)
+        random = set(owner.facts.random_gradients) if not isinstance(self.draws, Draws) else set()
         chosen = [i for i in self.wanted if i not in random]
         if random & set(self.wanted):
             owner.tally.skip(call, f"the gradients of {len(random & set(self.wanted))} inputs depend on random ops "
-                                   f"({', '.join(owner.facts.random_ops)}), which Thunder and eager draw differently")
+                                   f"({', '.join(owner.facts.random_ops)}) that the reference cannot draw as the run "
+                                   f"did: {self.draws}")
         if not chosen:
             return
         # What the hooks kept on the host, back on the device for this entry (in the check's pool).
@@ -469,7 +552,7 @@ class BackwardCheck:
                   for i, x in enumerate(inputs)]
         # Float64Mode turns autocast off itself: the float64 run is the yardstick, whatever the forward ran in.
         mode = Float64Mode() if wide else self.autocast.restored()
-        with torch.enable_grad(), mode:
+        with torch.enable_grad(), mode, SplitCheck.drawn(self.draws):
             fed = [x.clone() if i in wanted and self.non_leaf[i] else x for i, x in enumerate(leaves)]  # as in the run
             outputs = tree_leaves(self.owner.module(*fed))
             own = self.own + [False] * len(outputs)

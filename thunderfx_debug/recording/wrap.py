@@ -168,7 +168,8 @@ def wrap_graph(state: GraphState, split_gm: torch.fx.GraphModule, shared: RunSha
                                               failures, evidence, split.check, isolation, turn)
                         observers.append(regions)
                     runner.check = SplitCheck(label, split.split.original_module, split.split.input_names, schedule,
-                                              split.check, failures, evidence, regions, isolation, turn)
+                                              split.check, failures, evidence, regions, isolation, turn,
+                                              compiled=split.split.compiled)
             if level >= TimingLevel.FUSION or config.nvtx:  # NVTX ranges also work without fusion timing
                 ranges = (Ranges(), label) if config.nvtx else None
                 timer = RegionTimer(state.clock, split.region_series, ranges, split.op_series, split.op_counts,

@@ -111,6 +111,9 @@ def _uniform_per_component(words: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return uniform_from_words(words.reshape(len(words), -1, 2) if dtype == torch.float64 else words, dtype)
 
 
+# Left out of torch.compile graphs (a region's script compiles its torch code with inductor): inductor spends minutes
+# on ten Philox rounds of int64 ops, and what it would compile is this reference, not the region's code.
+@torch.compiler.disable
 def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32,
                     device="cpu") -> torch.Tensor:
     """What nvFuser's `uniform(0, 1, shape, rng_seed=seed, rng_offset=offset, dtype)` draws (Thunder's
@@ -123,10 +126,12 @@ def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.fl
     >>> nvfuser_uniform((2, 3), seed=0, offset=0).shape
     torch.Size([2, 3])
     """
-    numel = math.prod(shape)
-    calls = torch.arange(-(-numel // _elements_per_call(dtype)), dtype=torch.int64, device=device)
-    words = torch.stack(philox4x32_10(_counter(offset, 0, calls), _key(seed)), dim=-1)
-    return _uniform_per_component(words, dtype).reshape(-1)[:numel].reshape(shape)
+    # outside any torch function mode: a float64 reference (`judging_rule.Float64Mode`) must draw the run's numbers
+    with torch._C.DisableTorchFunction():
+        numel = math.prod(shape)
+        calls = torch.arange(-(-numel // _elements_per_call(dtype)), dtype=torch.int64, device=device)
+        words = torch.stack(philox4x32_10(_counter(int(offset), 0, calls), _key(int(seed))), dim=-1)
+        return _uniform_per_component(words, dtype).reshape(-1)[:numel].reshape(tuple(shape))
 
 
 def torch_cuda_threads(numel: int, multiprocessors: int, max_threads_per_multiprocessor: int) -> int:
@@ -165,3 +170,62 @@ def torch_cuda_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch
     # other, each a stride of `threads` apart
     per_step = _uniform_per_component(words, dtype).reshape(steps, threads, unroll).transpose(1, 2)
     return per_step.reshape(-1)[:numel].reshape(shape)
+
+
+#: How a run drew its dropouts, where they can be drawn again (`DrawnAsRun`): "nvfuser" (Thunder's `uniform_philox`
+#: in nvFusion regions: `nvfuser_uniform` at the generator's offset / 4, one offset per dropout in program order),
+#: "torch_uniform" (Thunder's torch executor: `torch.empty(...).uniform_()` from the generator's state, one draw per
+#: dropout in program order), "eager" (an executor's own dropout op, drawn as eager's F.dropout from the generator's
+#: state).
+DRAWS = ("nvfuser", "torch_uniform", "eager")
+
+
+class DrawnAsRun(torch.overrides.TorchFunctionMode):
+    """Runs the dropouts of eager code as the run drew them (`DRAWS`): each call of `F.dropout` in training with
+    0 < p < 1, k-th in program order, becomes Thunder's `x * (u < 1 - p) * (1 / (1 - p))` with u the run's draws
+    (the comparison in float32, as Thunder computes a half or bfloat16 one), for "nvfuser" and "torch_uniform";
+    "eager" leaves F.dropout as it is. `seed` and `offset` are the CUDA generator's seed and nvFuser's offset (a
+    quarter of the generator's) before the run's call; `dtypes` the dtype each draw had in the run, filled by a first
+    run and kept for the next (a float64 reference draws the run's numbers, not float64 ones).
+
+    >>> x = torch.ones(4, 4)
+    >>> with DrawnAsRun("nvfuser", seed=0, offset=0) as drawn:
+    ...     y = torch.nn.functional.dropout(x, p=0.5)
+    >>> bool(((y == 0) | (y == 2)).all()), drawn.calls
+    (True, 1)
+    """
+
+    def __init__(self, how: str, seed: int = 0, offset: int = 0, dtypes=None):
+        super().__init__()
+        if how not in DRAWS:
+            raise ValueError(f"draws are one of {', '.join(DRAWS)}, not {how!r}")
+        self.how, self.seed, self.offset = how, seed, offset
+        self.dtypes = dtypes if dtypes is not None else []
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.how == "eager" or func not in (torch.nn.functional.dropout, torch.dropout):
+            return func(*args, **kwargs)
+        x, p, training = _dropout_arguments(func, args, kwargs)
+        if not training or not 0 < p < 1:
+            return func(*args, **kwargs)
+        k = self.calls
+        self.calls += 1
+        if k == len(self.dtypes):
+            self.dtypes.append(x.dtype)
+        if self.how == "nvfuser":
+            drawn = nvfuser_uniform(x.shape, self.seed, self.offset + k, self.dtypes[k], x.device)
+        else:
+            drawn = torch.empty(x.shape, device=x.device, dtype=self.dtypes[k]).uniform_(0.0, 1.0)
+        keep = drawn.to(torch.float32) < 1 - p
+        return x * keep * (1 / (1 - p))
+
+
+def _dropout_arguments(func, args, kwargs):
+    """(input, p, training) of a call of F.dropout(input, p=0.5, training=True, inplace=False) or
+    torch.dropout(input, p, train)."""
+    names = ("input", "p", "training") if func is torch.nn.functional.dropout else ("input", "p", "train")
+    defaults = {"p": 0.5, "training": True}
+    values = [args[i] if i < len(args) else kwargs.get(name, defaults.get(name)) for i, name in enumerate(names)]
+    return values[0], float(values[1]), bool(values[2])

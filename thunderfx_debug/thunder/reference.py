@@ -20,8 +20,9 @@ from thunderfx_debug.thunder.traces import final_traces
 
 @dataclasses.dataclass(frozen=True)
 class RegionReference:
-    """A region's torch reference `fn(*inputs) -> list of outputs`, the names of its random ops (its values cannot
-    be compared with torch's: the streams differ), the positions of the inputs it writes into (`copy_`: Thunder's
+    """A region's torch reference `fn(*inputs) -> list of outputs`, the names of the random ops it does not draw as
+    the run did (its values cannot be compared: the streams differ; an nvFusion region's dropout draws are drawn
+    again as nvFuser drew them, `scripts.draws_as_nvfuser`), the positions of the inputs it writes into (`copy_`: Thunder's
     form of the graph's own in-place ops, which a fusion runs without bumping the tensor's version counter), and the
     trace names of its outputs."""
 
@@ -133,7 +134,7 @@ def build_reference(bsym, key: str) -> RegionReference:
     return RegionReference(
         key=key,
         fn=namespace[name],
-        random_ops=region_random_ops(bsym),
+        random_ops=region_random_ops(bsym, unreproduced=True),
         written_inputs=_written_inputs(bsym),
         output_names=tuple(getattr(o, "name", repr(o)) for o in bsym.flat_outs),
         input_shapes=tuple(_shape(a) for a in bsym.flat_args),

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.thunder.script_support import eager_graph_module_code, torch_executor_fn
+from thunderfx_debug.thunder.draws import RANDOM_SYMBOLS, draws_as_nvfuser, nvfuser_draws_executor, reproduced_random_ops
 from thunderfx_debug.thunder.workarounds import region_lowering_executors
 
 
@@ -61,8 +62,9 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
                     trace.add_name(out.name)
     trace._siginfo = SigInfo(function_name)
     trace._siginfo.args = [(a.name, None) for a in inputs]
+    drawn_as = (nvfuser_draws_executor(),) if draws_as_nvfuser(bsym) else ()
     with _jit_cache_info():
-        lowered = transform_for_execution(trace, executors_list=(*region_lowering_executors(), torch_ex))
+        lowered = transform_for_execution(trace, executors_list=(*drawn_as, *region_lowering_executors(), torch_ex))
     return lowered.python(include_decorators=False), dict(lowered.python_ctx())
 
 
@@ -151,11 +153,6 @@ def with_constant_vals(definition: str) -> str:
     return definition
 
 
-_RANDOM_SYMBOLS = frozenset({
-    "uniform", "uniform_philox", "randn", "rand", "randint", "bernoulli", "multinomial", "normal", "dropout",
-    "get_and_update_rng_state", "randn_like", "rand_like", "randint_like", "philox_rand", "randperm", "exponential",
-    "poisson", "native_dropout",
-})
 
 
 def _symbols(bsym):
@@ -164,13 +161,16 @@ def _symbols(bsym):
         yield from _symbols(sub)
 
 
-def region_random_ops(bsym) -> tuple[str, ...]:
-    """The names of the ops of a fusion region that draw random numbers (or take the RNG state), in order."""
+def region_random_ops(bsym, *, unreproduced: bool = False) -> tuple[str, ...]:
+    """The names of the ops of a fusion region that draw random numbers (or take the RNG state), in order; with
+    `unreproduced`, only those whose numbers the region's torch code does not draw as the run did
+    (`reproduced_random_ops`)."""
     from thunder.core.prims import OpTags
 
     found = [sub.sym.name for sub in _symbols(bsym)
-             if sub.sym.name in _RANDOM_SYMBOLS or OpTags.RANDOM_OP in (getattr(sub.sym, "tags", None) or ())]
-    return tuple(dict.fromkeys(found))
+             if sub.sym.name in RANDOM_SYMBOLS or OpTags.RANDOM_OP in (getattr(sub.sym, "tags", None) or ())]
+    skipped = reproduced_random_ops(bsym) if unreproduced else frozenset()
+    return tuple(name for name in dict.fromkeys(found) if name not in skipped)
 
 
 def region_index_bounds(bsym) -> dict[int, int]:

@@ -303,6 +303,7 @@ class ScriptBuilder:
                 run_integers=repro_inputs.run_integers(captured, metas),
                 imports=self.fx_imports + fx_facts.custom_op_imports(module),
                 random_ops=fx_facts.random_ops(module),
+                draws=fx_facts.thunder_draws(module, split.fwd_trace) if kind is SplitKind.THUNDER else None,
                 sources=state.split.sources,
                 inputs_call=inputs_call,
             )
@@ -347,6 +348,10 @@ class ScriptBuilder:
             description = (f"The {phase} fusion region {region.name} of the Thunder split {split_name} of {graph}: its "
                            "ops, lowered to torch calls by Thunder's torch executor, as the function below (the eager "
                            "reference).")
+            if thunder_scripts.reproduced_random_ops(region.bsym):
+                description += (" Its dropout draws (uniform_philox, from the seed and offset among its inputs) are "
+                                "drawn there by nvfuser_uniform, as nvFuser draws them, bit for bit: its values are "
+                                "compared.")
             piece = ReproSubject(
                 key=key,
                 title=f"{phase} fusion region {region.name} ({region.executor})"
@@ -362,7 +367,7 @@ class ScriptBuilder:
                 inputs_path=layout.inputs_file(graph, split_name, region.key),
                 run_integers=repro_inputs.run_integers(captured, metas),
                 inputs_note=note,
-                random_ops=thunder_scripts.region_random_ops(region.bsym),
+                random_ops=thunder_scripts.region_random_ops(region.bsym, unreproduced=True),
                 needs_thunder=needs_thunder,
                 sources=split.sources.regions.get(region.key, ()),
                 reads_saved_from=split.sources.regions_reads_saved_from.get(region.key, ()),

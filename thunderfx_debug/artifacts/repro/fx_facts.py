@@ -19,6 +19,7 @@ import torch
 
 from thunderfx_debug.recording.piece_facts import op_base_name, split_facts
 from thunderfx_debug.thunder import torch_private
+from thunderfx_debug.thunder.draws import split_draws
 
 
 def custom_op_imports(gm: torch.fx.GraphModule) -> tuple[str, ...]:
@@ -38,6 +39,13 @@ def random_ops(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     """The names of the ops of `gm` (and of its nested graph modules) that draw random numbers, in graph order: the
     correctness sentinel's reading of them (`recording.piece_facts`)."""
     return split_facts(gm).random_ops
+
+
+def thunder_draws(gm: torch.fx.GraphModule, forward_trace) -> str | None:
+    """How the Thunder split of `gm` drew its dropouts, where a reference can draw them so (`thunder.draws`), else
+    None."""
+    facts = split_facts(gm)
+    return split_draws(forward_trace, facts.dropouts)[0] if facts.draws_in_dropouts_only else None
 
 
 def _shape(node, placeholder_shapes: Mapping[int, Sequence[int]], positions: Mapping[str, int]):

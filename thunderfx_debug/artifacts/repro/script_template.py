@@ -44,6 +44,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.scripts.device_timer import held_device_ms
+from thunderfx_debug.scripts.philox_draws import DrawnAsRun, nvfuser_uniform  # noqa: F401  (the run's draws)
 from thunderfx_debug.scripts.result_line import Outcome, Verdict
 from thunderfx_debug.scripts.run_failure import described, same_failure
 from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Picks, rounding_floor, to_float64,
@@ -958,8 +959,31 @@ def _describe(timings):
 # ---- entry point ----------------------------------------------------------------------------------------------------
 
 
+def drawn_as_run(eager, how):
+    """`eager` (what makes the eager reference) with the reference's dropouts drawn as the run's backend drew them
+    (`DrawnAsRun`, `how` one of its `DRAWS`), from the generator's state when the reference is called: every run
+    reseeds first (`run`), so both sides start from the same state. The dtype of each draw is the one the first run
+    saw, so that the float64 run draws the same numbers."""
+    dtypes = []
+
+    def make():
+        reference = eager()
+
+        def drawn(*args):
+            seed = offset = 0
+            if how == "nvfuser":  # what Thunder's get_and_update_rng_state reads: nvFuser's offset, a quarter of torch's
+                state = torch.cuda.get_rng_state()
+                seed, offset = int(state[:8].view(torch.int64).item()), int(state[8:].view(torch.int64).item()) // 4
+            with DrawnAsRun(how, seed, offset, dtypes):
+                return reference(*args)
+
+        return drawn
+
+    return make
+
+
 def main(*, piece, executor, backend, build, eager, make_inputs, expected_outputs=None, backward=True,
-         random_ops=(), refusal=None, argv=None, script=None, mismatch=None, run_failure=None):
+         random_ops=(), refusal=None, argv=None, script=None, mismatch=None, run_failure=None, draws=None):
     """Checks the piece, with `--benchmark` also times it, and returns the exit status (see `Outcome`).
 
     build: makes the piece's callable (compiling is done by its first call); eager: makes the eager reference;
@@ -970,8 +994,12 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     the run (its call, phase, findings, the values it compared, the inputs file), `check_mismatch` instead of the
     check, and exit 1 whatever it finds. run_failure: for the script of the piece that raised in the run, what it
     raised (`scripts/run_failure.described`, with where: `failed_in`, `call`, `raised_at`; `inputs`: "real" where
-    the script has the run's values): REPRODUCED where it raises the same, NOT REPRODUCED where it runs."""
+    the script has the run's values): REPRODUCED where it raises the same, NOT REPRODUCED where it runs. draws: how
+    the backend drew the piece's dropouts where the reference can draw them so (`drawn_as_run`): its random values
+    are then compared, a difference is a MISMATCH."""
     script = script or sys.argv[0]
+    if draws is not None:
+        eager = drawn_as_run(eager, draws)
     parser = argparse.ArgumentParser(description=f"Repro of {piece} run with {executor} (written by thunderfx_debug)")
     parser.add_argument("--benchmark", action="store_true", help="also time forward (and backward) after the check")
     parser.add_argument("--json", metavar="PATH", help="write the verdict (and with --benchmark the figures) as JSON")

@@ -87,6 +87,7 @@ class ReproSubject:
     imports: tuple[str, ...] = ()
     inputs_note: str = ""
     random_ops: tuple[str, ...] = ()
+    draws: str | None = None  # how the Thunder split drew its dropouts, where its script draws them so (`DRAWS`)
     needs_thunder: bool = False
     sources: tuple[str, ...] = ()
     reads_saved_from: tuple[str, ...] = ()
@@ -369,6 +370,12 @@ def context_assignments(source: str, ctx: dict[str, Any], helpers: dict[str, str
                 needs_thunder = True
             else:
                 lines.append(helpers[name])
+        elif (getattr(value, "__module__", None) or "").startswith(f"{CARRIED}."):
+            # the package's bottom layer (nvFuser's draws): every script carries what the template imports of it
+            if getattr(script_template, getattr(value, "__name__", ""), None) is not value:
+                raise ValueError(f"the generated code uses {name}={value!r}, which the script template does not carry")
+            if name != value.__name__:
+                lines.append(f"{name} = {value.__name__}")
         elif isinstance(value, torch.dtype | torch.memory_format | torch.layout):
             lines.append(f"{name} = {value}")
         elif isinstance(value, torch.device):
@@ -415,6 +422,14 @@ def _module_body(module: types.ModuleType) -> str:
     if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
         lines = lines[first.end_lineno:]
     return "\n".join(lines).strip() + "\n"
+
+
+#: What a script's header says of each way a run's dropouts are drawn again (`scripts.philox_draws.DRAWS`).
+DRAWS_SAID = {
+    "nvfuser": "nvFuser's Philox draws of uniform_philox, by nvfuser_uniform",
+    "torch_uniform": "torch's uniform_ from the generator, as Thunder's torch executor draws dropout's uniform",
+    "eager": "by an executor's own dropout op, taken to draw as torch's F.dropout does from the same generator state",
+}
 
 
 #: The package's bottom layer: what every script carries, inlined where `script_template` imports from it.
@@ -595,7 +610,13 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         check = ("runs it as the run did and expects the exception the run raised: REPRODUCED (exit 7) where it "
                  "raises it, NOT REPRODUCED (exit 8) where it runs")
     random_note = ""
-    if piece.random_ops:
+    draws = piece.draws if isinstance(strategy, ThunderJit) else None
+    random_ops = () if draws else tuple(piece.random_ops)
+    if draws:
+        random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): the eager reference draws them as Thunder drew "
+                       f"them ({DRAWS_SAID[draws]}),\nfrom the same seed: the values are compared, a difference is a "
+                       "MISMATCH.")
+    elif random_ops:
         random_note = (f"\nRandom ops ({', '.join(piece.random_ops)}): every run starts from the same seed (and inductor "
                        "calls eager's random ops);\nwhere the values still differ, the script says NOT COMPARABLE "
                        "(exit 5), never OK.")
@@ -639,7 +660,8 @@ def render(piece: ReproSubject, strategy: Strategy, script_path: str, versions: 
         "        make_inputs=make_inputs,\n"
         f"        expected_outputs={expected},\n"
         f"        backward={piece.backward},\n"
-        f"        random_ops={tuple(piece.random_ops)!r},\n"
+        f"        random_ops={random_ops!r},\n"
+        + (f"        draws={draws!r},\n" if draws else "") +
         f"        refusal={strategy.refusal(piece)},\n"
         + mismatch_argument
         + (f"        run_failure={run_failure!r},\n" if run_failure else "") +

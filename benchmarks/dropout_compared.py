@@ -1,0 +1,111 @@
+"""Dropout compared: of the pieces of the dropout zoo models that draw random numbers, how many the correctness
+sentinel and the scripts compared (OK or MISMATCH) and how many they could not (and why), read from a dump that
+`zoo.py` wrote and verified with the sentinel on (`--check fusion`).
+
+    source .gpu/setup.sh && python benchmarks/zoo.py --device cuda --size realistic --dtype bfloat16 \\
+        --models gpt2-dropout,t5-dropout --check fusion --steps 2 --jobs 8 --dump /tmp/dz --json $OUT/zoo_dropout.json
+    python benchmarks/dropout_compared.py --dump /tmp/dz --zoo-json $OUT/zoo_dropout.json --json $OUT/dropout.json
+
+A fusion region draws where its ops include `uniform_philox` (Thunder's dropout) or another random op; a split draws
+where its check or its scripts name random ops. The sentinel compared a drawing piece where it compared values on
+its checked calls and skipped none for its random ops; a script compared it where its verdict is OK or MISMATCH.
+Targets (issue 58): 90 % of the drawing regions compared, sentinel and scripts alike; NOT COMPARABLE under 10 % of
+each model's scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+from thunderfx_debug import load_report  # noqa: E402
+
+RANDOM_OPS = {"uniform_philox", "uniform", "philox_rand", "bernoulli", "randn", "rand", "dropout"}
+
+
+def _random_skip(check) -> list[str]:
+    return [r for r in (check.skipped if check is not None else ()) if "random" in r]
+
+
+def model_figures(rank_dir: Path, rows: list[dict]) -> dict:
+    report = load_report(rank_dir)
+    verdict_of = {Path(r["path"]).name: r["verdict"] for r in rows}
+    regions = {"drawing": 0, "sentinel_compared": 0, "sentinel_not": Counter(), "scripts": Counter()}
+    splits = {"drawing": 0, "sentinel_compared": 0, "sentinel_not": Counter(), "scripts": Counter()}
+    for graph in report.graphs:
+        for split in graph.splits:
+            for fusion in split.fusions:
+                if not RANDOM_OPS & set(fusion.ops):
+                    continue
+                regions["drawing"] += 1
+                skipped = _random_skip(fusion.check)
+                if fusion.check is not None and fusion.check.compared and not skipped:
+                    regions["sentinel_compared"] += 1
+                else:
+                    regions["sentinel_not"][(skipped or ["not checked"])[0][:160]] += 1
+                for label, path in fusion.files.items():
+                    if label.startswith("repro_"):
+                        regions["scripts"][verdict_of.get(Path(path).name, "NOT_VERIFIED")] += 1
+            check = split.check
+            split_draws = bool(_random_skip(check)) or any(
+                "random_ops=('" in (rank_dir / p).read_text() or "draws='" in (rank_dir / p).read_text()
+                for label, p in split.files.items() if label.startswith("repro_") and (rank_dir / p).is_file())
+            if not split_draws:
+                continue
+            splits["drawing"] += 1
+            skipped = _random_skip(check)
+            if check is not None and check.compared and not skipped:
+                splits["sentinel_compared"] += 1
+            else:
+                splits["sentinel_not"][(skipped or ["not checked"])[0][:160]] += 1
+            for label, path in split.files.items():
+                if label.startswith("repro_"):
+                    splits["scripts"][verdict_of.get(Path(path).name, "NOT_VERIFIED")] += 1
+    every = Counter(r["verdict"] for r in rows)
+    for part in (regions, splits):
+        part["sentinel_not"] = dict(part["sentinel_not"])
+        part["scripts"] = dict(part["scripts"])
+    return {"regions": regions, "splits": splits, "all_scripts": dict(every),
+            "not_comparable_share": round(every.get("NOT_COMPARABLE", 0) / max(1, sum(every.values())), 4)}
+
+
+def _share(part: dict) -> str:
+    scripts = part["scripts"]
+    compared = scripts.get("OK", 0) + scripts.get("MISMATCH", 0)
+    return (f"{part['sentinel_compared']} of {part['drawing']} | {compared} of {sum(scripts.values())} "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(scripts.items()))})")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dump", type=Path, required=True, help="zoo.py's --dump")
+    parser.add_argument("--zoo-json", type=Path, required=True, help="zoo.py's --json (the scripts' verdicts)")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    zoo = json.loads(args.zoo_json.read_text())
+    zoo = zoo.get("results", zoo)
+    figures = {}
+    for model in sorted({r["model"] for r in zoo["scripts"]}):
+        figures[model] = model_figures(args.dump / model / "rank0", [r for r in zoo["scripts"] if r["model"] == model])
+    print("| model | drawing regions: sentinel compared \\| scripts compared | drawing splits: sentinel \\| scripts "
+          "| NOT COMPARABLE of all scripts |")
+    print("| --- | --- | --- | --- |")
+    for model, f in figures.items():
+        print(f"| {model} | {_share(f['regions'])} | {_share(f['splits'])} | {f['not_comparable_share']:.1%} |")
+    for model, f in figures.items():
+        for part in ("regions", "splits"):
+            for reason, count in f[part]["sentinel_not"].items():
+                print(f"{model} {part} not compared by the sentinel ({count}): {reason}")
+    harness.write_record(args.json, "dropout_compared", figures, argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
