@@ -53,7 +53,7 @@ class DroppedInput(nn.Module):
 
 def _train(make_model, backend, steps=3, device="cpu", dtype=torch.float32):
     torch.manual_seed(0)
-    model = make_model().to(device)
+    model = make_model().to(device=device, dtype=dtype)
     compiled = torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from thunderfx_debug.thunder.script_support import eager_graph_module_code, torch_executor_fn
-from thunderfx_debug.thunder.draws import RANDOM_SYMBOLS, draws_as_nvfuser, nvfuser_draws_executor, reproduced_random_ops
+from thunderfx_debug.thunder.draws import (RANDOM_SYMBOLS, draws_as_nvfuser, nvfuser_draws_executor,
+                                          reproduced_random_ops)
 from thunderfx_debug.thunder.workarounds import region_lowering_executors
 
 
@@ -28,7 +29,8 @@ def fx_builtin_imports() -> list[str]:
     return [v.import_str for v in torch.fx.graph._custom_builtins.values()]
 
 
-def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]]:
+def region_torch_function(bsym, function_name: str, *,
+                          draws_as_run: bool = True) -> tuple[str, dict[str, Any]]:
     """The ops of a fusion region as a Python function of torch calls, and the names that function uses.
 
     This is the function Thunder's torch.compile executor compiles for a TorchCompileN region
@@ -36,7 +38,9 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
     torch executor); for an nvFusionN region it is the same lowering of the nvFuser region's ops. We do the lowering
     here rather than call `make_compiled`, which returns only the compiled callable and not its source. Dropout's
     philox seed and offset, numbers known at run time, are passed as the tensors philox_rand takes
-    (`workarounds.region_lowering_executors`).
+    (`workarounds.region_lowering_executors`). With `draws_as_run`, an nvFusion region's dropout draws nvFuser's
+    numbers instead (`draws.draws_as_nvfuser`): what a reference needs; a counterpart to time (inductor's compile of
+    the region) keeps torch's draws, which inductor compiles.
     """
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo
@@ -62,7 +66,7 @@ def region_torch_function(bsym, function_name: str) -> tuple[str, dict[str, Any]
                     trace.add_name(out.name)
     trace._siginfo = SigInfo(function_name)
     trace._siginfo.args = [(a.name, None) for a in inputs]
-    drawn_as = (nvfuser_draws_executor(),) if draws_as_nvfuser(bsym) else ()
+    drawn_as = (nvfuser_draws_executor(),) if draws_as_run and draws_as_nvfuser(bsym) else ()
     with _jit_cache_info():
         lowered = transform_for_execution(trace, executors_list=(*drawn_as, *region_lowering_executors(), torch_ex))
     return lowered.python(include_decorators=False), dict(lowered.python_ctx())

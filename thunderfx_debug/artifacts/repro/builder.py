@@ -349,9 +349,7 @@ class ScriptBuilder:
                            "ops, lowered to torch calls by Thunder's torch executor, as the function below (the eager "
                            "reference).")
             if thunder_scripts.reproduced_random_ops(region.bsym):
-                description += (" Its dropout draws (uniform_philox, from the seed and offset among its inputs) are "
-                                "drawn there by nvfuser_uniform, as nvFuser draws them, bit for bit: its values are "
-                                "compared.")
+                description += REPRODUCED_DRAWS
             piece = ReproSubject(
                 key=key,
                 title=f"{phase} fusion region {region.name} ({region.executor})"
@@ -396,8 +394,27 @@ class ScriptBuilder:
                 # the backend that raised: nvFuser for an nvFusion region, torch.compile for a TorchCompile one
                 expects = failed_here and isinstance(strategy, writers.NvFuserRegion if region.executor == "nvfuser"
                                                      else writers.InductorRegion)
-                self._write(key, self._expecting(piece, expects, self._run_failure(piece, region.key)), strategy,
+                written = piece
+                if isinstance(strategy, writers.InductorRegion) and thunder_scripts.reproduced_random_ops(region.bsym):
+                    written = self._with_torch_draws(piece, region)
+                self._write(key, self._expecting(written, expects, self._run_failure(written, region.key)), strategy,
                             path)
+
+    def _with_torch_draws(self, piece: ReproSubject, region: FusionRegion) -> ReproSubject:
+        """The region's piece for its inductor script: its dropout drawn by torch's philox_rand, as Thunder's
+        torch.compile executor would lower it (inductor compiles that, fullgraph; nvFuser's draws, left out of
+        torch.compile graphs, cannot be in one), compared where inductor calls eager's random ops."""
+        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws_as_run=False)
+        assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
+        return dataclasses.replace(
+            piece, definitions="\n".join(assignments) + "\n\n\n" + _strip_header(source),
+            random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
+            description=piece.description.replace(REPRODUCED_DRAWS, ""))
+
+
+#: What an nvFusion region's script says of its dropout, drawn as nvFuser drew it (`thunder.draws`).
+REPRODUCED_DRAWS = (" Its dropout draws (uniform_philox, from the seed and offset among its inputs) are drawn there "
+                    "by nvfuser_uniform, as nvFuser draws them, bit for bit: its values are compared.")
 
 
 def run_failure_argument(state: GraphState, real: bool, region: str | None = None) -> dict | None:
