@@ -11,6 +11,12 @@ where its check or its scripts name random ops. The sentinel compared a drawing 
 its checked calls and skipped none for its random ops; a script compared it where its verdict is OK or MISMATCH.
 Targets (issue 58): 90 % of the drawing regions compared, sentinel and scripts alike; NOT COMPARABLE under 10 % of
 each model's scripts.
+
+`--cost` instead measures what drawing again adds to a checked call: per dropout of a realistic model, one
+`nvfuser_uniform` of its shape (what the reference draws), against `torch.rand` of the same shape (what eager's own
+dropout draws) and the dropout itself, with torch.utils.benchmark on `--device`:
+
+    source .gpu/setup.sh && python benchmarks/dropout_compared.py --cost --device cuda --json $OUT/dropout_cost.json
 """
 
 from __future__ import annotations
@@ -82,13 +88,49 @@ def _share(part: dict) -> str:
             f"({', '.join(f'{k} {v}' for k, v in sorted(scripts.items()))})")
 
 
+#: Dropout shapes of the realistic zoo (batch 4, sequence 512, hidden 768, 12 heads): the hidden states' and eager
+#: attention's probabilities'.
+COST_SHAPES = ((4, 512, 768), (4, 12, 512, 512))
+
+
+def cost(device: str) -> dict:
+    import torch
+    import torch.utils.benchmark as benchmark
+
+    from thunderfx_debug.scripts.philox_draws import nvfuser_uniform
+
+    figures = {}
+    for shape in COST_SHAPES:
+        x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+        timers = {
+            "nvfuser_uniform": lambda: nvfuser_uniform(shape, 1234, 7, torch.bfloat16, device),
+            "torch.rand": lambda: torch.rand(shape, device=device, dtype=torch.bfloat16),
+            "F.dropout": lambda: torch.nn.functional.dropout(x, 0.1),
+        }
+        row = {}
+        for name, fn in timers.items():
+            measured = benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=1.0)
+            row[name] = round(measured.median * 1e3, 4)
+        row["nvfuser_uniform / torch.rand"] = round(row["nvfuser_uniform"] / row["torch.rand"], 2)
+        figures["x".join(map(str, shape))] = row
+        print(f"{shape} on {device}, median ms: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    return figures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dump", type=Path, required=True, help="zoo.py's --dump")
-    parser.add_argument("--zoo-json", type=Path, required=True, help="zoo.py's --json (the scripts' verdicts)")
+    parser.add_argument("--dump", type=Path, help="zoo.py's --dump")
+    parser.add_argument("--zoo-json", type=Path, help="zoo.py's --json (the scripts' verdicts)")
+    parser.add_argument("--cost", action="store_true", help="measure the draws' cost instead (see above)")
+    parser.add_argument("--device", default="cpu", help="--cost: the device (default cpu)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
+    if args.cost:
+        harness.write_record(args.json, "dropout_cost", cost(args.device), argv)
+        return 0
+    if args.dump is None or args.zoo_json is None:
+        parser.error("--dump and --zoo-json are needed (or --cost)")
     zoo = json.loads(args.zoo_json.read_text())
     zoo = zoo.get("results", zoo)
     figures = {}
