@@ -119,6 +119,13 @@ def test_a_planted_wrong_dropout_is_a_mismatch_in_the_sentinel_and_in_its_script
     assert "draws='eager'" in script.read_text()
     run = run_script(script, env=SCRIPT_ENV)
     assert run.outcome == ("MISMATCH" if wrong else "OK"), f"{run.result_line}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
+    mismatch_scripts = [path for label, path in recorded.files.items() if "mismatch" in label and path.endswith(".py")]
+    assert len(mismatch_scripts) == wrong, recorded.files
+    for path in mismatch_scripts:  # the sentinel's: reruns the piece against eager, both drawn from one seed
+        run = run_script(rank_dir / path, env=SCRIPT_ENV)
+        assert run.outcome == "MISMATCH" and "outside the run, with thunder: reproduces" in run.result_line, (
+            f"{run.result_line}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+        assert "not judged here (the run drew its dropouts" in run.result_line
 
 
 def _drawing_region_scripts(rank_dir):

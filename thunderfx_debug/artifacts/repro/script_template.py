@@ -811,11 +811,17 @@ def _picked(values, indices):
     return [values[i] for i in indices if i < len(values) and values[i] is not None]
 
 
-def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
+#: Why a mismatch script with redrawn dropouts (`drawn_as_run`) does not judge the run's own values: they were drawn
+#: from the run's generator state, the script's from its seed.
+RUN_DRAWS_UNKNOWN = "not judged here (the run drew its dropouts from a generator state this script does not have)"
+
+
+def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script, drawn=False):
     """What the run produced on the piece's first mismatching call (saved with its inputs) against eager on those
     inputs, then the piece run again here against eager: the values the sentinel compared (`mismatch["values"]`:
-    output positions, or for gradients positions among the inputs that require one). Returns (in the run, outside
-    the run) as words for the RESULT line."""
+    output positions, or for gradients positions among the inputs that require one). With `drawn` (the piece's
+    dropouts are drawn again, `drawn_as_run`), the run's values are not judged (`RUN_DRAWS_UNKNOWN`); the rerun
+    draws both sides from one seed. Returns (in the run, outside the run) as words for the RESULT line."""
     print(f"  in the run, call {mismatch.get('call')} ({mismatch.get('phase')}), the correctness sentinel found:")
     for line in mismatch.get("findings", []):
         print(f"    {line}")
@@ -829,8 +835,8 @@ def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
             return "not saved", "not rerun (the incoming gradients were not saved)"
         expected = _gradients(reference, inputs, incoming)
         wide = _gradients(reference, to_float64(inputs, requires_grad=True), to_float64(incoming), float64=True)
-        in_run = "not saved"
-        if passed_on is not None:
+        in_run = RUN_DRAWS_UNKNOWN if drawn else "not saved"
+        if passed_on is not None and not drawn:
             ok = compare("the run's gradients vs eager", _picked(passed_on, picked), _picked(expected, picked),
                          _picked(expected, picked), _picked(wide, picked))
             in_run = "within the tolerance here" if ok else "beyond the tolerance"
@@ -845,8 +851,8 @@ def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
     eager_outputs, _ = run(reference, inputs, backward=False)
     fp64_outputs, _ = _run_float64(reference, inputs, backward=False)
     fp64_outputs = fp64_outputs or []
-    in_run = "not saved"
-    if expected_outputs is not None:
+    in_run = RUN_DRAWS_UNKNOWN if drawn else "not saved"
+    if expected_outputs is not None and not drawn:
         ok = compare("the run's outputs vs eager", _picked(expected_outputs, picked), _picked(eager_outputs, picked),
                      _picked(eager_outputs, picked), _picked(fp64_outputs, picked) or None)
         in_run = "within the tolerance here" if ok else "beyond the tolerance"
@@ -862,7 +868,8 @@ def check_mismatch(build, eager, inputs, expected_outputs, mismatch, script):
     return in_run, "does not reproduce" if ok else "reproduces"
 
 
-def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script):
+def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script,
+                   drawn=False):
     """A mismatch script's `main`: always MISMATCH (exit 1), the mismatch happened in the run; the line says whether
     the saved outputs differ from eager here too, and whether running the piece again reproduces it."""
     print(f"{piece} [{executor}]  ({Path(script).name}): a mismatch found during training")
@@ -871,7 +878,7 @@ def _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected
         inputs = make_inputs()
         if callable(expected_outputs):
             expected_outputs = expected_outputs()
-        in_run, outside = check_mismatch(build, eager, inputs, expected_outputs, mismatch, script)
+        in_run, outside = check_mismatch(build, eager, inputs, expected_outputs, mismatch, script, drawn)
     except Exception as error:
         traceback.print_exc()
         in_run, outside = "not compared", f"not rerun ({type(error).__name__}: {str(error)[:300]})"
@@ -1006,7 +1013,8 @@ def main(*, piece, executor, backend, build, eager, make_inputs, expected_output
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timing per figure (default 0.5)")
     options = parser.parse_args(argv)
     if mismatch is not None:
-        return _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script)
+        return _mismatch_main(piece, executor, backend, build, eager, make_inputs, expected_outputs, mismatch, script,
+                              drawn=draws is not None)
     print(f"{piece} [{executor}]  ({Path(script).name})")
     if run_failure is not None:
         print(f"  in the run it raised {the_run_raised(run_failure)}; this script expects the same")
