@@ -43,7 +43,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Memory, Phase
-from thunderfx_debug.recording.sampler import backward_nodes
+from thunderfx_debug.recording.backward_window import backward_nodes
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
@@ -457,7 +457,7 @@ class MemoryMeter:
 
 class BackwardWindow:
     """The window of one sampled call's backward: opened just before the first of the piece's autograd nodes runs,
-    closed once every node that passes gradients to its inputs has run (the nodes of `sampler.backward_nodes`).
+    closed once every node that passes gradients to its inputs has run (`backward_window.backward_nodes`).
     The hooks run inside the user's backward: a failure in them is the meter's (logged), and gradients pass
     unchanged."""
 

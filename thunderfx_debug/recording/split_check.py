@@ -8,7 +8,7 @@ split ran of the inputs the graph writes into), and each output is judged agains
 Backward: every checked call whose outputs need a gradient gets a `BackwardCheck`, which lives with that call's
 autograd graph (its hooks hold it) until its backward ran, so that a graph called several times per step (a per-layer
 graph, FSDP blocks) has the backward of each checked call checked. Hooks on the split's own autograd nodes
-(`sampler.backward_nodes`) note, before the split's backward, the gradients coming into its outputs, and after it
+(`backward_window`) note, before the split's backward, the gradients coming into its outputs, and after it
 the gradients it passes to each of its inputs (read off the edges of its nodes, so that a tied weight gets this
 split's part only); then the FX graph runs forward and backward on copies of the inputs with the same incoming
 gradients, under the autocast settings of the forward, and each input's gradient is judged against eager's. An input
@@ -46,7 +46,7 @@ from thunderfx_debug.recording.compare import NOT_COMPARED_TIE, judge, max_abs_d
 from thunderfx_debug.recording.isolation import CheckIsolation, on_device, to_host
 from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
-from thunderfx_debug.recording.sampler import backward_nodes
+from thunderfx_debug.recording.backward_window import backward_nodes
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
