@@ -1,7 +1,8 @@
 """The backward of one call of a piece (a graph or a split), seen through hooks on the piece's own autograd nodes: a
 callback just before the first of them runs, and one once every node that passes gradients to the piece's inputs
-has run. The sampler's marks (`sampler.BackwardMarks`) and the memory meter's backward windows
-(`memory.BackwardPeakWindow`) are each a `BackwardWindow` with callbacks of their own.
+has run. The sampler's marks (`sampler.BackwardMarks`), the memory meter's backward windows
+(`memory.BackwardPeakWindow`) and the gradient check (`split_check.BackwardCheck`) are each a `BackwardWindow` with
+callbacks of their own.
 
 Which nodes (`backward_nodes`): those of the piece's outputs, which run first, and those with an edge into the
 gradient node of an input, which run last. Hooks on the input tensors would end too late: an input's gradient is
