@@ -313,9 +313,10 @@ def test_sampled_step_parts_tells_sampled_steps_that_measure_memory_from_those_t
     sampled = {s["call"]: s for s in results["sampled_steps"]}
     assert sorted(sampled) == [56, 106] and sampled[56]["memory"] and not sampled[106]["memory"]
     with_memory = results["parts_us_mean_sampled_with_memory"]
-    assert {"saved-tensor hooks on", "autograd walk (memory)", "autograd walk (sampler)"} <= set(with_memory)
+    assert {"saved-tensor hooks on", "autograd walk and hooks (memory)", "autograd walk and hooks (sampler)",
+            "memory backward end hook (reads the step)", "sampler backward end hook"} <= set(with_memory)
     without_memory = results["parts_us_mean_sampled_without_memory"]
-    assert {"autograd walk (sampler)", "region and op marks", "reading earlier traces' marks",
+    assert {"autograd walk and hooks (sampler)", "sampler backward end hook", "region and op marks", "reading earlier traces' marks",
             "storing a trace's samples (inside the above)"} <= set(without_memory)
     assert "saved-tensor hooks on" not in without_memory
 

@@ -43,7 +43,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Memory, Phase
-from thunderfx_debug.recording.sampler import backward_nodes
+from thunderfx_debug.recording.backward_window import BackwardWindow
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder import torch_private
 
@@ -395,7 +395,7 @@ class MemoryMeter:
                  constants: Sequence[torch.Tensor] = (), step: bool = False):
         self.label, self.probe, self.state, self.failures = label, probe, state, failures
         self.constants, self.step = tuple(constants), step
-        self._backward: BackwardWindow | None = None
+        self._backward: BackwardPeakWindow | None = None
 
     def run(self, fn: Callable, args: Sequence[Any], call: int) -> Any:
         probe = self.probe
@@ -434,7 +434,7 @@ class MemoryMeter:
                 if self.step or probe.allocator is not None:
                     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                     # Before the forward's window closes: the step goes on until this backward window has come.
-                    self._backward = BackwardWindow(self, args, outputs)
+                    self._backward = BackwardPeakWindow(self, args, outputs)
             finally:
                 probe.close(window)
         return out
@@ -455,58 +455,39 @@ class MemoryMeter:
         return sink
 
 
-class BackwardWindow:
-    """The window of one sampled call's backward: opened just before the first of the piece's autograd nodes runs,
-    closed once every node that passes gradients to its inputs has run (the nodes of `sampler.backward_nodes`).
-    The hooks run inside the user's backward: a failure in them is the meter's (logged), and gradients pass
-    unchanged."""
+class BackwardPeakWindow:
+    """The allocator window of one sampled call's backward: opened when the piece's backward starts, closed when it
+    has ended (the piece's `backward_window.BackwardWindow`). The probe holds the step open until this window has
+    opened, or will not: closed by `cancel()` before its backward came, it gives no peak. The hooks run inside the
+    user's backward: a failure in them is the meter's (logged)."""
 
     def __init__(self, meter: MemoryMeter, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]):
         self.meter = meter
         self.window: Window | None = None
-        self.handles: list[Any] = []
         self.held = False  # the probe holds the step open for this window, which has not opened yet
-        first_nodes, last_nodes = backward_nodes(inputs, outputs)
-        if not first_nodes or not last_nodes:
-            return
-        self._ends_left = len(last_nodes)
-        meter.probe.hold()
-        self.held = True
-        try:
-            for node in first_nodes:
-                self.handles.append(node.register_prehook(self._on_start))
-            for node in last_nodes:
-                self.handles.append(node.register_hook(self._on_node_done))
-        except BaseException:
-            self.cancel()
-            raise
+        self.backward = BackwardWindow.around(inputs, outputs, on_start=self._open, on_end=self._close,
+                                              on_close=self._drop)
+        if self.backward is not None:
+            meter.probe.hold()
+            self.held = True
 
-    def _on_start(self, grad_outputs):
+    def _open(self) -> None:
         meter = self.meter
         with meter.failures.guard(f"opening the backward memory window of {meter.label}"):
-            if self.window is None and self.held:
+            if self.held:
                 self.window = meter.probe.open(meter._sink(Phase.BACKWARD))
                 self.held = False
                 meter.probe.release()
-        return None
 
-    def _on_node_done(self, grad_inputs, grad_outputs):
-        self._ends_left -= 1
-        if self._ends_left > 0:
-            return
+    def _close(self) -> None:
         meter = self.meter
-        try:
-            with meter.failures.guard(f"closing the backward memory window of {meter.label}"):
-                if self.window is not None:
-                    window, self.window = self.window, None
-                    meter.probe.close(window)
-        finally:
-            self.cancel()
+        with meter.failures.guard(f"closing the backward memory window of {meter.label}"):
+            if self.window is not None:
+                window, self.window = self.window, None
+                meter.probe.close(window)
 
-    def cancel(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+    def _drop(self) -> None:
+        """The backward window closed: what it still holds of the probe goes (nothing after an ended backward)."""
         probe = self.meter.probe
         with self.meter.failures.guard(f"closing the backward memory window of {self.meter.label}"):
             if self.window is not None:
@@ -515,6 +496,10 @@ class BackwardWindow:
             if self.held:
                 self.held = False
                 probe.release()
+
+    def cancel(self) -> None:
+        if self.backward is not None:
+            self.backward.close()
 
 
 class GraphMemory:

@@ -11,11 +11,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.records import Phase
+from thunderfx_debug.recording.backward_window import BackwardWindow
 from thunderfx_debug.recording.host import HostWatch
 from thunderfx_debug.recording.timing import DeviceHold, RegionTimer, SampleSeries
 from thunderfx_debug.recording.turns import OrdinaryPeriods, Turn
 from thunderfx_debug.settings.safety import ReportingFailures
-from thunderfx_debug.thunder import torch_private
 
 
 class TimedCalls:
@@ -174,113 +174,50 @@ class PhaseSampler:
 
 
 class BackwardMarks:
-    """Marks the backward of one sampled call of a piece (graph or split) with hooks on the piece's own autograd
-    nodes: start just before the first of them runs (pre-hooks on the outputs' `grad_fn`), end once every node that
-    passes gradients to the piece's inputs has run (post-hooks). Hooks on the input tensors would end too late: an
-    input's gradient is complete only when every consumer of it ran its backward (a tied embedding weight waits for
-    the other graph's backward). Hooks are removed as soon as the end fired, or by `cancel()`.
+    """Marks the backward of one sampled call of a piece (graph or split) on the clock: start just before the first
+    of the piece's own autograd nodes runs, end once every node that passes gradients to its inputs has run (the
+    piece's `backward_window.BackwardWindow`, closed at the end or by `cancel()`).
 
     The start also arms the sampler's `regions` (fusion-level timing of a thunder split) for this call's backward,
-    so that its instrumented backward trace records the fusion regions of exactly this call; the end (or `cancel()`)
+    so that its instrumented backward trace records the fusion regions of exactly this call; the window's close
     disarms it. With the sampler's `hold`, the start first holds the device back (once per call, whichever piece
     starts first), and where the sampler owns the hold the end tells it how long the host took.
 
-    The hooks run inside the user's `backward()`: a failure in them goes to the sampler's failures (logged, never
-    raised into the backward unless strict), and the gradient always passes unchanged."""
+    The marks are made inside the user's `backward()`: a failure goes to the sampler's failures (logged, never
+    raised into the backward unless strict)."""
 
     def __init__(self, sampler: PhaseSampler, call: int, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]):
         self.sampler, self.call = sampler, call
         self.start = self.host = None
-        self.handles: list[Any] = []
-        first_nodes, last_nodes = backward_nodes(inputs, outputs)
-        if not first_nodes or not last_nodes:
-            return
-        self._ends_left = len(last_nodes)
-        try:
-            for node in first_nodes:
-                self.handles.append(node.register_prehook(self._on_start))
-            for node in last_nodes:
-                self.handles.append(node.register_hook(self._on_node_done))
-        except BaseException:
-            self.cancel()  # no half-registered hooks left behind on the user's autograd graph
-            raise
+        self.window = BackwardWindow.around(inputs, outputs, on_start=self._on_start, on_end=self._on_end,
+                                            on_close=self._disarm_regions)
 
-    def _on_start(self, grad_outputs):
+    def _on_start(self) -> None:
         sampler = self.sampler
         with sampler.failures.guard(f"marking the start of the backward of {sampler.label}"):
-            if self.start is None:
-                if sampler.hold is not None:
-                    sampler.hold.begin(Phase.BACKWARD, self.call)
-                if sampler.watch is not None:
-                    self.host = sampler.watch.begin()
-                self.start = sampler.backward.clock.mark()
-                if sampler.regions is not None:
-                    sampler.regions.backward_call = self.call
-        return None  # the gradients pass unchanged
+            if sampler.hold is not None:
+                sampler.hold.begin(Phase.BACKWARD, self.call)
+            if sampler.watch is not None:
+                self.host = sampler.watch.begin()
+            self.start = sampler.backward.clock.mark()
+            if sampler.regions is not None:
+                sampler.regions.backward_call = self.call
 
-    def _on_node_done(self, grad_inputs, grad_outputs):
-        self._ends_left -= 1
-        if self._ends_left > 0:
-            return
+    def _on_end(self) -> None:
         sampler = self.sampler
-        try:
-            with sampler.failures.guard(f"marking the end of the backward of {sampler.label}"):
-                if self.start is not None:
-                    sampler.backward.add(self.call, self.start, sampler.backward.clock.mark())
-                    if self.host is not None:
-                        sampler.watch.end(self.host, self.call, Phase.BACKWARD)
-                    if sampler.hold is not None and sampler.owns_hold:
-                        sampler.hold.end(Phase.BACKWARD)
-        finally:
-            self.cancel()
+        with sampler.failures.guard(f"marking the end of the backward of {sampler.label}"):
+            if self.start is not None:
+                sampler.backward.add(self.call, self.start, sampler.backward.clock.mark())
+                if self.host is not None:
+                    sampler.watch.end(self.host, self.call, Phase.BACKWARD)
+                if sampler.hold is not None and sampler.owns_hold:
+                    sampler.hold.end(Phase.BACKWARD)
 
-    def cancel(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+    def _disarm_regions(self) -> None:
         regions = self.sampler.regions
         if regions is not None and regions.backward_call == self.call:
             regions.disarm_backward()
 
-
-def backward_nodes(inputs: Sequence[Any], outputs: Sequence[torch.Tensor], limit: int = 10_000) -> tuple[list, list]:
-    """The autograd nodes of a piece's backward: those of its outputs (run first), and those with an edge into the
-    gradient node of an input (run last), found by walking from the outputs until the inputs. A walk that does not
-    end within `limit` nodes (the inputs are not a cut of the graph) gives no nodes: no backward sample this call.
-
-    An input that is a leaf (a parameter) is known in the walk by its gradient accumulator's `variable`, rather than
-    by asking `get_gradient_edge` for its node, which makes a view of the leaf to find it: 6.8 µs a leaf against
-    0.14 on the H200 (benchmarks/cuda_call_costs.py), and a graph or an MoE's split takes dozens of parameters."""
-    input_nodes, leaves = {}, set()
-    for t in inputs:
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            if t.grad_fn is None:
-                leaves.add(id(t))  # the inputs live through the call, so their ids stay theirs
-            else:
-                input_nodes[id(t.grad_fn)] = t.grad_fn  # kept alive, so the node's id stays its own
-    first = {}
-    for t in outputs:
-        if t.grad_fn is not None and id(t.grad_fn) not in input_nodes:
-            first.setdefault(id(t.grad_fn), t.grad_fn)  # an output that is an input passed through is not ours
-    if not (input_nodes or leaves) or not first:
-        return [], []
-    accumulator = torch_private.gradient_accumulator_type()
-    seen, last, stack = {}, [], list(first.values())
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        if len(seen) >= limit:
-            return [], []
-        seen[id(node)] = node
-        feeds_an_input = False
-        for next_node, _ in node.next_functions:
-            if next_node is None:
-                continue
-            if id(next_node) in input_nodes or (type(next_node) is accumulator and id(next_node.variable) in leaves):
-                feeds_an_input = True
-            else:
-                stack.append(next_node)
-        if feeds_an_input:
-            last.append(node)
-    return list(first.values()), last
+    def cancel(self) -> None:
+        if self.window is not None:
+            self.window.close()

@@ -8,7 +8,7 @@ split ran of the inputs the graph writes into), and each output is judged agains
 Backward: every checked call whose outputs need a gradient gets a `BackwardCheck`, which lives with that call's
 autograd graph (its hooks hold it) until its backward ran, so that a graph called several times per step (a per-layer
 graph, FSDP blocks) has the backward of each checked call checked. Hooks on the split's own autograd nodes
-(`sampler.backward_nodes`) note, before the split's backward, the gradients coming into its outputs, and after it
+(`backward_window`) note, before the split's backward, the gradients coming into its outputs, and after it
 the gradients it passes to each of its inputs (read off the edges of its nodes, so that a tied weight gets this
 split's part only); then the FX graph runs forward and backward on copies of the inputs with the same incoming
 gradients, under the autocast settings of the forward, and each input's gradient is judged against eager's. An input
@@ -49,11 +49,10 @@ from thunderfx_debug.recording.compare import NOT_COMPARED_TIE, judge, max_abs_d
 from thunderfx_debug.recording.isolation import CheckIsolation, on_device, to_host
 from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
-from thunderfx_debug.recording.sampler import backward_nodes
+from thunderfx_debug.recording.backward_window import BackwardWindow, backward_nodes
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
 from thunderfx_debug.scripts.philox_draws import DrawnAsRun
 from thunderfx_debug.settings.safety import ReportingFailures
-from thunderfx_debug.thunder import torch_private
 from thunderfx_debug.thunder.draws import split_draws
 from thunderfx_debug.thunder.traces import final_traces
 
@@ -347,39 +346,44 @@ class BackwardCheck:
         self.incoming: list[torch.Tensor | None] = [None] * len(outputs)
         self.passed_on: dict[int, torch.Tensor] = {}  # input position -> what the split passed to it (a host copy)
         self.delivered: dict[int, bool] = {}  # input position -> whether autograd's total is exactly that
-        self.settled = False
+        self.split_done = False  # every node of the split that feeds an input ran in this backward
         self.broken = False  # a hook did not finish its part (see `_part`)
-        self._queued = False
-        self._last_left = len(last)
-        self.handles = []
         edges = [get_gradient_edge(args[i]) for i in wanted]  # held while the routes are read (see the class doc)
         position_of = {(id(edge.node), edge.output_nr): i for edge, i in zip(edges, wanted)}
+        # for each node of `last`: (the edge's index, the input's position) of its edges into a wanted input
+        self.routes = [[(j, position_of[(id(next_node), nr)]) for j, (next_node, nr) in enumerate(node.next_functions)
+                        if (id(next_node), nr) in position_of] for node in last]
         input_nodes: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         for edge, i in zip(edges, wanted):
             input_nodes.setdefault(id(edge.node), (edge.node, []))[1].append((i, edge.output_nr))
+        # Open until the end of the whole backward: the inputs' gradient nodes run after the split's own.
+        window = BackwardWindow(first, last, on_start=self._started, on_last_node=self._passed_on,
+                                on_end=self._split_backward_done, on_backward_end=self._at_end_of_backward,
+                                on_close=self._disarm_regions)
         try:
             for i, output in enumerate(outputs):
                 if self.own[i]:
-                    self.handles.append(output.register_hook(self._incoming(i)))
-            for node in last:
-                routes = [(j, position_of[(id(next_node), nr)]) for j, (next_node, nr) in enumerate(node.next_functions)
-                          if (id(next_node), nr) in position_of]
-                self.handles.append(node.register_hook(self._passed_on(routes)))
+                    window.remove_on_close(output.register_hook(self._incoming(i)))
             # The hooks hold no node: a node holding a hook that holds it would never be freed.
             for node, positions in input_nodes.values():
-                self.handles.append(node.register_prehook(self._delivered_to(positions)))
+                window.remove_on_close(node.register_prehook(self._delivered_to(positions)))
         except BaseException:
-            self.remove_hooks()
+            window.close()
             raise
 
     # ---- hooks, in the backward -----------------------------------------------------------------------------------
+    def _started(self) -> None:
+        """The backward reached this split (the window's start): the comparison runs at the end of the backward."""
+        owner = self.owner
+        with self._part("noting the incoming gradients"):
+            self.state["started"] = True
+            if owner.regions is not None:
+                owner.regions.backward_call = self.call  # before the split's backward trace runs
+
     def _incoming(self, i: int):
         def hook(grad):
             owner = self.owner
             with self._part("noting the incoming gradients"):
-                self._started()
-                if owner.regions is not None:
-                    owner.regions.backward_call = self.call  # before the split's backward trace runs
                 if grad is not None:  # torch < 2.12 also calls a tensor's hook for a gradient that is not there
                     with owner.isolation.entered([grad], owner.turn):
                         self.incoming[i] = to_host(grad)
@@ -387,25 +391,18 @@ class BackwardCheck:
 
         return hook
 
-    def _passed_on(self, routes: list[tuple[int, int]]):
-        def hook(grad_inputs, grad_outputs):
-            owner = self.owner
-            with self._part("noting the gradients passed on"):
-                self._started()
-                routed: dict[int, list[torch.Tensor]] = {}
-                for j, position in routes:
-                    if j < len(grad_inputs) and grad_inputs[j] is not None:
-                        routed.setdefault(position, []).append(grad_inputs[j])
-                with owner.isolation.entered([*grad_inputs, *self.inputs], owner.turn):
-                    for position, grads in routed.items():
-                        before = self.passed_on.get(position)
-                        self.passed_on[position] = _total(grads, before)
-                    self._last_left -= 1
-                    if self._last_left == 0:
-                        self._split_backward_done()
-            return None
-
-        return hook
+    def _passed_on(self, node: int, grad_inputs: tuple) -> None:
+        """Node `node` of the split's last ones ran: the gradients it passed to the inputs (summed per input)."""
+        owner = self.owner
+        with self._part("noting the gradients passed on"):
+            routed: dict[int, list[torch.Tensor]] = {}
+            for j, position in self.routes[node]:
+                if j < len(grad_inputs) and grad_inputs[j] is not None:
+                    routed.setdefault(position, []).append(grad_inputs[j])
+            with owner.isolation.entered([*grad_inputs, *self.inputs], owner.turn):
+                for position, grads in routed.items():
+                    before = self.passed_on.get(position)
+                    self.passed_on[position] = _total(grads, before)
 
     def _delivered_to(self, positions: list[tuple[int, int]]):
         def hook(grad_outputs):
@@ -429,21 +426,18 @@ class BackwardCheck:
             done = True
         self.broken = self.broken or not done
 
-    def _started(self) -> None:
-        """The backward reached this split: the comparison runs at its end."""
-        self.state["started"] = True
-        if not self._queued:
-            self._queued = True
-            torch_private.queue_at_end_of_backward(self._at_end_of_backward)
-
     def _split_backward_done(self) -> None:
         """The split's backward ran: the inputs are read now, while they are still what the forward had (FSDP2
         frees its unsharded parameters after their block's backward, before the end of the whole backward)."""
-        self.changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
-                        if v is not None and ref is not None and ref() is not None and version(ref()) != v]
-        for i in self.parameters:
-            self.inputs[i] = to_host(self.inputs[i])
-        self.args = []
+        self.split_done = True
+        owner = self.owner
+        with self._part("noting the gradients passed on"):
+            with owner.isolation.entered(self.inputs, owner.turn):
+                self.changed = [i for i, (ref, v) in enumerate(zip(self.args, self.versions))
+                                if v is not None and ref is not None and ref() is not None and version(ref()) != v]
+                for i in self.parameters:
+                    self.inputs[i] = to_host(self.inputs[i])
+                self.args = []
 
     def _at_end_of_backward(self) -> None:
         owner = self.owner
@@ -451,22 +445,17 @@ class BackwardCheck:
             with owner.guarded(self.call, "checking the backward"):
                 if self.broken:
                     pass  # a hook did not finish: why is on the tally already
-                elif self._last_left > 0:
+                elif not self.split_done:
                     owner.tally.skip(self.call, f"the backward of checked call {self.call} did not run all of the "
                                                 "split's autograd nodes (a backward to some inputs only): its "
                                                 "gradients were not compared")
-                elif not self.settled:
-                    self.settled = True
+                else:
                     with owner.isolation.entered(self.inputs, owner.turn, device=self._cuda_device()):
                         self.check()
         finally:
-            self.remove_hooks()
             self.inputs, self.incoming, self.passed_on, self.delivered = [], [], {}, {}
 
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+    def _disarm_regions(self) -> None:
         regions = self.owner.regions
         if regions is not None and regions.backward_call == self.call:
             regions.backward_call = 0

@@ -510,7 +510,7 @@ class RegionTimer:
     An instrumented trace calls `begin_trace(phase)` (a `Phase` value), then `begin_region(key)` / `end_region(key)`
     around each fusion region (key: "nvFusion0_forward"), then `end_trace(phase)`. A run of the trace records only
     while its phase is armed with the number of a sampled call: `forward_call` is set by the split's runner around the
-    forward of a sampled call, `backward_call` by the gradient hooks of that call (see `runners.BackwardMarks`).
+    forward of a sampled call, `backward_call` by the gradient hooks of that call (see `sampler.BackwardMarks`).
     Other runs pay one attribute check per mark.
 
     A recorded trace's marks are read later (`resolve`: without waiting at the start of the next sampled trace, and

@@ -21,7 +21,7 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
   (`torch.cuda.memory._record_memory_history`, `_snapshot`), from which the memory meter reads a piece's peak
   without resetting the peak that `torch.cuda.max_memory_allocated` reports (`recording.memory`);
 - `gradient_accumulator_type`: the class of a leaf's node in the autograd graph, whose `variable` is the leaf
-  (`recording.sampler.backward_nodes`).
+  (`recording.backward_window.backward_nodes`).
 """
 
 from __future__ import annotations
