@@ -25,11 +25,29 @@ CUDA = torch.cuda.is_available()
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
 
 
+#: The files that took longest on a loaded 2-core CPU machine (about 70-400 s each; `--durations`), longest first.
+#: `pytest -n 2 --dist loadfile` gives each worker whole files; handed out first, they leave the short files for the
+#: end, where they even out the two workers. xdist's own order (most tests first) handed out the zoo's one-test files
+#: last, and one worker ran them while the other waited. An order only; every other file follows, as collected.
+SLOWEST_FILES = ("test_check_zoo.py", "test_benchmarks.py", "test_triage_decoders.py", "test_repro.py",
+                 "test_triage_isolation.py", "test_provenance.py", "test_html_browser.py", "test_zoo.py",
+                 "test_zoo_t5.py", "test_zoo_moe.py", "test_exactness.py", "test_triage_flushes.py", "test_cli.py",
+                 "test_memory.py", "test_safety.py", "test_timing_share.py", "test_run_failures.py",
+                 "test_distributed.py", "test_triage.py", "test_check.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: hand out files in collection order
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "cuda" in item.keywords and not CUDA:
             item.add_marker(skip_cuda)
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)
