@@ -187,7 +187,8 @@ class Minimizer:
 
     @staticmethod
     def _region(split: SplitSnapshot, region, evidence, graph: str):
-        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name)
+        # torch's draws: the ops are handed back to Thunder (or inductor), which would trace nvFuser's draws as ops
+        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws_as_run=False)
         assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
         around, function = split_source(source, region.name)
         around = "\n".join(line for line in around.splitlines() if not line.startswith("# Constructed by"))
@@ -203,7 +204,7 @@ class Minimizer:
             stem=layout.fusion_prefix(graph, split.state.name, region.name, region.phase.value),
             title=f"{region.phase.value} fusion region {region.name} ({executor})", file_kind=file_kind,
             strategy=strategy, prelude=prelude, backward=False,
-            random_ops=thunder_scripts.region_random_ops(region.bsym, unreproduced=True), needs_thunder=needs_thunder,
+            random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
             origin=f"the run, call {evidence.call} ({evidence.phase})",
             executor="nvfuser" if executor == "nvfuser" else "")
         metas = tuple(dataclasses.replace(m, requires_grad=False) for m in repro_inputs.region_metas(split, region))

@@ -111,9 +111,6 @@ def _uniform_per_component(words: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return uniform_from_words(words.reshape(len(words), -1, 2) if dtype == torch.float64 else words, dtype)
 
 
-# Left out of torch.compile graphs (a region's script compiles its torch code with inductor): inductor spends minutes
-# on ten Philox rounds of int64 ops, and what it would compile is this reference, not the region's code.
-@torch.compiler.disable
 def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32,
                     device="cpu") -> torch.Tensor:
     """What nvFuser's `uniform(0, 1, shape, rng_seed=seed, rng_offset=offset, dtype)` draws (Thunder's
@@ -122,6 +119,9 @@ def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.fl
 
     Element i (row-major) is component i % 4 of `philox(counter = (offset, i // 4), key = seed)` (for float64,
     words 2(i % 2) and 2(i % 2) + 1 of `philox(counter = (offset, i // 2))`).
+
+    A reference's draw, never compiled: inductor spends minutes on ten Philox rounds of int64 ops (the scripts that
+    compile a region's torch code draw with torch's philox_rand instead, as Thunder's torch.compile executor does).
 
     >>> nvfuser_uniform((2, 3), seed=0, offset=0).shape
     torch.Size([2, 3])
