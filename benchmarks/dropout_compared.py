@@ -97,7 +97,7 @@ def cost(device: str) -> dict:
     import torch
     import torch.utils.benchmark as benchmark
 
-    from thunderfx_debug.scripts.philox_draws import nvfuser_uniform
+    from internals import nvfuser_uniform
 
     figures = {}
     for shape in COST_SHAPES:

@@ -55,6 +55,10 @@ Repro scripts and the minimizer:
   imported (the training's trials, the minimal script) with a wrong executor registered at start; they import
   thunder through this module's text, as the repro scripts carry it.
 
+The sentinel's draws:
+- `nvfuser_uniform` (scripts.philox_draws): dropout_compared.py --cost times what drawing an nvFusion region's dropout
+  again costs a checked call, one draw per dropout shape, against torch's own draws.
+
 Versions:
 - `OWN_OPTIONS` (settings.config): distributed.py asks whether this version of the package has the correctness
   check (`check` among ReportingBackend's own options) before it asks ReportingBackend for one.
@@ -88,6 +92,7 @@ HANDED_OUT: dict[str, tuple[str, str | None]] = {
     "TrialRunner": ("thunderfx_debug.minimize.trials", "TrialRunner"),
     "script_support": ("thunderfx_debug.thunder.script_support", None),
     "OWN_OPTIONS": ("thunderfx_debug.settings.config", "OWN_OPTIONS"),
+    "nvfuser_uniform": ("thunderfx_debug.scripts.philox_draws", "nvfuser_uniform"),
 }
 
 
