@@ -420,8 +420,11 @@ def test_a_package_file_on_an_import_root_of_sys_path_is_named_from_its_package_
     # packages installed with `pip install --target` into a PYTHONPATH folder lie outside site-packages
     from thunderfx_debug.records.sources import short_path
 
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    assert short_path(str(tmp_path / "site" / "thunder" / "executors" / "torch_autograd.py")) \
-        == "thunder/executors/torch_autograd.py"
-    assert short_path(str(tmp_path / "site" / "train.py")) == "site/train.py"  # a script there: no package
+    site = tmp_path / "site"
+    (site / "lightning_thunder-0.2.6.dist-info").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path / "checkout"))  # a source checkout on the path: no dist-info
+    assert short_path(str(site / "thunder" / "executors" / "torch_autograd.py")) == "thunder/executors/torch_autograd.py"
+    assert short_path(str(site / "train.py")) == "site/train.py"  # a script there: no package
+    assert short_path(str(tmp_path / "checkout" / "mypackage" / "models" / "gpt.py")) == "models/gpt.py"
     assert short_path(str(tmp_path / "elsewhere" / "train" / "model.py")) == "train/model.py"

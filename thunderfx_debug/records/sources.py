@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -42,9 +43,10 @@ def short_path(path: str) -> str:
 
 
 def _in_package_on_path(path: str) -> str | None:
-    """`path` from the deepest import root on `sys.path` it lies under, where it is a package's file there
-    ("thunder/executors/torch_autograd.py" of a package installed with `pip install --target` into a PYTHONPATH
-    folder), else None."""
+    """`path` from the deepest import root on `sys.path` it lies under, where that root is where packages are
+    installed (it holds `*.dist-info`: `pip install --target` into a PYTHONPATH folder) and the file is a package's,
+    else None. A source checkout on the path (the working directory, an editable install's root) holds none, so its
+    files keep their last two parts in every process, whatever each has on its path."""
     best = None
     for root in sys.path:
         if not root or not os.path.isabs(root):
@@ -53,7 +55,17 @@ def _in_package_on_path(path: str) -> str | None:
         if path.startswith(root) and (best is None or len(root) > len(best)):
             best = root
     rest = path[len(best):] if best else ""
-    return rest.replace("\\", "/") if re.search(r"[/\\]", rest) else None
+    if not re.search(r"[/\\]", rest) or not _installs_packages(best):
+        return None
+    return rest.replace("\\", "/")
+
+
+@functools.lru_cache(maxsize=64)
+def _installs_packages(root: str) -> bool:
+    try:
+        return any(name.endswith(".dist-info") for name in os.listdir(root))
+    except OSError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
