@@ -188,6 +188,8 @@ class SplitCheck:
         if self._draws_of is None or self._draws_of[0] is not forward:
             self._draws_of = (forward, split_draws(forward, self.facts.dropouts))
         how, why = self._draws_of[1]
+        if how == "nvfuser" and not pending.generators.cuda:
+            return "nvFuser drew them from a CUDA generator, and no input of the call lives on a CUDA device"
         return Draws(how, pending.generators) if how is not None else why
 
     @staticmethod
