@@ -44,35 +44,27 @@ def model_figures(rank_dir: Path, rows: list[dict]) -> dict:
     verdict_of = {Path(r["path"]).name: r["verdict"] for r in rows}
     regions = {"drawing": 0, "sentinel_compared": 0, "sentinel_not": Counter(), "scripts": Counter()}
     splits = {"drawing": 0, "sentinel_compared": 0, "sentinel_not": Counter(), "scripts": Counter()}
+
+    def count(part: dict, piece) -> None:
+        part["drawing"] += 1
+        skipped = _random_skip(piece.check)
+        if piece.check is not None and piece.check.compared and not skipped:
+            part["sentinel_compared"] += 1
+        else:
+            part["sentinel_not"][(skipped or ["not checked"])[0][:160]] += 1
+        for label, path in piece.files.items():
+            if label.startswith("repro_"):
+                part["scripts"][verdict_of.get(Path(path).name, "NOT_VERIFIED")] += 1
+
     for graph in report.graphs:
         for split in graph.splits:
             for fusion in split.fusions:
-                if not RANDOM_OPS & set(fusion.ops):
-                    continue
-                regions["drawing"] += 1
-                skipped = _random_skip(fusion.check)
-                if fusion.check is not None and fusion.check.compared and not skipped:
-                    regions["sentinel_compared"] += 1
-                else:
-                    regions["sentinel_not"][(skipped or ["not checked"])[0][:160]] += 1
-                for label, path in fusion.files.items():
-                    if label.startswith("repro_"):
-                        regions["scripts"][verdict_of.get(Path(path).name, "NOT_VERIFIED")] += 1
-            check = split.check
-            split_draws = bool(_random_skip(check)) or any(
-                "random_ops=('" in (rank_dir / p).read_text() or "draws='" in (rank_dir / p).read_text()
-                for label, p in split.files.items() if label.startswith("repro_") and (rank_dir / p).is_file())
-            if not split_draws:
-                continue
-            splits["drawing"] += 1
-            skipped = _random_skip(check)
-            if check is not None and check.compared and not skipped:
-                splits["sentinel_compared"] += 1
-            else:
-                splits["sentinel_not"][(skipped or ["not checked"])[0][:160]] += 1
-            for label, path in split.files.items():
-                if label.startswith("repro_"):
-                    splits["scripts"][verdict_of.get(Path(path).name, "NOT_VERIFIED")] += 1
+                if RANDOM_OPS & set(fusion.ops):
+                    count(regions, fusion)
+            scripts = [(rank_dir / p).read_text() for label, p in split.files.items()
+                       if label.startswith("repro_") and (rank_dir / p).is_file()]
+            if _random_skip(split.check) or any("random_ops=('" in t or "draws='" in t for t in scripts):
+                count(splits, split)
     every = Counter(r["verdict"] for r in rows)
     for part in (regions, splits):
         part["sentinel_not"] = dict(part["sentinel_not"])

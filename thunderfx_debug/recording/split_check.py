@@ -51,7 +51,7 @@ from thunderfx_debug.recording.turns import Turn
 from thunderfx_debug.recording.piece_facts import SplitFacts, split_facts
 from thunderfx_debug.recording.backward_window import BackwardWindow, backward_nodes
 from thunderfx_debug.scripts.judging_rule import Float64Mode, Picks, to_float64
-from thunderfx_debug.scripts.philox_draws import DrawnAsRun
+from thunderfx_debug.scripts.philox_draws import DrawnAsRun, thunder_seed_and_offset
 from thunderfx_debug.settings.safety import ReportingFailures
 from thunderfx_debug.thunder.draws import split_draws
 from thunderfx_debug.thunder.traces import final_traces
@@ -90,11 +90,6 @@ class GeneratorStates:
         for device, state in self.cuda.items():
             torch.cuda.set_rng_state(state, device)
 
-    def nvfuser_seed_and_offset(self) -> tuple[int, int]:
-        """The seed and nvFuser's offset Thunder's `get_and_update_rng_state` reads from the first CUDA device's
-        generator (thunder/executors/torchex.py, `_get_and_update_rng_state_impl`: the offset divided by 4)."""
-        seed, offset = torch.chunk(next(iter(self.cuda.values())), 2)
-        return int(seed.view(torch.int64).item()), int(offset.view(torch.int64).item()) // 4
 
 
 @dataclasses.dataclass
@@ -111,7 +106,9 @@ class Draws:
         """Runs eager code with the call's draws (inside the check's isolation, which restores the training's random
         states afterwards)."""
         self.generators.restore()
-        seed, offset = self.generators.nvfuser_seed_and_offset() if self.how == "nvfuser" else (0, 0)
+        # the first CUDA device's generator, which Thunder's get_and_update_rng_state reads
+        seed, offset = (thunder_seed_and_offset(next(iter(self.generators.cuda.values()))) if self.how == "nvfuser"
+                        else (0, 0))
         with DrawnAsRun(self.how, seed, offset, self.dtypes):
             yield
 

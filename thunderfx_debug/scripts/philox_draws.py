@@ -172,6 +172,14 @@ def torch_cuda_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch
     return per_step.reshape(-1)[:numel].reshape(shape)
 
 
+def thunder_seed_and_offset(cuda_state: torch.Tensor) -> tuple[int, int]:
+    """The seed and offset Thunder's `get_and_update_rng_state` reads from a CUDA generator's state
+    (`torch.cuda.get_rng_state()`: the seed's and the offset's 8 bytes each): the offset in nvFuser's unit, a quarter
+    of the generator's (thunder/executors/torchex.py, `_get_and_update_rng_state_impl`)."""
+    seed, offset = torch.chunk(cuda_state, 2)
+    return int(seed.view(torch.int64).item()), int(offset.view(torch.int64).item()) // 4
+
+
 #: How a run drew its dropouts, where they can be drawn again (`DrawnAsRun`): "nvfuser" (Thunder's `uniform_philox`
 #: in nvFusion regions: `nvfuser_uniform` at the generator's offset / 4, one offset per dropout in program order),
 #: "torch_uniform" (Thunder's torch executor: `torch.empty(...).uniform_()` from the generator's state, one draw per

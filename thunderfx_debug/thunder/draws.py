@@ -24,6 +24,11 @@ def _walk(bsyms: Iterable):
         yield from _walk(bsym.subsymbols)
 
 
+def _on_unit_interval(uniform_philox) -> bool:
+    """Whether a `uniform_philox` bound symbol draws on [0, 1) (dropout's; its minval and maxval are args 1 and 2)."""
+    return tuple(uniform_philox.args[1:3]) == (0.0, 1.0)
+
+
 def draws_as_nvfuser(bsym) -> bool:
     """Whether the region's torch code draws its `uniform_philox` numbers as nvFuser does: an nvFusion region's do.
 
@@ -68,8 +73,7 @@ def nvfuser_draws_executor():
 def reproduced_random_ops(bsym) -> frozenset[str]:
     """The random ops of a region whose numbers its torch code draws as the run drew them (`draws_as_nvfuser`)."""
     return frozenset({"uniform_philox"}) if draws_as_nvfuser(bsym) and all(
-        tuple(sub.args[1:3]) == (0.0, 1.0) for sub in _walk(bsym.subsymbols) if sub.sym.name == "uniform_philox") \
-        else frozenset()
+        _on_unit_interval(sub) for sub in _walk(bsym.subsymbols) if sub.sym.name == "uniform_philox") else frozenset()
 
 
 def split_draws(forward_trace, dropouts: int) -> tuple[str | None, str]:
@@ -92,8 +96,7 @@ def split_draws(forward_trace, dropouts: int) -> tuple[str | None, str]:
             name = sub.sym.name
             if name == "get_and_update_rng_state" or name not in RANDOM_SYMBOLS:
                 continue
-            if name == "uniform_philox" and bsym.sym.is_fusion and executor == "nvfuser" \
-                    and tuple(sub.args[1:3]) == (0.0, 1.0):
+            if name == "uniform_philox" and bsym.sym.is_fusion and executor == "nvfuser" and _on_unit_interval(sub):
                 kinds.append("nvfuser")
             elif name == "uniform" and not bsym.sym.is_fusion:
                 kinds.append("torch_uniform")

@@ -44,7 +44,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.scripts.device_timer import held_device_ms
-from thunderfx_debug.scripts.philox_draws import DrawnAsRun, nvfuser_uniform  # noqa: F401  (the run's draws)
+from thunderfx_debug.scripts.philox_draws import (DrawnAsRun, nvfuser_uniform,  # noqa: F401  (the run's draws)
+                                                  thunder_seed_and_offset)
 from thunderfx_debug.scripts.result_line import Outcome, Verdict
 from thunderfx_debug.scripts.run_failure import described, same_failure
 from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Picks, rounding_floor, to_float64,
@@ -977,10 +978,7 @@ def drawn_as_run(eager, how):
         reference = eager()
 
         def drawn(*args):
-            seed = offset = 0
-            if how == "nvfuser":  # what Thunder's get_and_update_rng_state reads: nvFuser's offset, a quarter of torch's
-                state = torch.cuda.get_rng_state()
-                seed, offset = int(state[:8].view(torch.int64).item()), int(state[8:].view(torch.int64).item()) // 4
+            seed, offset = thunder_seed_and_offset(torch.cuda.get_rng_state()) if how == "nvfuser" else (0, 0)
             with DrawnAsRun(how, seed, offset, dtypes):
                 return reference(*args)
 
