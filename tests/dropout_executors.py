@@ -7,13 +7,16 @@ imports Thunder as a user's module does: whoever imports it has imported Thunder
 - `wrong_fraction_dropout_ex`: drops 1.5 p of the values (and scales the rest as for p).
 
 Each has a gradient rule (without one Thunder's autograd decomposes dropout and the executor never runs): the
-incoming gradient where the op kept a value, scaled by 1 / (1 - p).
+incoming gradient where the op kept a value, scaled by 1 / (1 - p). Each op is a prim of its executor (a meta, not
+`like=ltorch.dropout`): an op registered like dropout carries dropout's decomposition, which nvFuser claims and fuses
+in its place (seen on CUDA with Thunder 0.2.6), so that the executor's own code never ran.
 """
 
 from __future__ import annotations
 
 import thunder.torch as ltorch
 import torch
+from thunder.core.proxies import TensorProxy
 from thunder.core.transforms import get_grad, put_grad
 from thunder.extend import OperatorExecutor, get_executor, register_executor
 
@@ -24,7 +27,7 @@ def _dropout_executor(name: str, dropout) -> OperatorExecutor:
         return existing
     executor = OperatorExecutor(name, version="0")
     register_executor(executor)
-    op = executor.register_operator(name, like=ltorch.dropout, fn=dropout)
+    op = executor.register_operator(name, meta=_dropout_meta, fn=dropout)
 
     def with_gradient(a, p=0.5, training=True, inplace=False):
         out = op(a, p, training, inplace)
@@ -34,6 +37,10 @@ def _dropout_executor(name: str, dropout) -> OperatorExecutor:
     executor.register_implementation(ltorch.dropout, op, checker=lambda *args, **kwargs: True,
                                      grad_transform=with_gradient)
     return executor
+
+
+def _dropout_meta(a, p=0.5, training=True, inplace=False):
+    return TensorProxy(like=a)
 
 
 def _right(a, p=0.5, training=True, inplace=False):

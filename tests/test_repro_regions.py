@@ -15,7 +15,8 @@ import torch
 from conftest import cpu_executors
 
 
-def _dropout_region(device: str = "cuda:0", executor: str = "torchcompile"):
+def _dropout_region(device: str = "cuda:0", executor: str = "torchcompile", dtype: str = "float32",
+                    shape: tuple[int, ...] = (4, 8)):
     """A region as Thunder's rematerialisation leaves a dropout on CUDA: `uniform_philox` whose seed and offset are
     region inputs (IntegerProxy, known at run time), and the mask applied. Built on Thunder's own prims; the region's
     symbol names its executor (a TorchCompile region's, or an nvFusion region's)."""
@@ -26,21 +27,21 @@ def _dropout_region(device: str = "cuda:0", executor: str = "torchcompile"):
 
     trace = TraceCtx()
     with tracectx(trace):
-        x = TensorProxy("x", shape=(4, 8), device=devices.Device(device), dtype=dtypes.float32)
+        x = TensorProxy("x", shape=shape, device=devices.Device(device), dtype=getattr(dtypes, dtype))
         seed, offset = IntegerProxy("i194", value=None), IntegerProxy("i195", value=None)
-        draws = prims.uniform_philox((4, 8), 0.0, 1.0, device=devices.Device(device), dtype=dtypes.float32,
+        draws = prims.uniform_philox(shape, 0.0, 1.0, device=devices.Device(device), dtype=getattr(dtypes, dtype),
                                      seed=seed, offset=offset)
-        kept = ltorch.lt(draws, 0.9)
+        kept = prims.lt(draws, 0.9)
         y = ltorch.mul(ltorch.mul(x, kept), 1 / 0.9)
     sym = types.SimpleNamespace(executor=types.SimpleNamespace(name=executor), name="nvFusion0", is_fusion=True)
     return types.SimpleNamespace(flat_args=[seed, offset, x], flat_outs=[y], subsymbols=list(trace.bound_symbols),
                                  sym=sym)
 
 
-def _lowered(region):
+def _lowered(region, draws: str = "nvfuser"):
     from thunderfx_debug.thunder.scripts import region_torch_function
 
-    source, ctx = region_torch_function(region, "nvFusion0")
+    source, ctx = region_torch_function(region, "nvFusion0", draws=draws)
     namespace = dict(ctx)
     exec(compile(source, "<region>", "exec"), namespace)
     return source, namespace["nvFusion0"]
@@ -93,6 +94,56 @@ def test_an_nvfusion_regions_dropout_is_lowered_to_nvfusers_draws_which_run_on_a
     assert region_random_ops(region_bsym) == ("uniform_philox",)
     assert region_random_ops(region_bsym, unreproduced=True) == ()
     assert region_random_ops(_dropout_region("cpu"), unreproduced=True) == ("uniform_philox",)
+
+
+def test_an_nvfusion_regions_bfloat16_mask_compares_its_draws_in_float32_as_nvfuser_does():
+    """On the H100 every dropout region of GPT-2 and T5 in bfloat16 was a MISMATCH, in the sentinel and in its
+    scripts: nvFuser keeps a draw of 0.8984375 (bfloat16's nearest to 0.9) where `u < 0.9`, comparing in float32;
+    torch's `lt` casts 0.9 to bfloat16 first and drops it. The reference compares as nvFuser does."""
+    from thunderfx_debug.scripts.philox_draws import nvfuser_uniform
+
+    shape, bf16_point_nine = (64, 64), torch.tensor(0.9, dtype=torch.bfloat16)
+    seed, offset = 5, next(o for o in range(100)
+                           if (nvfuser_uniform(shape, 5, o, torch.bfloat16) == bf16_point_nine).any())
+    drawn = nvfuser_uniform(shape, seed, offset, torch.bfloat16)
+    on_the_edge = drawn == bf16_point_nine
+    assert not torch.lt(drawn, 0.9)[on_the_edge].any()  # torch's own comparison drops them
+    source, region = _lowered(_dropout_region("cpu", executor="nvfuser", dtype="bfloat16", shape=shape))
+    assert "compared_in_float32(" in source
+    x = torch.ones(shape, dtype=torch.bfloat16)
+    (out,) = region(seed, offset, x)
+    assert (out[on_the_edge] != 0).all()
+    assert torch.equal(out, x * (drawn.float() < 0.9) * (1 / 0.9))
+
+
+def test_an_nvfusion_regions_inductor_script_draws_nvfusers_numbers_through_an_op_torch_compile_leaves_as_it_is(
+        tmp_path):
+    """The inductor script of a dropout region compares it too: its function draws through the custom op that
+    `define_nvfuser_uniform_op` defines, which torch.compile (fullgraph) calls as it is; compiled, it computes what
+    the eager reference computes, in a fresh interpreter without the package."""
+    from thunderfx_debug.artifacts.repro.writers import context_assignments, inlined_source
+    from thunderfx_debug.artifacts.repro import script_template
+    from thunderfx_debug.thunder.scripts import region_helpers, region_torch_function
+
+    region = _dropout_region("cpu", executor="nvfuser", dtype="bfloat16", shape=(64, 64))
+    source, ctx = region_torch_function(region, "nvFusion0", draws="nvfuser_opaque")
+    assert "nvfuser_uniform_opaque(" in source
+    lines, needs_thunder = context_assignments(source, ctx, region_helpers(ctx))
+    assert not needs_thunder and not any("thunderfx_debug" in line for line in lines), lines
+    check = ("define_nvfuser_uniform_op()\n"
+             "x = torch.randn(64, 64, dtype=torch.bfloat16)\n"
+             "compiled = torch.compile(nvFusion0, fullgraph=True)(5, 7, x)[0]\n"
+             "reference = x * (nvfuser_uniform((64, 64), 5, 7, torch.bfloat16).float() < 0.9) * (1 / 0.9)\n"
+             "print(bool(torch.equal(nvFusion0(5, 7, x)[0], reference)), bool(torch.equal(compiled, reference)))\n")
+    script = tmp_path / "region.py"
+    script.write_text("import sys\nsys.modules['thunderfx_debug'] = None\n" + inlined_source(script_template)
+                      + "\n".join(lines) + "\n" + source + "\n" + check)
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    assert done.stdout.strip().endswith("True True"), done.stdout[-2000:] + done.stderr[-3000:]
 
 
 def test_an_nvfusion_regions_script_carries_nvfusers_draws_and_needs_nothing_of_thunderfx_debug(tmp_path):

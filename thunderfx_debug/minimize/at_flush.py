@@ -188,7 +188,7 @@ class Minimizer:
     @staticmethod
     def _region(split: SplitSnapshot, region, evidence, graph: str):
         # torch's draws: the ops are handed back to Thunder (or inductor), which would trace nvFuser's draws as ops
-        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws_as_run=False)
+        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws="torch")
         assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
         around, function = split_source(source, region.name)
         around = "\n".join(line for line in around.splitlines() if not line.startswith("# Constructed by"))

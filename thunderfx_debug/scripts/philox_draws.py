@@ -134,6 +134,56 @@ def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.fl
         return _uniform_per_component(words, dtype).reshape(-1)[:numel].reshape(tuple(shape))
 
 
+#: The namespace and name of `nvfuser_uniform` as a torch.library custom op (`define_nvfuser_uniform_op`).
+NVFUSER_UNIFORM_OP = "thunderfx_debug_repro::nvfuser_uniform"
+
+
+def define_nvfuser_uniform_op():
+    """Defines `nvfuser_uniform` as a torch.library custom op, once per process, and returns it: one op that
+    torch.compile calls as it is (inductor spends minutes compiling ten Philox rounds of int64 ops) while it compiles
+    the ops around it, fullgraph. What an inductor script of an nvFusion region calls to draw nvFuser's numbers; defined
+    there, before the compile, not where the package is imported."""
+    namespace, name = NVFUSER_UNIFORM_OP.split("::")
+    if hasattr(getattr(torch.ops, namespace), name):
+        return getattr(getattr(torch.ops, namespace), name).default
+
+    @torch.library.custom_op(NVFUSER_UNIFORM_OP, mutates_args=())
+    def op(shape: list[int], seed: int, offset: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return nvfuser_uniform(shape, seed, offset, dtype, device)
+
+    @op.register_fake
+    def _(shape, seed, offset, dtype, device):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    return getattr(getattr(torch.ops, namespace), name).default
+
+
+def nvfuser_uniform_opaque(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32,
+                           device="cpu") -> torch.Tensor:
+    """`nvfuser_uniform` through its custom op (`define_nvfuser_uniform_op`, which must have run): what an inductor
+    script's region function calls."""
+    namespace, name = NVFUSER_UNIFORM_OP.split("::")
+    return getattr(getattr(torch.ops, namespace), name)(list(shape), seed, offset, dtype, torch.device(device))
+
+
+def compared_in_float32(a, b, comparison: str) -> torch.Tensor:
+    """`torch.<comparison>(a, b)` ("lt", "le", "gt", "ge", "eq", "ne") with a half or bfloat16 tensor taken to float32
+    first, as nvFuser compares one with a number: torch casts the number to the tensor's dtype instead (0.9 becomes
+    bfloat16's 0.8984375), and a dropout's `u < 0.9` then keeps other elements than nvFuser's (those drawn to 0.8984375:
+    0.4 % of them).
+
+    >>> u = torch.tensor([0.8984375], dtype=torch.bfloat16)
+    >>> bool(torch.lt(u, 0.9)), bool(compared_in_float32(u, 0.9, "lt"))
+    (False, True)
+    """
+    def widened(value):
+        if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            return value.to(torch.float32)
+        return value
+
+    return getattr(torch, comparison)(widened(a), widened(b))
+
+
 def torch_cuda_threads(numel: int, multiprocessors: int, max_threads_per_multiprocessor: int) -> int:
     """The threads (blockDim.x * gridDim.x) torch's CUDA generator launches for `numel` random elements
     (`calc_execution_policy`: blocks of 256, at most as many as the device holds at once)."""

@@ -130,7 +130,7 @@ def inductor_region(region) -> Callable:
     """`region`'s ops as torch calls (Thunder's own lowering to its torch executor), compiled by torch.compile with
     fullgraph=True: what inductor makes of the same region. Compiled lazily, at its first call."""
     name = f"{region.name}_{region.phase.value}"
-    source, ctx = region_torch_function(region.bsym, name, draws_as_run=False)  # timed, not compared
+    source, ctx = region_torch_function(region.bsym, name, draws="torch")  # timed, not compared
     namespace: dict[str, Any] = dict(ctx)
     # A file name of its own: regions of different splits share names, and linecache holds one source per name.
     exec_as_source_file(source, f"<{name} as torch calls #{next(_sources)}>", namespace)

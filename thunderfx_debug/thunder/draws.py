@@ -41,23 +41,35 @@ def draws_as_nvfuser(bsym) -> bool:
     return getattr(getattr(bsym.sym, "executor", None), "name", None) == "nvfuser"
 
 
+#: Thunder's comparison prims, which nvFuser computes in float32 where a half or bfloat16 tensor meets a number.
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
 @functools.cache
-def nvfuser_draws_executor():
-    """An executor, for the lowering alone (not registered), that claims `uniform_philox` on [0, 1) and calls
-    `nvfuser_uniform(shape, seed, offset, dtype, device)`: the dropout draws of an nvFusion region."""
+def nvfuser_draws_executor(opaque: bool = False):
+    """An executor, for the lowering alone (not registered), that lowers an nvFusion region's ops as nvFuser computes
+    them where torch's lowering would not:
+    - `uniform_philox` on [0, 1): `nvfuser_uniform(shape, seed, offset, dtype, device)`, nvFuser's draws (with
+      `opaque`, `nvfuser_uniform_opaque`: the same through a custom op, for a region function that torch.compile
+      compiles);
+    - a comparison of a half or bfloat16 tensor with a number: `compared_in_float32`, as nvFuser compares (torch
+      casts the number to the tensor's dtype, so that a dropout's mask `u < 1 - p` would keep other elements)."""
     import thunder.torch as ltorch
+    import torch
     from thunder.core import prims
     from thunder.core.devices import to_torch_device
     from thunder.core.dtypes import to_torch_dtype
+    from thunder.core.proxies import TensorProxy
     from thunder.extend import OperatorExecutor
 
-    from thunderfx_debug.scripts.philox_draws import nvfuser_uniform
+    from thunderfx_debug.scripts import philox_draws
 
     def like(shape, seed, offset, dtype, device):
         return ltorch.uniform_philox(shape, 0.0, 1.0, device=device, dtype=dtype, seed=seed, offset=offset)
 
-    executor = OperatorExecutor("thunderfx_debug_nvfuser_draws")
-    draw = executor.register_operator("nvfuser_uniform", like=like, fn=nvfuser_uniform)
+    executor = OperatorExecutor("thunderfx_debug_nvfuser_draws" + ("_opaque" if opaque else ""))
+    draw_fn = philox_draws.nvfuser_uniform_opaque if opaque else philox_draws.nvfuser_uniform
+    draw = executor.register_operator(draw_fn.__name__, like=like, fn=draw_fn)
 
     def on_unit_interval(shape, minval=0.0, maxval=1.0, *, device, dtype, seed, offset) -> bool:
         return minval == 0.0 and maxval == 1.0
@@ -67,6 +79,25 @@ def nvfuser_draws_executor():
 
     for symbol in (prims.uniform_philox, ltorch.uniform_philox):
         executor.register_implementation(symbol, checker=on_unit_interval, execution_transform=lowering)
+
+    def compare_like(a, b, comparison):
+        return prims.lt(a, b)  # every comparison's result: a bool tensor of the broadcast shape
+
+    compare = executor.register_operator("compared_in_float32", like=compare_like,
+                                         fn=philox_draws.compared_in_float32)
+
+    def half(x) -> bool:
+        return isinstance(x, TensorProxy) and to_torch_dtype(x.dtype) in (torch.float16, torch.bfloat16)
+
+    def half_against_number(a, b) -> bool:
+        return (half(a) and not isinstance(b, TensorProxy)) or (half(b) and not isinstance(a, TensorProxy))
+
+    def compare_lowering(comparison):
+        return lambda a, b: compare(a, b, comparison)
+
+    for comparison in COMPARISONS:
+        executor.register_implementation(getattr(prims, comparison), checker=half_against_number,
+                                         execution_transform=compare_lowering(comparison))
     return executor
 
 

@@ -29,8 +29,13 @@ def fx_builtin_imports() -> list[str]:
     return [v.import_str for v in torch.fx.graph._custom_builtins.values()]
 
 
-def region_torch_function(bsym, function_name: str, *,
-                          draws_as_run: bool = True) -> tuple[str, dict[str, Any]]:
+#: How a region function draws an nvFusion region's dropout (`region_torch_function`'s `draws`): as nvFuser drew
+#: it ("nvfuser"), the same through a custom op that torch.compile leaves as it is ("nvfuser_opaque"), or as Thunder's
+#: torch executor lowers it, with torch's philox_rand ("torch").
+REGION_DRAWS = ("nvfuser", "nvfuser_opaque", "torch")
+
+
+def region_torch_function(bsym, function_name: str, *, draws: str = "nvfuser") -> tuple[str, dict[str, Any]]:
     """The ops of a fusion region as a Python function of torch calls, and the names that function uses.
 
     This is the function Thunder's torch.compile executor compiles for a TorchCompileN region
@@ -38,10 +43,14 @@ def region_torch_function(bsym, function_name: str, *,
     torch executor); for an nvFusionN region it is the same lowering of the nvFuser region's ops. We do the lowering
     here rather than call `make_compiled`, which returns only the compiled callable and not its source. Dropout's
     philox seed and offset, numbers known at run time, are passed as the tensors philox_rand takes
-    (`workarounds.region_lowering_executors`). With `draws_as_run`, an nvFusion region's dropout draws nvFuser's
-    numbers instead (`draws.draws_as_nvfuser`): what a reference needs; a counterpart to time (inductor's compile of
-    the region) keeps torch's draws, which inductor compiles.
+    (`workarounds.region_lowering_executors`). With `draws` "nvfuser", an nvFusion region's dropout draws nvFuser's
+    numbers instead, and its half-precision comparisons with a number are made as nvFuser makes them
+    (`draws.nvfuser_draws_executor`): what a reference needs; "nvfuser_opaque" the same for a function that
+    torch.compile compiles (an inductor script's); "torch" keeps torch's draws, which inductor compiles: a counterpart
+    to time.
     """
+    if draws not in REGION_DRAWS:
+        raise ValueError(f"draws is one of {REGION_DRAWS}, not {draws!r}")
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo
     from thunder.core.trace import TraceCtx, tracectx
@@ -66,7 +75,8 @@ def region_torch_function(bsym, function_name: str, *,
                     trace.add_name(out.name)
     trace._siginfo = SigInfo(function_name)
     trace._siginfo.args = [(a.name, None) for a in inputs]
-    drawn_as = (nvfuser_draws_executor(),) if draws_as_run and draws_as_nvfuser(bsym) else ()
+    drawn_as = ((nvfuser_draws_executor(opaque=draws == "nvfuser_opaque"),)
+                if draws != "torch" and draws_as_nvfuser(bsym) else ())
     with _jit_cache_info():
         lowered = transform_for_execution(trace, executors_list=(*drawn_as, *region_lowering_executors(), torch_ex))
     return lowered.python(include_decorators=False), dict(lowered.python_ctx())

@@ -396,25 +396,30 @@ class ScriptBuilder:
                                                      else writers.InductorRegion)
                 written = piece
                 if isinstance(strategy, writers.InductorRegion) and thunder_scripts.reproduced_random_ops(region.bsym):
-                    written = self._with_torch_draws(piece, region)
+                    written = self._with_opaque_draws(piece, region)
                 self._write(key, self._expecting(written, expects, self._run_failure(written, region.key)), strategy,
                             path)
 
-    def _with_torch_draws(self, piece: ReproSubject, region: FusionRegion) -> ReproSubject:
-        """The region's piece for its inductor script: its dropout drawn by torch's philox_rand, as Thunder's
-        torch.compile executor would lower it (inductor compiles that, fullgraph; nvFuser's draws, left out of
-        torch.compile graphs, cannot be in one), compared where inductor calls eager's random ops."""
-        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws_as_run=False)
+    def _with_opaque_draws(self, piece: ReproSubject, region: FusionRegion) -> ReproSubject:
+        """The region's piece for its inductor script: its dropout drawn as nvFuser drew it, through a custom op that
+        torch.compile calls as it is (`philox_draws.define_nvfuser_uniform_op`: inductor spends minutes compiling
+        the draws themselves) while it compiles the region's other ops, fullgraph; compared as in the nvFuser
+        script."""
+        source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name, draws="nvfuser_opaque")
         assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
         return dataclasses.replace(
-            piece, definitions="\n".join(assignments) + "\n\n\n" + _strip_header(source),
-            random_ops=thunder_scripts.region_random_ops(region.bsym), needs_thunder=needs_thunder,
-            description=piece.description.replace(REPRODUCED_DRAWS, ""))
+            piece, definitions="\n".join(["define_nvfuser_uniform_op()", *assignments]) + "\n\n\n"
+            + _strip_header(source), needs_thunder=needs_thunder,
+            description=piece.description + OPAQUE_DRAWS)
 
 
 #: What an nvFusion region's script says of its dropout, drawn as nvFuser drew it (`thunder.draws`).
 REPRODUCED_DRAWS = (" Its dropout draws (uniform_philox, from the seed and offset among its inputs) are drawn there "
-                    "by nvfuser_uniform, as nvFuser draws them, bit for bit: its values are compared.")
+                    "by nvfuser_uniform, as nvFuser draws them, bit for bit, and its masks compare them in float32, "
+                    "as nvFuser does: its values are compared.")
+#: What an inductor script adds: how torch.compile meets the draws.
+OPAQUE_DRAWS = (" Here the draws go through a custom op (define_nvfuser_uniform_op), which torch.compile calls as it "
+                "is while it compiles the other ops.")
 
 
 def run_failure_argument(state: GraphState, real: bool, region: str | None = None) -> dict | None:

@@ -44,8 +44,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from thunderfx_debug.scripts.device_timer import held_device_ms
-from thunderfx_debug.scripts.philox_draws import (DrawnAsRun, nvfuser_uniform,  # noqa: F401  (the run's draws)
-                                                  thunder_seed_and_offset)
+from thunderfx_debug.scripts.philox_draws import (  # noqa: F401  (the run's draws, compared as nvFuser compares them)
+    DrawnAsRun, compared_in_float32, define_nvfuser_uniform_op, nvfuser_uniform, nvfuser_uniform_opaque,
+    thunder_seed_and_offset)
 from thunderfx_debug.scripts.result_line import Outcome, Verdict
 from thunderfx_debug.scripts.run_failure import described, same_failure
 from thunderfx_debug.scripts.judging_rule import (NOISE_SLACK, Float64Mode, Picks, rounding_floor, to_float64,
