@@ -22,6 +22,9 @@ longer batch, a checkpoint's staging copy do). Each says how many steps it did, 
 parameters (bit-equal to plain's, or not), and every feature's run how its flush judged each Thunder split (judged,
 or why not).
 
+`--repeat N` runs each configuration in N processes (a fault that comes at random, counted over several); a
+training that raises records its step and the exception's message (the flush still runs, as at a user's exit).
+
 `--configurations check=fusion+pools` runs CHECK=fusion with the allocator's history recorded (Python stacks) and
 lists, at the end of training, what lies in the allocator's pools other than the training's and where in the Python
 code the blocks still in use there were allocated (`other_pools` in the record).
@@ -84,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--late-fraction", type=float, default=0.8, help="tight: the buffer, a share of the headroom")
     parser.add_argument("--dump", default=None, help="dump directories go under here (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per configuration's process")
+    parser.add_argument("--repeat", type=int, default=1, help="features: processes per configuration (a fault that "
+                        "comes at random, counted over several)")
     parser.add_argument("--parallel", type=int, default=1, help="features: configurations run at once (each process's "
                         "figures are its own: nvidia-smi names the processes)")
     parser.add_argument("--json", help="write the record here")
@@ -134,6 +139,9 @@ def child(spec: dict) -> dict:
             del buffer
     except torch.OutOfMemoryError as e:
         figures["error"] = f"OutOfMemoryError at step {len(losses)}: {str(e).splitlines()[0][:300]}"
+    except Exception as e:  # noqa: BLE001  (a failure of the run's compile: recorded with its step, then the flush)
+        figures["error"] = f"{type(e).__name__} at step {len(losses)}: {_what_failed(e)}"
+        figures["processes_of_the_tool_at_failure"] = len(_descendants(os.getpid()))
     figures["steps_done"] = len(losses)
     figures["losses"] = [float(x) for x in losses]
     figures["parameters_sha256"] = hashlib.sha256(b"".join(
@@ -153,6 +161,12 @@ def child(spec: dict) -> dict:
     Path(spec["phase_file"]).write_text("done")
     del ballast
     return figures
+
+
+def _what_failed(error: BaseException) -> str:
+    """An exception's message without the C++ frames nvFuser appends (its first lines name the assert)."""
+    lines = [line for line in str(error).splitlines() if not line.startswith(("frame #", "Exception raised from"))]
+    return "\n".join(lines)[:1500]
 
 
 def _other_pools(top: int = 12) -> dict:
@@ -280,10 +294,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_configuration(args, config: str, model: str, dump: Path, watch: DeviceWatch | None,
-                      extra: dict | None = None) -> dict:
-    """One configuration in a process of its own, watched (see the module docstring)."""
+                      extra: dict | None = None, repeat: int = 0) -> dict:
+    """One configuration in a process of its own, watched (see the module docstring); `repeat` numbers the
+    processes of one configuration (`--repeat`)."""
     settings = EVERY_FEATURE if config == "every feature" else CONFIGURATIONS.get(config)
-    folder = dump / model / config.replace(" ", "_").replace("=", "-")
+    folder = dump / model / (config.replace(" ", "_").replace("=", "-") + (f"_{repeat}" if repeat else ""))
     folder.mkdir(parents=True, exist_ok=True)
     phase_file = folder / "phase"
     spec = {"config": config, "model": model, "size": args.size, "device": args.device, "steps": args.steps,
@@ -313,20 +328,22 @@ def run_configuration(args, config: str, model: str, dump: Path, watch: DeviceWa
     if watch is not None:
         found["during_training"] = watch.most(process.pid, "training")
         found["during_flush"] = watch.most(process.pid, "flush")
-    return {"model": model, **found}
+    return {"model": model, **({"repeat": repeat} if repeat else {}), **found}
 
 
 def features(args, dump: Path) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    wanted = [(model, config) for model in [m.strip() for m in args.models.split(",") if m.strip()]
+    wanted = [(model, config, repeat) for repeat in range(args.repeat)
+              for model in [m.strip() for m in args.models.split(",") if m.strip()]
               for config in [c.strip() for c in args.configurations.split(",") if c.strip()]]
-    unknown = [config for _, config in wanted if config not in CONFIGURATIONS]
+    unknown = [config for _, config, _ in wanted if config not in CONFIGURATIONS]
     if unknown:
         raise SystemExit(f"unknown configurations {unknown}; choose from {', '.join(CONFIGURATIONS)}")
     with DeviceWatch() as watch, ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda mc: run_configuration(args, mc[1], mc[0], dump,
-                                                          watch if args.device == "cuda" else None), wanted))
+        rows = list(pool.map(lambda mcr: run_configuration(args, mcr[1], mcr[0], dump,
+                                                           watch if args.device == "cuda" else None, repeat=mcr[2]),
+                             wanted))
     for row in rows:
         print(json.dumps({k: v for k, v in row.items() if k not in ("losses", "splits")}), flush=True)
     return {"rows": rows}
@@ -371,6 +388,8 @@ def print_features(rows: list[dict]) -> None:
         print(f"| {r['model']} | {r['config']} | {gib(r.get('peak_reserved'))} | {ratio} | "
               f"{gib(training.get('training_process'))} / {gib(flush.get('training_process'))} "
               f"| {gib(training.get('other_processes'))} / {gib(flush.get('other_processes'))} |")
+        if r.get("error"):
+            print(f"|  | failed after {r.get('steps_done')} steps: {r['error'].splitlines()[0][:200]} | | | | |")
 
 
 def main(argv=None) -> int:

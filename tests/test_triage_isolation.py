@@ -190,6 +190,12 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
     # the thread's next look, a fresh interpreter's start and Thunder's compile
     started = _children_ahead(ahead, 240, lambda child: "compiled ahead" in _step_lines(child.folder))
     assert started, "no split was compiled ahead within 240 s"
+    # They compiled at a lower CPU priority than the training's.
+    from thunderfx_debug.flush.triage_child import AHEAD_NICENESS
+
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert all(os.getpriority(os.PRIO_PROCESS, child.process.pid) >= min(19, ours + AHEAD_NICENESS)
+               for child in started.values() if child.process.poll() is None)
     rank_dir = backend.flush()
     # None of the children started before the flush outlives it.
     assert not ahead.children and all(child.process.poll() is not None for child in started.values())

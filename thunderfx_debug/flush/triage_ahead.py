@@ -27,8 +27,8 @@ Limits, and why they keep the training safe (docs/memory.md):
   grew past its high-water mark into the margin, or another process took the device's memory), every child ahead is
   ended at once, and their splits compile at the flush.
 - At most `triage.workers(settings)` children ahead at once, the splits whose first call took longest first; the
-  others compile at the flush. A child takes a CPU core while it compiles, and runs its one call's kernels beside the
-  training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
+  others compile at the flush. A child takes a CPU core while it compiles, at a lower priority than the training's
+  (`triage_child.AHEAD_NICENESS`), and runs its one call's kernels beside the training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
   flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time the training's
   kernels with its own.
 - None outlives the flush after it: the flush hands each its job or ends it (`end_all`), and a child whose training

@@ -320,6 +320,10 @@ def run(folder: Path, attempt: int = 0) -> None:
 #: The pseudo-piece under which a child compiling ahead of the flush writes its step lines (no piece's: a child that
 #: dies there has started none, and the flush's children take them all).
 AHEAD = "(ahead of the flush)"
+#: How much lower than the training's a child compiling ahead runs on the CPU (`os.nice`): it compiles while the
+#: training runs, whose host thread feeds the device and must not wait for a core; at the flush the training waits,
+#: and the niceness (which a process cannot take back) costs nothing unless the flush's children outnumber the cores.
+AHEAD_NICENESS = 10
 #: Seconds between two looks of a child compiling ahead for the flush's word (`jobs.GO`) and for its parent.
 AHEAD_POLL_S = 0.2
 
@@ -327,12 +331,15 @@ AHEAD_POLL_S = 0.2
 def run_ahead(folder: Path, cap_bytes: int, training_pid: int) -> None:
     """A child started during training (`flush.triage_ahead`): compiles the job's split with Thunder on inputs made
     from its metadata (the job holds none of the run's tensors yet) and calls it once, its allocator holding at most
-    `cap_bytes` of device memory (0: no cap, for a split with no CUDA input); then waits for the flush's word (`jobs.GO`), and goes
+    `cap_bytes` of device memory (0: no cap, for a split with no CUDA input), at a lower CPU priority than the
+    training (`AHEAD_NICENESS`); then waits for the flush's word (`jobs.GO`), and goes
     on as any child (`run`) with the job the flush wrote, its compile done where it serves (`_Split.given_the_run`).
     A compile that fails here is not a verdict: the child compiles again on the run's inputs after the word. It ends,
     and removes its folder, when the training process (`training_pid`, its parent) is gone without a word."""
     go, results = folder / jobs.GO, jobs.Results(folder)
     ahead = None
+    with contextlib.suppress(OSError):
+        os.nice(AHEAD_NICENESS)
     if not go.exists():
         results.step(AHEAD, "compiling the split with Thunder ahead of the flush, on inputs made from its metadata", 0)
         try:
