@@ -405,7 +405,8 @@ def machine() -> dict:
 
 def record(benchmark: str, results, argv: Sequence[str] | None = None) -> dict:
     """The JSON record of a benchmark run: what ran it, when, where, with which versions, and its results."""
-    command = " ".join(["python", f"benchmarks/{benchmark}.py", *(sys.argv[1:] if argv is None else argv)])
+    script = Path(sys.argv[0]).name if sys.argv[0].endswith(".py") else f"{benchmark}.py"  # a script's records differ
+    command = " ".join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)])
     return {"benchmark": benchmark, "command": command,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine(), "versions": versions(), "results": results}
