@@ -43,7 +43,7 @@ The flush-time triage:
   lines out first, for the duration of a `with` block.
 
 Repro scripts and the minimizer:
-- `run_script` (artifacts.repro.standalone): zoo.py, minimize.py and real_inputs_scripts.py run repro scripts as
+- `run_script` (children.standalone): zoo.py, minimize.py and real_inputs_scripts.py run repro scripts as
   `thunderfx-debug verify` does, each in a fresh interpreter where thunderfx_debug cannot be imported, and read how
   each run ended, what it printed and how long it took.
 - `verify` (commands.verify): zoo.py verifies the scripts of several dumps (one per model) in one pool of workers,
@@ -84,7 +84,7 @@ HANDED_OUT: dict[str, tuple[str, str | None]] = {
     "PeriodicFlush": ("thunderfx_debug.recording.periodic", "PeriodicFlush"),
     "MAX_EVENTS": ("thunderfx_debug.recording.memory", "MAX_EVENTS"),
     "torch_private": ("thunderfx_debug.thunder.torch_private", None),
-    "run_script": ("thunderfx_debug.artifacts.repro.standalone", "run_script"),
+    "run_script": ("thunderfx_debug.children.standalone", "run_script"),
     "verify": ("thunderfx_debug.commands.verify", None),
     "minimize_script": ("thunderfx_debug.minimize.offline", "minimize_script"),
     "NotAScript": ("thunderfx_debug.minimize.offline", "NotAScript"),

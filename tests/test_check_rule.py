@@ -14,7 +14,7 @@ import torch
 import written_script
 
 from thunderfx_debug.artifacts.repro import script_template as template
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.children.standalone import run_script
 from thunderfx_debug.recording import compare
 from thunderfx_debug.scripts import judging_rule
 

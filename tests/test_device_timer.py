@@ -14,7 +14,7 @@ import pytest
 import torch
 import written_script
 
-from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG
+from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG
 from thunderfx_debug.flush import judging as triage
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.timing import CudaClock, DeviceHold

@@ -20,7 +20,7 @@ from torch import nn
 
 from conftest import cpu_executors
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.children.standalone import run_script
 
 SCRIPT_ENV = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 

@@ -26,7 +26,7 @@ from wrong_executors import wrong_sin_executor
 from wrong_fusions import (WRONG_FUSION, aborting_sin_executor, crashing_sin_executor, flaky_sin_executor,
                            wrong_fusion_executor)
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.children.standalone import run_script
 from thunderfx_debug.commands.cli import main
 from thunderfx_debug.minimize import offline
 from thunderfx_debug.minimize.trials import TrialRunner

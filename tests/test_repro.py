@@ -29,7 +29,7 @@ from conftest import cpu_executors, tiny_gpt, train
 from thunderfx_debug import ReportingBackend, load_report
 from thunderfx_debug.artifacts.repro import script_template as template
 from thunderfx_debug.artifacts.repro.inputs import in_nvfuser_layouts, nvfuser_declared_inputs
-from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG, run_script
+from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG, run_script
 from thunderfx_debug.settings.config import Inputs
 from thunderfx_debug.records import InputMeta
 

@@ -364,7 +364,7 @@ def test_an_nvfuser_script_checks_binds_and_judges_its_region(tmp_path, case):
     the inputs (the rotary table, expanded over the batch in the run, or a transposed attention input; the philox
     seed) laid out as it declares and checked against it, executed, and compared with the region's torch code."""
     from thunderfx_debug.artifacts.repro import writers
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from thunderfx_debug.children.standalone import run_script
     from thunderfx_debug.recording.capture import InputCapture
     from thunderfx_debug.settings.safety import ReportingFailures
 

@@ -25,7 +25,7 @@ import torch
 
 from conftest import cpu_executors
 from thunderfx_debug import ReportingBackend, load_report, plain_thunder_compiler
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.children.standalone import run_script
 from thunderfx_debug.commands.verify import VERIFY_JSON
 from thunderfx_debug.records import FailedIn
 

@@ -73,7 +73,7 @@ def _plain_run(out: str) -> None:
 def test_whisper_fails_as_under_plain_thunderfx_and_its_failing_split_script_reproduces_it(tmp_path):
     pytest.importorskip("transformers")
     from thunderfx_debug import ReportingBackend, load_report
-    from thunderfx_debug.artifacts.repro.standalone import run_script
+    from thunderfx_debug.children.standalone import run_script
 
     out, log = tmp_path / "plain.json", tmp_path / "plain.log"
     with open(log, "w") as stream:

@@ -14,13 +14,15 @@ The layers are folders, bottom first; a module imports from its own layer and th
 5. thunder: `thunder/`: Thunder's internals, and torch's private APIs (`thunder/torch_private.py`);
 6. recording: `recording/`: the training path and what it records (the run's manifest facts included);
 7. artifacts: `artifacts/`: snapshots in, the `Report` and the dump's files out; the repro scripts;
-8. flush: `flush/`: what a flush runs on the recorded pieces in processes of their own (the triage against
-   inductor), and the two ways to run a piece in one (forks, and the workers that also run `verify`'s scripts), its
-   results handed to the artifacts as records;
-9. minimize: `minimize/`: the minimizer, whose trials run in those processes;
-10. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself
+8. children: `children/`: every process the package starts and how it talks to it (forks, a fork server, long-lived
+   workers, a script where the package cannot be imported), and the one choice between a fork and a fresh
+   interpreter; it takes from `scripts/` and `thunder/` only, and only the layers above it start children;
+9. flush: `flush/`: what a flush runs on the recorded pieces in processes of their own (the triage against
+   inductor), its results handed to the artifacts as records;
+10. minimize: `minimize/`: the minimizer, whose trials run in those processes;
+11. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself
     (`thunderfx_debug/__init__.py`);
-11. commands: `commands/` (the CLI and what each command runs, the demo's model), `__main__`.
+12. commands: `commands/` (the CLI and what each command runs, the demo's model), `__main__`.
 
 The package's root holds `__init__.py` and `__main__.py` only; every other module lies in a layer's folder.
 The training path (`recording/`, `thunder/`) never imports the dump writer (`dump/`, `artifacts/`) or the renderers
@@ -85,6 +87,7 @@ LAYERS = (
     ("thunder", ("thunder",)),
     ("recording", ("recording",)),
     ("artifacts", ("artifacts",)),
+    ("children", ("children",)),
     ("flush", ("flush",)),
     ("minimize", ("minimize",)),
     ("the run", ("run", "")),

@@ -10,7 +10,7 @@ import torch
 
 import thunderfx_debug
 from thunderfx_debug import load_report
-from thunderfx_debug.artifacts.repro import standalone
+from thunderfx_debug.children import standalone
 from thunderfx_debug.settings.config import ConfigError, load_config
 from thunderfx_debug.records import ClockKind
 from thunderfx_debug.render.html import render_html

@@ -29,7 +29,7 @@ import harness_path  # noqa: F401  (benchmarks/ on sys.path)
 from conftest import cpu_executors, sitecustomize_source
 from inplace_division_gradient import Router  # the benchmark's, the yardstick of the gate's gradient
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.artifacts.repro.standalone import run_script
+from thunderfx_debug.children.standalone import run_script
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.thunder import script_support
 

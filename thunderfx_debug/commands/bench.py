@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from thunderfx_debug.artifacts.repro import standalone
+from thunderfx_debug.children import standalone
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, deviation_outcome, layout
 from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
@@ -172,7 +172,7 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
     at a time, mostly cache hits. Failures are not reported here: the timed run of the same script reports them.
     With `devices`, the workers take them in turn, so that their allocations spread over the GPUs.
     """
-    from thunderfx_debug.flush.worker_pool import Job, run_jobs
+    from thunderfx_debug.children.pool import Job, run_jobs
 
     work, passed = [], []
     names = {}
@@ -191,7 +191,7 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
         if on_done is not None:
             on_done(names[finished.job])
 
-    # In `jobs` long-lived workers (`worker_pool`), the GPUs taken in turn; a script that crashes one runs alone.
+    # In `jobs` long-lived workers (`children.pool`), the GPUs taken in turn; a script that crashes one runs alone.
     envs = [(_env(devices[i % len(devices)]) if devices else None) or dict(os.environ) for i in range(max(jobs, 1))]
     run_jobs(work, envs, timeout_s, _untimed_alone(python, timeout_s), done, python=python)
     return sum(passed)
@@ -199,7 +199,7 @@ def warm_up(rank_dir: Path, scripts: Iterable[str], jobs: int, timeout_s: float,
 
 def _untimed_alone(python: str, timeout_s: float):
     """Runs a warm-up script that took its worker down in a process of its own, for its exit status."""
-    from thunderfx_debug.flush.worker_pool import Finished
+    from thunderfx_debug.children.pool import Finished
 
     def alone(job, env, _worker_end) -> Finished:
         run = standalone.run_script(job.script, timeout_s=timeout_s, env=dict(env), python=python)

@@ -1,4 +1,4 @@
-"""`thunderfx-debug bench` in long-lived workers (`worker_pool`, which `verify` uses too): one per GPU, each running
+"""`thunderfx-debug bench` in long-lived workers (`children.pool`, which `verify` uses too): one per GPU, each running
 the dump's scripts one after another with `--benchmark --json PATH`, so that Python, torch, Thunder and nvFuser
 start once and inductor's and Triton's in-memory caches carry over from script to script.
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from thunderfx_debug.commands import bench
-from thunderfx_debug.flush.worker_pool import Finished, Job, run_jobs
+from thunderfx_debug.children.pool import Finished, Job, run_jobs
 
 
 def run_in_one_process(rank_dir: Path, scripts: Sequence[str], results_dir: Path, timeout_s: float,

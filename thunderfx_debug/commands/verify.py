@@ -1,5 +1,5 @@
 """`thunderfx-debug verify DIR`: every repro script of a dump run as its user would (`python script.py`), in
-long-lived workers (`worker_pool`), and what each said.
+long-lived workers (`children.pool`), and what each said.
 
 The scripts are those the dump's records list (graph.json `files`: `repro_eager`, `repro_thunder`,
 `repro_mismatch_nvfuser`, ...), each checked to lie inside the dump, not behind a link; nothing else of the dump is
@@ -183,8 +183,8 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
     """Runs `scripts` in `workers` long-lived workers (on `devices` in turn, or on CPU) and returns their verdicts;
     logs and caches go under `root` (see the module docstring). Past `deadline` (time.monotonic()) no script starts
     (NOT_RUN: for lent machines with a time limit). `env`: the environment to start from (default: ours)."""
-    from thunderfx_debug.artifacts.repro.standalone import run_script
-    from thunderfx_debug.flush.worker_pool import Finished, Job, run_jobs
+    from thunderfx_debug.children.standalone import run_script
+    from thunderfx_debug.children.pool import Finished, Job, run_jobs
 
     env = script_env(root, workers, bool(devices), env)
     by_file = {s.file: s for s in scripts}

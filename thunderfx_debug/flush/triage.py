@@ -11,9 +11,9 @@ THUNDERFX_DEBUG_TRIAGE_TIMEOUT gives the piece it was in that verdict, with what
 split it had not started go on in a fresh child, and the next split too.
 
 Where the children run: a process that has not initialised CUDA forks them from itself, one at a time (they have
-every executor the run registered, a custom one of the training script's too; `children.forked`); a process
+every executor the run registered, a custom one of the training script's too; `children.forks`); a process
 that has cannot fork a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one
-split after another (`worker_pool`, the workers of `verify` and `bench`), several at once so that their compiles
+split after another (`children.pool`, the workers of `verify` and `bench`), several at once so that their compiles
 overlap: they compile and make first calls side by side and time one at a time, nothing else on the device
 meanwhile (`triage_child.on_the_device`); there an executor of the user's is there when the
 module that registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing
@@ -56,7 +56,9 @@ import torch
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import TriageLevel
-from thunderfx_debug.flush import children, graph_codec, jobs, triage_ahead, triage_child, worker_pool
+from thunderfx_debug.children import pool
+from thunderfx_debug.children.forks import can_fork, forked, run_function
+from thunderfx_debug.flush import graph_codec, jobs, triage_ahead, triage_child
 from thunderfx_debug.flush.judging import TriageSettings
 from thunderfx_debug.flush.piece_inputs import run_tensors
 from thunderfx_debug.render.headline import summed_headline
@@ -323,7 +325,7 @@ def forks(settings: TriageSettings) -> bool:
     """Whether the children are forks of this process (see the module docstring)."""
     if settings.processes != "auto":
         return settings.processes == "fork"
-    return children.can_fork()
+    return can_fork()
 
 
 def workers(settings: TriageSettings) -> int:
@@ -346,20 +348,20 @@ def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) 
         return attempts
     launcher, env = _launcher(root)
 
-    def alone(job: worker_pool.Job, env: Mapping[str, str], worker_end: worker_pool.Finished) -> worker_pool.Finished:
+    def alone(job: pool.Job, env: Mapping[str, str], worker_end: pool.Finished) -> pool.Finished:
         folder = Path(job.args[0])
         tried = attempts[folder]
         tried.append(Attempt(0, worker_end.status, job.log, worker_end.note))
         _go_on(folder, tried, lambda attempt, log: _fresh(launcher, folder, attempt, log, env, settings), settings)
         last = tried[-1]
-        return worker_pool.Finished(job, last.status, 0.0, "alone", last.note)
+        return pool.Finished(job, last.status, 0.0, "alone", last.note)
 
     def timeout(folder: Path) -> float:
         job, _, _ = jobs.read(folder)
         return settings.timeout_s * (len(job.pieces) + 1)  # the child's own watchdog ends a piece before this
 
-    finished = worker_pool.run_jobs(
-        [worker_pool.Job(launcher, (str(folder), "0"), folder / "attempt0.log") for folder in folders],
+    finished = pool.run_jobs(
+        [pool.Job(launcher, (str(folder), "0"), folder / "attempt0.log") for folder in folders],
         slots=[env] * min(workers(settings), len(folders)), timeout_s=max(timeout(f) for f in folders), run_alone=alone,
         allow_package=True)
     for result in finished:
@@ -395,7 +397,7 @@ def _launcher(root: Path) -> tuple[Path, dict[str, str]]:
     """The script a fresh child runs, written into `root`, and its environment (this process's module path)."""
     launcher = root / "triage_child.py"
     launcher.write_text("from thunderfx_debug.flush.triage_child import main\nmain()\n")
-    return launcher, worker_pool.this_module_path()
+    return launcher, pool.this_module_path()
 
 
 def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings,
@@ -404,7 +406,7 @@ def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings,
     start go on in fresh children (`launcher`: `_launcher`'s), as any job's."""
     job, _, _ = jobs.read(child.folder)
     limit = settings.timeout_s * (len(job.pieces) + 1)  # its own watchdog ends a piece before this
-    status = worker_pool.end_process(child.process, limit)
+    status = pool.end_process(child.process, limit)
     tried = [Attempt(0, status, child.log, "" if status is not None else f"killed after {limit:.0f} s")]
     launcher, env = launcher
     _go_on(child.folder, tried, lambda attempt, log: _fresh(launcher, child.folder, attempt, log, env, settings),
@@ -436,12 +438,11 @@ def _died_in_shared_step(job: jobs.SplitJob, folder: Path) -> bool:
 
 
 def _forked(folder: Path, attempt: int, log: Path, settings: TriageSettings) -> Attempt:
-    """A child forked from this process runs the job (`children.run_function`: its output into `log`, Dynamo
+    """A child forked from this process runs the job (`forks.run_function`: its output into `log`, Dynamo
     and inductor as a fresh process has them, one intra-op thread)."""
     job, _, _ = jobs.read(folder)
     limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
-    status = children.forked(children.run_function,
-                             ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]), limit)
+    status = forked(run_function, ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]), limit)
     return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
 
 
@@ -449,7 +450,7 @@ def _fresh(launcher: Path, folder: Path, attempt: int, log: Path, env: Mapping[s
            settings: TriageSettings) -> Attempt:
     job, _, _ = jobs.read(folder)
     limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
-    status = worker_pool.run_process([sys.executable, str(launcher), str(folder), str(attempt)], log, env, limit)
+    status = pool.run_process([sys.executable, str(launcher), str(folder), str(attempt)], log, env, limit)
     return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
 
 

@@ -54,7 +54,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from thunderfx_debug.flush import jobs, worker_pool
+from thunderfx_debug.children import pool
+from thunderfx_debug.flush import jobs
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder
@@ -192,10 +193,10 @@ class Ahead:
             shutil.rmtree(folder.parent, ignore_errors=True)
             return
         log_path = folder / "ahead.log"
-        process = worker_pool.start_process(
+        process = pool.start_process(
             [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(cap_bytes),
              str(os.getpid())],
-            log_path, worker_pool.this_module_path())
+            log_path, pool.this_module_path())
         self._children[key] = AheadChild((split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,
                                          process, log_path, _device_of(split))
 
@@ -229,7 +230,7 @@ class Ahead:
     def discard(child: AheadChild) -> None:
         """Ends `child` (where it runs) and removes its folder."""
         if child.process.poll() is None:
-            worker_pool.end_process(child.process, timeout_s=0)  # ended at once, with what it started
+            pool.end_process(child.process, timeout_s=0)  # ended at once, with what it started
         shutil.rmtree(child.folder.parent, ignore_errors=True)
 
     def end_all(self) -> None:

@@ -55,17 +55,17 @@ class MinimizeJob:
 def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tuple | None]:
     """Minimizes `job` in a child process (a fork where this process has not initialised CUDA, else a fresh
     interpreter); (the reduction, ((script name, text), (inputs name, bytes)) or None)."""
-    from thunderfx_debug.flush import children, worker_pool
+    from thunderfx_debug.children import forks, pool
 
     (folder / JOB).write_bytes(pickle.dumps(job))
     limit = job.budget_s + SLACK_S
     log = folder / LOG
-    if children.can_fork():
-        status = children.forked(children.run_function,
-                                 ("thunderfx_debug.minimize.flush_child:run", str(log), [folder]), limit)
+    if forks.can_fork():
+        status = forks.forked(forks.run_function,
+                              ("thunderfx_debug.minimize.flush_child:run", str(log), [folder]), limit)
     else:
-        status = worker_pool.run_process([sys.executable, "-m", "thunderfx_debug.minimize.flush_child", str(folder)],
-                                       log, dict(os.environ), limit)
+        status = pool.run_process([sys.executable, "-m", "thunderfx_debug.minimize.flush_child", str(folder)],
+                                  log, dict(os.environ), limit)
     result = folder / RESULT
     if status == 0 and result.exists():
         content = pickle.loads(result.read_bytes())  # noqa: S301 (our own child's file, in our own private folder)

@@ -8,8 +8,8 @@ again: a training script without a `__main__` guard would train again in every t
   found by name) and its imported modules. A process that has initialised CUDA cannot fork a child that uses it, so
   there the other way is taken.
 - "server": a fresh interpreter that imports torch (and Thunder, where there is no GPU) once and forks each trial
-  from itself, initialising no CUDA (`server`): what the command line uses. Its children see the environment the
-  command was started with.
+  from itself, initialising no CUDA (`children.fork_server`): what the command line uses. Its children see the
+  environment the command was started with.
 
 Example (the budget, with a fake clock):
     >>> clock = iter([0.0, 10.0, 130.0]).__next__
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from thunderfx_debug.flush import children
-from thunderfx_debug.minimize.server import ANSWER
+from thunderfx_debug.children import forks as children
+from thunderfx_debug.children.fork_server import ANSWER
 from thunderfx_debug.minimize.verdict import ScriptVerdict, read_run
 
 #: Seconds a single run of a script may take before it is stopped (a compile on the H200 takes tens of seconds).
@@ -111,7 +111,7 @@ class TrialRunner:
             self._server_log = Path(name)
             with open(name, "w") as errors:
                 self._server = subprocess.Popen(
-                    [sys.executable, "-c", "from thunderfx_debug.minimize.server import serve; serve()"],
+                    [sys.executable, "-c", "from thunderfx_debug.children.fork_server import serve; serve()"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
             self._answer()  # ready: what it preloads is imported
         return self._server

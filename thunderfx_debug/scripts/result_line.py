@@ -1,6 +1,6 @@
 """The RESULT protocol, both ends: every repro script ends by printing one line,
 `RESULT <OUTCOME> (exit <status>)[: <detail>]; <meaning>`, and exits with that status (`Verdict.line` writes it; the
-repro writer inlines this text into each script); the tests' and benchmarks' script runs (`artifacts/repro/standalone`),
+repro writer inlines this text into each script); the tests' and benchmarks' script runs (`children/standalone`),
 the minimizer's trials (`minimize/verdict`) and `thunderfx-debug verify` read it (`last_result`, `outcome_of`).
 
     >>> print(Verdict(Outcome.NOT_COMPARABLE, "topk picked other tied values").line("Thunder", ["dropout"]))

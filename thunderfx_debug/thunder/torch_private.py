@@ -89,7 +89,7 @@ def fresh_compile_state() -> None:
     OpenMP team does not exist in the fork, and GNU OpenMP (torch's CPU builds) hangs at the child's first parallel
     region of more than one thread (a matmul, a large elementwise op). Does nothing where torch is not loaded, and
     leaves out what this torch lacks (the child then compiles as it would anyway); any other failure is raised, so
-    that the child ends saying why (`flush.children`) rather than hanging on a state it could not reset."""
+    that the child ends saying why (`children.forks`) rather than hanging on a state it could not reset."""
     torch = sys.modules.get("torch")
     if torch is None:
         return

@@ -25,7 +25,7 @@ def serve() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
     import torch
 
-    from thunderfx_debug.flush import children
+    from thunderfx_debug.children import forks as children
 
     if not torch.cuda.is_available() and importlib.util.find_spec("thunder") is not None:
         from thunderfx_debug.thunder.script_support import import_thunder

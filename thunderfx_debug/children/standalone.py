@@ -1,6 +1,9 @@
 """Running repro scripts as their users will: each in a fresh interpreter in which thunderfx_debug cannot be imported
 (a finder first on `sys.meta_path` refuses it, whatever else the environment installs), in the script's folder.
-Tests and benchmarks use this to prove that the scripts stand on their own.
+Tests and benchmarks use this to prove that the scripts stand on their own, and `verify` and `bench` to run alone a
+script that took its worker down. `pool`'s workers refuse the package with the same finder
+(`REFUSE_THUNDERFX_DEBUG`), and every child started as a session of its own is ended with its process group
+(`end_group`).
 
     run = run_script(Path("dump/rank0/graph0/graph0_repro_thunder.py"))
     run.outcome        # "OK", "MISMATCH", "REFUSED", "CRASH", "NOT_COMPARABLE", "NOT_REBUILT",

@@ -2,12 +2,11 @@
 (`run_script`: a script as `python script.py` would run it, in its own folder with its own argv as `__main__`;
 `run_function`: `module:function(*args)`) send its output into a log file and end it with their exit status.
 
-One of the package's two ways to run a piece in a process of its own, the other being `worker_pool` (fresh
-interpreters). A fork starts at once, with torch, Thunder and every executor the parent registered already loaded
-(a custom one of the training script's too): the triage's children in a process without CUDA, and the minimizer's
-trials, forked by a server that imported torch and Thunder once (`minimize.server`). A process that initialised
-CUDA cannot fork a child that uses it, so there `worker_pool`'s fresh interpreters run the pieces instead. Kept free
-of heavy imports, so that the parent can name these functions as targets."""
+A fork starts at once, with torch, Thunder and every executor the parent registered already loaded (a custom one of
+the training script's too): the triage's children in a process without CUDA, the minimizer's at flush, and
+`thunderfx-debug minimize`'s trials, forked by a server that imported torch and Thunder once (`fork_server`). Where
+this process may fork such a child is decided here, once (`can_fork`); where it may not, `pool`'s fresh interpreters
+run the pieces instead. Kept free of heavy imports, so that the parent can name these functions as targets."""
 
 from __future__ import annotations
 
@@ -82,8 +81,12 @@ def _exit_with(log: str, work) -> None:
 
 
 def can_fork() -> bool:
-    """Whether this process may run a piece in a forked child: it has `os.fork` and has not initialised CUDA (a
-    forked child cannot use its parent's CUDA context, nor make one of its own)."""
+    """Whether this process may run a piece in a forked child (`forked`) rather than a fresh interpreter (`pool`): it
+    has `os.fork` and has not initialised CUDA. A forked child can neither use its parent's CUDA context nor make one
+    of its own, so a process that initialised CUDA cannot fork a child that uses it; where it can, a fork is the better
+    child, starting at once with the parent's modules and every executor it registered. The one place that decides:
+    the triage (`flush.triage.forks`) and the minimizer (`minimize.flush_child`, a flagged piece's process at
+    flush, and `minimize.trials.TrialRunner.in_this_process`, its trials) ask it."""
     import torch
 
     return hasattr(os, "fork") and not (torch.cuda.is_available() and torch.cuda.is_initialized())

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug.artifacts.repro.standalone import REFUSE_THUNDERFX_DEBUG, end_group
+from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG, end_group
 
 #: The worker. argv[1]: the file descriptor results go to; jobs arrive on stdin, one JSON object a line.
 WORKER = r'''
