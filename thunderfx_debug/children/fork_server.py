@@ -1,10 +1,16 @@
-"""The process that forks the trials of `thunderfx-debug minimize`: a fresh interpreter that imports torch (and,
-on a machine without a GPU, Thunder, with the workaround `import thunder` needs on this torch) once and then forks a
-child per request, so that each trial starts without importing them again. It initialises no CUDA itself: a child
-forked from a process that did cannot use it. So it asks torch whether there is a GPU through NVML
+"""A fork server: a fresh interpreter that imports torch (and, on a machine without a GPU, Thunder, with the workaround
+`import thunder` needs on this torch) once and then forks a child per request (`forks.forked`), so that each child
+starts without importing them again: what runs the trials of `thunderfx-debug minimize`. It initialises no CUDA
+itself: a child forked from a process that did cannot use it. So it asks torch whether there is a GPU through NVML
 (PYTORCH_NVML_BASED_CUDA_CHECK, which initialises nothing), and where there is one it leaves Thunder to each child
 (importing nvFuser may initialise CUDA). It sees the environment the command was started with (a custom executor
 registered by a `sitecustomize` or an imported module is there too).
+
+    with ForkServer() as server:               # started at its first request
+        status = server.forked(forks.run_script, (script, log, argv), timeout_s=600)
+
+`ForkServer.forked` takes what `forks.forked` takes, for the targets `forks.run_script` and `forks.run_function`, and
+answers as it does; the server (`serve`) and its client are both here, the protocol's one owner.
 
 Protocol (one JSON object a line): requests on stdin, `{"script", "log", "argv", "timeout"}` (run a script) or
 `{"call", "args", "log", "timeout"}` (call `module:function`); each answered on stdout by a line starting with
@@ -16,7 +22,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from thunderfx_debug.children import forks
 
 ANSWER = "THUNDERFX_DEBUG_MINIMIZE_SERVER "
 
@@ -24,8 +36,6 @@ ANSWER = "THUNDERFX_DEBUG_MINIMIZE_SERVER "
 def serve() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
     import torch
-
-    from thunderfx_debug.children import forks as children
 
     if not torch.cuda.is_available() and importlib.util.find_spec("thunder") is not None:
         from thunderfx_debug.thunder.script_support import import_thunder
@@ -35,11 +45,78 @@ def serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "script" in request:
-            target, args = children.run_script, (request["script"], request["log"], request["argv"])
+            target, args = forks.run_script, (request["script"], request["log"], request["argv"])
         else:
-            target, args = children.run_function, (request["call"], request["log"], request["args"])
-        returncode = children.forked(target, args, request["timeout"])
+            target, args = forks.run_function, (request["call"], request["log"], request["args"])
+        returncode = forks.forked(target, args, request["timeout"])
         print(ANSWER + json.dumps({"returncode": returncode}), flush=True)
+
+
+class ForkServer:
+    """The client of one server process (`serve`), started at the first request. Close it (or use it as a context
+    manager) to end the server."""
+
+    def __init__(self):
+        self._server: subprocess.Popen | None = None
+        self._server_log: Path | None = None
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stdin.close()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        if self._server_log is not None:
+            self._server_log.unlink(missing_ok=True)
+            self._server_log = None
+
+    def forked(self, target: Callable, args: Sequence, timeout_s: float) -> int | None:
+        """Runs `target(*args)` (`forks.run_script` or `forks.run_function`, with their arguments) in a child forked
+        by the server; its exit status as `forks.forked` gives it. Raises RuntimeError where the server has ended."""
+        if target is forks.run_script:
+            script, log, argv = args
+            request = {"script": script, "log": log, "argv": list(argv)}
+        elif target is forks.run_function:
+            call, log, call_args = args
+            request = {"call": call, "log": log, "args": list(call_args)}
+        else:
+            raise ValueError(f"{target!r}: a fork server runs forks.run_script or forks.run_function")
+        server = self._started()
+        try:
+            server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
+            server.stdin.flush()
+        except BrokenPipeError:
+            pass  # the server has ended: `_answer` says why
+        return self._answer()["returncode"]
+
+    def _answer(self) -> dict:
+        for line in self._server.stdout:
+            if line.startswith(ANSWER):
+                return json.loads(line[len(ANSWER):])
+        tail = self._server_log.read_text(errors="replace")[-2000:] if self._server_log else ""
+        self._server = None
+        raise RuntimeError(f"the process that runs the trials ended unexpectedly: {tail}")
+
+    def _started(self) -> subprocess.Popen:
+        if self._server is None:
+            handle, name = tempfile.mkstemp(prefix="thunderfx_debug_trials_", suffix=".log")
+            os.close(handle)
+            self._server_log = Path(name)
+            with open(name, "w") as errors:
+                self._server = subprocess.Popen(
+                    [sys.executable, "-c", "from thunderfx_debug.children.fork_server import serve; serve()"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
+            self._answer()  # ready: what it preloads is imported
+        return self._server
 
 
 if __name__ == "__main__":

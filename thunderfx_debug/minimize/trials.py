@@ -6,7 +6,7 @@ again: a training script without a `__main__` guard would train again in every t
 - "fork" (`TrialRunner.in_this_process()` where it may): a copy of the calling process. At flush, in the training
   process, the child has the run's Thunder, its executors (a custom executor registered by the training script is
   found by name) and its imported modules. A process that has initialised CUDA cannot fork a child that uses it, so
-  there the other way is taken.
+  there the other way is taken (`children.forks.can_fork` decides).
 - "server": a fresh interpreter that imports torch (and Thunder, where there is no GPU) once and forks each trial
   from itself, initialising no CUDA (`children.fork_server`): what the command line uses. Its children see the
   environment the command was started with.
@@ -20,17 +20,13 @@ Example (the budget, with a fake clock):
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from thunderfx_debug.children import forks as children
-from thunderfx_debug.children.fork_server import ANSWER
+from thunderfx_debug.children import forks
+from thunderfx_debug.children.fork_server import ForkServer
 from thunderfx_debug.minimize.verdict import ScriptVerdict, read_run
 
 #: Seconds a single run of a script may take before it is stopped (a compile on the H200 takes tens of seconds).
@@ -68,14 +64,13 @@ class TrialRunner:
         if method not in ("fork", "server"):
             raise ValueError(f"method {method!r}: allowed: fork, server")
         self.method = method
-        self._server: subprocess.Popen | None = None
-        self._server_log: Path | None = None
+        self._server = ForkServer()
 
     @classmethod
     def in_this_process(cls) -> TrialRunner:
-        """Children that are copies of this process where it can fork them (no CUDA initialised here), else
-        children of a fresh server."""
-        return cls("fork" if children.can_fork() else "server")
+        """Children that are copies of this process where it can fork them (`forks.can_fork`), else children of a
+        fresh server."""
+        return cls("fork" if forks.can_fork() else "server")
 
     def __enter__(self) -> TrialRunner:
         return self
@@ -84,65 +79,25 @@ class TrialRunner:
         self.close()
 
     def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stdin.close()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        if self._server_log is not None:
-            self._server_log.unlink(missing_ok=True)
-            self._server_log = None
+        self._server.close()
 
-    def _answer(self) -> dict:
-        for line in self._server.stdout:
-            if line.startswith(ANSWER):
-                return json.loads(line[len(ANSWER):])
-        tail = self._server_log.read_text(errors="replace")[-2000:] if self._server_log else ""
-        self._server = None
-        raise RuntimeError(f"the process that runs the trials ended unexpectedly: {tail}")
-
-    def _started_server(self) -> subprocess.Popen:
-        if self._server is None:
-            handle, name = tempfile.mkstemp(prefix="thunderfx_debug_trials_", suffix=".log")
-            os.close(handle)
-            self._server_log = Path(name)
-            with open(name, "w") as errors:
-                self._server = subprocess.Popen(
-                    [sys.executable, "-c", "from thunderfx_debug.children.fork_server import serve; serve()"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
-            self._answer()  # ready: what it preloads is imported
-        return self._server
-
-    def _run(self, request: dict, target, args, timeout_s: float) -> tuple[int | None, float]:
+    def _run(self, target, args, timeout_s: float) -> tuple[int | None, float]:
         started = time.perf_counter()
-        if self.method == "fork":
-            returncode = children.forked(target, args, timeout_s)
-        else:
-            server = self._started_server()
-            try:
-                server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
-                server.stdin.flush()
-            except BrokenPipeError:
-                pass  # the server has ended: `_answer` says why
-            returncode = self._answer()["returncode"]
+        forked = forks.forked if self.method == "fork" else self._server.forked
+        returncode = forked(target, args, timeout_s)
         return returncode, time.perf_counter() - started
 
     def run(self, script: Path, timeout_s: float = TRIAL_TIMEOUT_S, argv: Sequence[str] = ()) -> ScriptVerdict:
         """Runs `script` as `python script.py` would, in its folder; its verdict (see `verdict.read_run`)."""
         script = script.resolve()
         with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_trial_", suffix=".log") as log:
-            returncode, seconds = self._run({"script": str(script), "log": log.name, "argv": list(argv)},
-                                            children.run_script, (str(script), log.name, list(argv)), timeout_s)
+            returncode, seconds = self._run(forks.run_script, (str(script), log.name, list(argv)), timeout_s)
             output = Path(log.name).read_text(errors="replace")
         return read_run(returncode, output, seconds)
 
     def call(self, target: str, args: Sequence, timeout_s: float = TRIAL_TIMEOUT_S) -> tuple[bool, str]:
         """Calls `module:function(*args)` in a child; (whether it returned, what it printed)."""
         with tempfile.NamedTemporaryFile("w+", prefix="thunderfx_debug_step_", suffix=".log") as log:
-            returncode, _ = self._run({"call": target, "log": log.name, "args": list(args)},
-                                      children.run_function, (target, log.name, list(args)), timeout_s)
+            returncode, _ = self._run(forks.run_function, (target, log.name, list(args)), timeout_s)
             output = Path(log.name).read_text(errors="replace")
         return returncode == 0, output
