@@ -39,7 +39,7 @@ The sentinel:
 The flush-time triage:
 - `keeping_triage_step_lines`: flush_triage.py takes a flush's time apart (the children's start, each step of each
   split's child, the flush's own work around them) from the step lines the children write with their wall-clock
-  times (flush.jobs' `results.jsonl`); the triage deletes its folders when it is done, so this copies each split's
+  times (triage.jobs' `results.jsonl`); the triage deletes its folders when it is done, so this copies each split's
   lines out first, for the duration of a `with` block.
 
 Repro scripts and the minimizer:
@@ -144,14 +144,14 @@ def time_calls(wrapped: Iterable[tuple[str, str | None, str, str]], times: dict[
 
 @contextlib.contextmanager
 def keeping_triage_step_lines(into):
-    """Within the block, each split's step lines (`results.jsonl`, flush.jobs) are copied into `into`/<its folder's
+    """Within the block, each split's step lines (`results.jsonl`, triage.jobs) are copied into `into`/<its folder's
     name>/ before the triage reads its verdicts and deletes the folder."""
     import shutil
     from pathlib import Path
 
-    from thunderfx_debug.flush import triage
+    from thunderfx_debug.triage import at_flush
 
-    verdicts = triage.verdicts
+    verdicts = at_flush.verdicts
 
     def copied_first(folder, tried):
         lines = Path(folder) / "results.jsonl"
@@ -160,11 +160,11 @@ def keeping_triage_step_lines(into):
             shutil.copy(lines, Path(into) / Path(folder).name / lines.name)
         return verdicts(folder, tried)
 
-    triage.verdicts = copied_first
+    at_flush.verdicts = copied_first
     try:
         yield
     finally:
-        triage.verdicts = verdicts
+        at_flush.verdicts = verdicts
 
 
 @contextlib.contextmanager

@@ -15,11 +15,11 @@ import torch
 
 import thunderfx_debug  # noqa: F401  (version workarounds before thunder is imported)
 from thunderfx_debug import ReportingBackend
-from thunderfx_debug.flush import triage
+from thunderfx_debug.triage import at_flush
 
 
 def main(dump_dir: str) -> None:
-    triage.forks = lambda settings: False  # the children of a process that initialised CUDA
+    at_flush.forks = lambda settings: False  # the children of a process that initialised CUDA
     backend = ReportingBackend(dump_dir=dump_dir, triage="split", flush_every=0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
     compiled = torch.compile(model, backend=backend)

@@ -19,7 +19,8 @@ import torch
 
 from conftest import ThreeSplits, cpu_executors
 from thunderfx_debug import ReportingBackend
-from thunderfx_debug.flush import triage_ahead, triage_child
+from thunderfx_debug.triage import child
+from thunderfx_debug.triage.ahead import Ahead, AheadChild
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.check import OUT_OF_MEMORY
@@ -115,7 +116,7 @@ def _reading(free_gib: float, reserved_gib: float = 40, peak_gib: float = 48) ->
 
 def _ahead(reading, slots: int = 2, margin: float = 25.0):
     started = []
-    ahead = triage_ahead.Ahead(_Recorder(3), lambda: slots, lambda *a: None, lambda key: False, margin,
+    ahead = Ahead(_Recorder(3), lambda: slots, lambda *a: None, lambda key: False, margin,
                                read=lambda device: reading[0])
     ahead._stop.set()  # the test drives it, not its thread
     ahead._start = lambda key, state, split, cap: started.append((key, cap))
@@ -144,7 +145,7 @@ def test_children_ahead_are_ended_once_the_training_grows_into_the_margin():
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"thunderfx_debug_test_{os.getpid()}" / "ahead_x"
     folder.mkdir(parents=True, exist_ok=True)
-    ahead._children["graph0/thunder_0"] = triage_ahead.AheadChild((None, None), folder, sleeper, folder / "log", 0)
+    ahead._children["graph0/thunder_0"] = AheadChild((None, None), folder, sleeper, folder / "log", 0)
     with ahead:
         ahead._start_ready()
     assert sleeper.poll() is None and ahead.children  # room left: it goes on
@@ -158,17 +159,17 @@ def test_children_ahead_are_ended_once_the_training_grows_into_the_margin():
 
 
 def test_a_piece_whose_process_ran_out_of_device_memory_says_so_and_what_it_was_doing():
-    from thunderfx_debug.flush.judging import NotJudged
+    from thunderfx_debug.triage.judging import NotJudged
 
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB.")
-    verdict = triage_child.out_of_memory(error, "timing the split")
-    assert verdict.startswith(triage_child.OUT_OF_MEMORY + " in its process of its own while timing the split")
+    verdict = child.out_of_memory(error, "timing the split")
+    assert verdict.startswith(child.OUT_OF_MEMORY + " in its process of its own while timing the split")
     assert "Tried to allocate 3.00 GiB" in verdict and "the training" in verdict
     try:
         raise NotJudged("inductor failed on the split") from error
     except NotJudged as wrapped:
-        assert triage_child.out_of_memory(wrapped, "inductor's first call").startswith(triage_child.OUT_OF_MEMORY)
-    assert triage_child.out_of_memory(RuntimeError("shapes differ"), "timing the split") is None
+        assert child.out_of_memory(wrapped, "inductor's first call").startswith(child.OUT_OF_MEMORY)
+    assert child.out_of_memory(RuntimeError("shapes differ"), "timing the split") is None
     assert device_room.is_out_of_memory(RuntimeError("CUDA error: out of memory"))
 
 

@@ -15,7 +15,7 @@ import torch
 import written_script
 
 from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG
-from thunderfx_debug.flush import judging as triage
+from thunderfx_debug.triage import judging as triage
 from thunderfx_debug.records import Phase
 from thunderfx_debug.recording.timing import CudaClock, DeviceHold
 from thunderfx_debug.scripts import device_timer

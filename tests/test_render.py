@@ -513,7 +513,7 @@ def test_triage_ranks_by_time_lost_per_step():
 def test_bench_judges_a_time_ratio_as_the_flush_time_triage_does():
     """One rule (`records.deviation_outcome`): bench's point ratio of two medians deviates exactly where the triage's
     interval, shrunk to that ratio, does; by default at the triage's own threshold."""
-    from thunderfx_debug.flush import judging
+    from thunderfx_debug.triage import judging
     from thunderfx_debug.records import DEVIATION
 
     (split,) = [c for c in triage_plan() if c.path == "graph0/thunder_0"]

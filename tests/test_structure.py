@@ -17,7 +17,7 @@ The layers are folders, bottom first; a module imports from its own layer and th
 8. children: `children/`: every process the package starts and how it talks to it (forks, a fork server, long-lived
    workers, a script where the package cannot be imported), and the one choice between a fork and a fresh
    interpreter; it takes from `scripts/` and `thunder/` only, and only the layers above it start children;
-9. flush: `flush/`: what a flush runs on the recorded pieces in processes of their own (the triage against
+9. triage: `triage/`: what a flush runs on the recorded pieces in processes of their own (the triage against
    inductor), its results handed to the artifacts as records;
 10. minimize: `minimize/`: the minimizer, whose trials run in those processes;
 11. the run: `run/` (the backend, the flusher, the flush on SIGTERM), the package itself
@@ -88,7 +88,7 @@ LAYERS = (
     ("recording", ("recording",)),
     ("artifacts", ("artifacts",)),
     ("children", ("children",)),
-    ("flush", ("flush",)),
+    ("triage", ("triage",)),
     ("minimize", ("minimize",)),
     ("the run", ("run", "")),
     ("commands", ("commands", "__main__")),

@@ -13,8 +13,8 @@ import torch
 
 import thunderfx_debug
 from thunderfx_debug import load_report
-from thunderfx_debug.flush import piece_inputs
-from thunderfx_debug.flush.jobs import PieceInputs
+from thunderfx_debug.triage import piece_inputs
+from thunderfx_debug.triage.jobs import PieceInputs
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.records import InputKind
 

@@ -13,8 +13,8 @@ import torch
 import crashing_executors
 from conftest import cpu_executors
 from thunderfx_debug import ReportingBackend, load_report
-from thunderfx_debug.flush import triage as flush_triage
-from thunderfx_debug.flush.judging import TriageSettings
+from thunderfx_debug.triage import at_flush
+from thunderfx_debug.triage.judging import TriageSettings
 from thunderfx_debug import plain_thunder_compiler
 
 STEPS_BEFORE, STEPS_AFTER = 3, 2
@@ -80,7 +80,7 @@ def _thunder_splits(report):
 def test_a_piece_whose_triage_aborts_its_process_is_its_verdict_and_training_goes_on_bit_identically(
         tmp_path, monkeypatch, one_thread, in_training, processes):
     if processes == "workers":  # as a process that initialised CUDA runs them: fresh interpreters
-        monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+        monkeypatch.setattr(at_flush, "forks", lambda settings: False)
     executors = _executors(crashing_executors.aborting_ex)
     backend = ReportingBackend(dump_dir=tmp_path, triage="fusion", repro="all", flush_every=0, strict=True,
                                executors=executors)
@@ -139,7 +139,7 @@ def test_on_cuda_a_device_side_assert_in_a_piece_s_process_is_its_verdict_and_th
         _assert_as_plain(losses, params, executors, device="cuda")
     finally:
         torch.use_deterministic_algorithms(False)
-    assert not flush_triage.forks(TriageSettings())  # a process that initialised CUDA runs fresh workers
+    assert not at_flush.forks(TriageSettings())  # a process that initialised CUDA runs fresh workers
     splits = _thunder_splits(load_report(rank_dir))
     asserted, others = splits.pop("graph1/thunder_0"), list(splits.values())
     assert asserted.triage.error is not None and "device-side assert" in asserted.triage.error
@@ -156,16 +156,16 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
     import json
     import shutil
 
-    monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+    monkeypatch.setattr(at_flush, "forks", lambda settings: False)
     lines = tmp_path / "lines"
-    verdicts = flush_triage.verdicts
+    verdicts = at_flush.verdicts
 
     def keeping_lines(folder, tried):  # the folders are deleted after the flush reads them
         (lines / folder.name).mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / "results.jsonl", lines / folder.name / "results.jsonl")
         return verdicts(folder, tried)
 
-    monkeypatch.setattr(flush_triage, "verdicts", keeping_lines)
+    monkeypatch.setattr(at_flush, "verdicts", keeping_lines)
     executors = _executors()
     backend = ReportingBackend(dump_dir=tmp_path / "dump", triage="split", flush_every=0, strict=True,
                                executors=executors)
@@ -191,7 +191,7 @@ def test_a_split_compiled_ahead_of_the_flush_is_judged_without_compiling_it_agai
     started = _children_ahead(ahead, 240, lambda child: "compiled ahead" in _step_lines(child.folder))
     assert started, "no split was compiled ahead within 240 s"
     # They compiled at a lower CPU priority than the training's.
-    from thunderfx_debug.flush.triage_child import AHEAD_NICENESS
+    from thunderfx_debug.triage.child import AHEAD_NICENESS
 
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert all(os.getpriority(os.PRIO_PROCESS, child.process.pid) >= min(19, ours + AHEAD_NICENESS)
@@ -246,7 +246,7 @@ def test_a_child_compiling_ahead_ends_and_removes_its_folder_when_the_training_p
 
 def test_stopping_the_compiles_ahead_ends_the_children_not_handed_to_a_flush(tmp_path, monkeypatch, one_thread):
 
-    monkeypatch.setattr(flush_triage, "forks", lambda settings: False)
+    monkeypatch.setattr(at_flush, "forks", lambda settings: False)
     backend = ReportingBackend(dump_dir=tmp_path, triage="split", flush_every=0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
     compiled = torch.compile(model, backend=backend)

@@ -31,7 +31,7 @@ FileIndex = Mapping[str, Mapping[str, str]]
 @dataclasses.dataclass(frozen=True)
 class FlushFindings:
     """What the flush's work in processes of its own found, by owner key ("graph0/thunder_0",
-    "graph0/thunder_0/nvFusion0_forward"): each piece's triage against inductor (`thunderfx_debug.flush.triage`) and
+    "graph0/thunder_0/nvFusion0_forward"): each piece's triage against inductor (`thunderfx_debug.triage.at_flush`) and
     the reduction of each piece the sentinel flagged (`thunderfx_debug.minimize.at_flush`)."""
 
     triage: Mapping[str, Triage] = dataclasses.field(default_factory=dict)

@@ -85,7 +85,7 @@ def can_fork() -> bool:
     has `os.fork` and has not initialised CUDA. A forked child can neither use its parent's CUDA context nor make one
     of its own, so a process that initialised CUDA cannot fork a child that uses it; where it can, a fork is the better
     child, starting at once with the parent's modules and every executor it registered. The one place that decides:
-    the triage (`flush.triage.forks`) and the minimizer (`minimize.flush_child`, a flagged piece's process at
+    the triage (`triage.at_flush.forks`) and the minimizer (`minimize.flush_child`, a flagged piece's process at
     flush, and `minimize.trials.TrialRunner.in_this_process`, its trials) ask it."""
     import torch
 

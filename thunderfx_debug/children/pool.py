@@ -1,5 +1,5 @@
 """Long-lived worker processes that run scripts one after another, each as `__main__` in its own folder (`runpy`):
-a dump's repro scripts for `verify` and `bench`, and the flush-time triage's children (`flush.triage`). Python, torch, Thunder and nvFuser start once per worker, and inductor's,
+a dump's repro scripts for `verify` and `bench`, and the flush-time triage's children (`triage.at_flush`). Python, torch, Thunder and nvFuser start once per worker, and inductor's,
 Triton's and nvFuser's in-memory caches carry over from script to script, instead of 10-50 s of start-up and
 compile per script in processes of their own.
 

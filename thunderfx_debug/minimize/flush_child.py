@@ -94,7 +94,7 @@ def _namespace(prelude: str) -> dict[str, Any]:
 
 def made_inputs(values: PieceValues) -> list[Any]:
     from thunderfx_debug.artifacts.repro import script_template
-    from thunderfx_debug.flush.piece_inputs import rebuilt_inputs
+    from thunderfx_debug.triage.piece_inputs import rebuilt_inputs
 
     if values.copies is not None:
         return [script_template._rebuild(x) for x in values.copies]

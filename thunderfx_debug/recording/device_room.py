@@ -8,7 +8,7 @@ out-of-memory error in the training ends the run. So (docs/memory.md):
   between the parts of a checked call lives on the host, and its work runs in a memory pool of its own that is given
   back to the device when each part ends (`recording.isolation`).
 - A process of the tool's that uses the device during training (the triage's children compiling splits ahead of the
-  flush, `flush.triage_ahead`) starts only where `room` says the device has space for it beyond the training's own
+  flush, `triage.ahead`) starts only where `room` says the device has space for it beyond the training's own
   high-water mark (`torch.cuda.max_memory_reserved`, which a user's `reset_peak_memory_stats` can lower: the
   highest reading seen is kept) plus THUNDERFX_DEBUG_DEVICE_MARGIN percent of the device, and is ended as soon as
   that space is gone.

@@ -297,7 +297,7 @@ class Recorder:
     def one_split(self, state: GraphState, split: SplitState) -> GraphSnapshot:
         """A snapshot of `state` holding `split` only, read without waiting for the device and without resolving
         timing samples (which the training thread appends to): what the triage reads to compile a split ahead of the
-        flush, from a thread of its own (`flush.triage_ahead`)."""
+        flush, from a thread of its own (`triage.ahead`)."""
         snap = self._split_snapshot(state, split, wait=False)
         metas = self._observed(state.name, state.captured, state.input_meta, wait=False)
         return GraphSnapshot(state, [snap], state.input_meta if metas is None else metas)

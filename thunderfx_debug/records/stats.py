@@ -1,5 +1,5 @@
 """Statistics of timings, pure Python (no numpy or scipy needed): Student's t distribution and Yuen's test of
-trimmed means. Shared by the diff's noise model (`render.noise`) and the flush-time triage (`flush.judging`), which
+trimmed means. Shared by the diff's noise model (`render.noise`) and the flush-time triage (`triage.judging`), which
 judge timings of different runs and of two compilers the same way: on log times, with a test a few outliers cannot
 move."""
 

@@ -1,4 +1,4 @@
-"""The flush-time triage (records' `triage`, see `thunderfx_debug.flush.triage`) rendered: triage.md, the summary's
+"""The flush-time triage (records' `triage`, see `thunderfx_debug.triage.at_flush`) rendered: triage.md, the summary's
 lines and the HTML section. Pieces are ranked by the time Thunder loses per step against inductor; for each split, how much of
 its gap its fusion regions explain; and the totals: the splits' gains and losses summed, which is what the whole
 ThunderFX step should differ from an inductor step of the same model by (inductor splits and the code between splits

@@ -36,8 +36,8 @@ from thunderfx_debug.records import SplitKind
 from thunderfx_debug.render.report import Report
 from thunderfx_debug.dump.runs import this_run
 from thunderfx_debug.run.sigterm import chain_sigterm
-from thunderfx_debug.flush.judging import TriageSettings
-from thunderfx_debug.flush.triage import announce_cost
+from thunderfx_debug.triage.judging import TriageSettings
+from thunderfx_debug.triage.at_flush import announce_cost
 from thunderfx_debug.thunder.compile import compile_graph, has_dynamic_inputs
 from thunderfx_debug.thunder.options import THUNDERFX_OWN_OPTIONS, describe_options, jit_arguments, unread_options
 from thunderfx_debug.thunder.torch_trace import tracing_enabled

@@ -11,7 +11,7 @@ recorder. One flush at a time: a periodic flush that finds the previous one stil
 flush in the calling thread waits for it. A forked child of the training process (a DataLoader worker inherits the
 backend) writes nothing.
 
-With THUNDERFX_DEBUG_TRIAGE, a flush first times the pieces not triaged yet against inductor (`flush.triage`, in
+With THUNDERFX_DEBUG_TRIAGE, a flush first times the pieces not triaged yet against inductor (`triage.at_flush`, in
 processes of its own while the training thread waits): the explicit one, the one at exit, the periodic one (once
 per piece: the later ones find nothing new). The dump at SIGTERM does not (`NOT_TRIAGING` says why, in the dump, for each piece not timed yet), nor a
 flush at exit that Python runs too late for inductor to compile.
@@ -43,8 +43,8 @@ from thunderfx_debug.minimize.at_flush import MinimizeSettings, Minimizer
 from thunderfx_debug.records import FlushCost, FlushPart, FlushStage, GraphRecord
 from thunderfx_debug.recording.recorder import Recorder
 from thunderfx_debug.render.report import Report
-from thunderfx_debug.flush.judging import TriageSettings
-from thunderfx_debug.flush.triage import Triager, deviating
+from thunderfx_debug.triage.judging import TriageSettings
+from thunderfx_debug.triage.at_flush import Triager, deviating
 
 log = logging.getLogger("thunderfx_debug")
 
@@ -189,13 +189,13 @@ class DumpFlusher:
             self._run_deferred()
 
     def stop_compiling_ahead(self) -> None:
-        """Ends the children that compile splits ahead of a flush (`flush.triage_ahead`) and their thread."""
+        """Ends the children that compile splits ahead of a flush (`triage.ahead`) and their thread."""
         if self._triager.ahead is not None:
             self._triager.ahead.close()
 
     @property
     def triaged(self) -> dict[str, Any]:
-        """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.flush.triage`)."""
+        """owner -> the flush-time triage of the pieces triaged so far (see `thunderfx_debug.triage.at_flush`)."""
         return self._triager.known()
 
     @property
@@ -227,7 +227,7 @@ class DumpFlusher:
     # ---- the two halves -------------------------------------------------------------------------------------------
     def _prepare(self, wait_for_device: bool, occasion: str, why: dict[str, str] | None = None) -> _Prepared:
         """The training thread's half: records and artifacts, no serialisation; first, the pieces not triaged yet
-        are timed against inductor (see `thunderfx_debug.flush.triage`), but on the occasions of `NOT_TRIAGING`."""
+        are timed against inductor (see `thunderfx_debug.triage.at_flush`), but on the occasions of `NOT_TRIAGING`."""
         rank, dump_dir = self._rank(), self._dump_dir()
         rank_dir = dump_dir / layout.rank_dir_name(rank)
         self.flushes += 1

@@ -4,7 +4,7 @@ time the kernels rather than the host's launches.
 
 Used by the sampler's clock (`recording/timing.CudaClock`) and its hold (`recording/timing.DeviceHold`), by the
 capture of input statistics (`recording/capture.observe`: a mark says when they are ready) and by flush-time triage
-(`flush/judging.cuda_round`); the repro writer inlines this text into each script, whose `--benchmark` times device
+(`triage/judging.cuda_round`); the repro writer inlines this text into each script, whose `--benchmark` times device
 work with it (see the package's docstring).
 
 `cuda` arguments default to `torch.cuda`; tests pass a fake one, so the logic runs on machines without a GPU.

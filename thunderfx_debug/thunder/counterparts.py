@@ -1,4 +1,4 @@
-"""What the flush-time triage times (see `thunderfx_debug.flush.triage`): the callables the run already compiled (a
+"""What the flush-time triage times (see `thunderfx_debug.triage.at_flush`): the callables the run already compiled (a
 thunder split's ThunderModule, a fusion region's compiled callable), and their counterparts compiled by inductor.
 
 Whether a split would run its cached code on given inputs is Thunder's prologue's to say: Thunder 0.2.6

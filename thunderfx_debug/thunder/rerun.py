@@ -1,4 +1,4 @@
-"""Thunder's side of running a split of the run again in a process of its own (`flush.triage_child`): what of the
+"""Thunder's side of running a split of the run again in a process of its own (`triage.child`): what of the
 run's compile a child needs (`prologue_pruning`, `executor_objects`), the compile itself as ThunderFX made it
 (`jit_as_in_the_run`), and whether it made the same code (`same_trace`).
 

@@ -13,7 +13,7 @@ do, so a torch upgrade that breaks one is fixed here (tests/test_structure.py ke
 - `custom_op_module`: the Python module that defined a custom op (`torch.library.custom_op`), which a script must
   import for `torch.ops.<namespace>.<name>` to exist;
 - `operator_key`, `operator_from_key`: an operator of `torch.ops` (an overload, a packet, a higher-order operator)
-  by its names, for an FX graph sent to a child process (`flush.graph_codec`): overloads do not pickle;
+  by its names, for an FX graph sent to a child process (`triage.graph_codec`): overloads do not pickle;
 - `saved_tensors_hooks_in_use`: the pack and unpack hooks of saved tensors in force now (a user's `save_on_cpu`),
   which the memory meter's own hooks pass every tensor on to (`recording.memory`);
 - `allocator_counts`, `allocator_history_recording`, `record_allocator_history`, `allocator_history`: the CUDA

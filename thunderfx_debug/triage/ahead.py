@@ -1,17 +1,17 @@
 """The triage's compiles ahead of the flush: children started during training that compile a Thunder split again,
 so that the flush that triages it (which the training waits for) finds it compiled.
 
-Why: a child is a fresh interpreter where the training process has initialised CUDA (`flush.triage`), and a fresh
+Why: a child is a fresh interpreter where the training process has initialised CUDA (`triage.at_flush`), and a fresh
 interpreter compiles the split with Thunder again: nvFuser keeps the kernels it compiled in the process that
 compiled them. On the H200's 4-layer Llama that second compile of the decoder split is 55-60 s of a 90 s flush.
 
 How: a thread of the training process looks at the run's Thunder splits every `POLL_S`. Once a split has run
 `READY_CALLS` times (its first backward done and the optimizer's state made, so that the run's device memory is
-near what it keeps), the thread writes the split's job without the run's tensors (`triage._write_job` without
-them: metadata only, nothing read from the device) and starts a child (`triage_child.run_ahead`). The child compiles
+near what it keeps), the thread writes the split's job without the run's tensors (`at_flush._write_job` without
+them: metadata only, nothing read from the device) and starts a child (`child.run_ahead`). The child compiles
 the split with Thunder on inputs made from that metadata, calls it once, and waits. At the flush, the training
 process (waiting now) writes the job again with the run's tensors, its traces and the flush's device lock, and gives
-the word (`jobs.GO`); the child goes on as any child of the flush, its compile done, and `triage` waits for it as
+the word (`jobs.GO`); the child goes on as any child of the flush, its compile done, and `at_flush` waits for it as
 for the others. Where the compile ahead does not serve (its inputs laid out otherwise than the run's, its traces
 not the run's, a failure on the made inputs), the child compiles again after the word, as a child of the flush would.
 
@@ -26,9 +26,9 @@ Limits, and why they keep the training safe (docs/memory.md):
 - While children ahead are alive, the thread reads the device every `POLL_S`: once the room is gone (the training
   grew past its high-water mark into the margin, or another process took the device's memory), every child ahead is
   ended at once, and their splits compile at the flush.
-- At most `triage.workers(settings)` children ahead at once, the splits whose first call took longest first; the
+- At most `at_flush.workers(settings)` children ahead at once, the splits whose first call took longest first; the
   others compile at the flush. A child takes a CPU core while it compiles, at a lower priority than the training's
-  (`triage_child.AHEAD_NICENESS`), and runs its one call's kernels beside the training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
+  (`child.AHEAD_NICENESS`), and runs its one call's kernels beside the training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
   flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time the training's
   kernels with its own.
 - None outlives the flush after it: the flush hands each its job or ends it (`end_all`), and a child whose training
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from thunderfx_debug.children import pool
-from thunderfx_debug.flush import jobs
+from thunderfx_debug.triage import jobs
 from thunderfx_debug.records import SplitKind
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.recorder import GraphSnapshot, Recorder
@@ -194,7 +194,7 @@ class Ahead:
             return
         log_path = folder / "ahead.log"
         process = pool.start_process(
-            [sys.executable, "-m", "thunderfx_debug.flush.triage_child", str(folder), "--ahead", str(cap_bytes),
+            [sys.executable, "-m", "thunderfx_debug.triage.child", str(folder), "--ahead", str(cap_bytes),
              str(os.getpid())],
             log_path, pool.this_module_path())
         self._children[key] = AheadChild((split_snapshot.fwd_trace, split_snapshot.bwd_trace), folder,

@@ -1,5 +1,5 @@
-"""Thunder against inductor, one piece at a time: how the flush-time triage (`flush.triage`, in a child process,
-`flush.triage_child`) calls each side, times them and decides.
+"""Thunder against inductor, one piece at a time: how the flush-time triage (`triage.at_flush`, in a child process,
+`triage.child`) calls each side, times them and decides.
 
 What is timed:
 - a split: Thunder's compile of the split's FX module, called with grad enabled and its backward run by

@@ -3,7 +3,7 @@ timed against the same piece compiled by inductor, in processes of their own.
 
 The training process only writes, per split, what a child needs (`jobs`: the split's FX module as Dynamo built it,
 Thunder's options and executors by name, the inputs' metadata, host copies of the run's own tensors still alive,
-the run's final traces) and reads back what the children wrote. Each child (`triage_child`) compiles the split again
+the run's final traces) and reads back what the children wrote. Each child (running `child`) compiles the split again
 as ThunderFX did, checks that its final traces are the run's line for line, and times the pieces. Nothing a child
 does can reach the training process: not its memory, not its CUDA context, not its random streams. A child that
 dies (a signal, a native abort, a device-side assert, an illegal memory access, an out-of-memory) or hangs past
@@ -15,12 +15,12 @@ every executor the run registered, a custom one of the training script's too; `c
 that has cannot fork a child that uses CUDA, so its children are fresh interpreters, long-lived workers that take one
 split after another (`children.pool`, the workers of `verify` and `bench`), several at once so that their compiles
 overlap: they compile and make first calls side by side and time one at a time, nothing else on the device
-meanwhile (`triage_child.on_the_device`); there an executor of the user's is there when the
+meanwhile (`child.on_the_device`); there an executor of the user's is there when the
 module that registers it on import can be imported (`jobs.executor_modules`); a piece whose executor is missing
 there is not judged, and says which executor and why.
 
 Where the children are fresh interpreters, each split is compiled ahead of the flush, during training, by a child
-the flush then hands the run's tensors (`triage_ahead`): a fresh process compiles the split with Thunder again, which
+the flush then hands the run's tensors (`ahead`): a fresh process compiles the split with Thunder again, which
 is most of a flush's time otherwise.
 
 The training process waits while the children run, at every flush that triages (the periodic one included): a child
@@ -58,9 +58,11 @@ from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.children import pool
 from thunderfx_debug.children.forks import can_fork, forked, run_function
-from thunderfx_debug.flush import graph_codec, jobs, triage_ahead, triage_child
-from thunderfx_debug.flush.judging import TriageSettings
-from thunderfx_debug.flush.piece_inputs import run_tensors
+from thunderfx_debug.triage import graph_codec, jobs
+from thunderfx_debug.triage.ahead import Ahead, AheadChild
+from thunderfx_debug.triage.child import OUT_OF_MEMORY, SHARED_STEPS, TIMEOUT_MARK
+from thunderfx_debug.triage.judging import TriageSettings
+from thunderfx_debug.triage.piece_inputs import run_tensors
 from thunderfx_debug.render.headline import summed_headline
 from thunderfx_debug.render.progress import announce
 from thunderfx_debug.render.text import about_seconds
@@ -103,14 +105,14 @@ class Triager:
         # split key -> (its trace objects, kept alive so that their ids stay theirs; the owner -> triage of the split
         # and its regions)
         self._done: dict[str, tuple[tuple, dict[str, Triage]]] = {}
-        self.ahead: triage_ahead.Ahead | None = None
+        self.ahead: Ahead | None = None
         self.spent_s = 0.0  # the wall time of every triage so far (what the log and triage.md say it took)
         self.announced_s: float | None = None  # what the last triage that timed pieces said beforehand it would take
 
     def compile_ahead(self, recorder: Recorder, settings: TriageSettings,
                       thunder_options: Callable[[], Mapping[str, Any]]) -> None:
         """Compiles the run's splits in children ahead of the flush, during training, where the flush's children
-        are fresh interpreters (`triage_ahead`)."""
+        are fresh interpreters (`ahead`)."""
         if settings.level is TriageLevel.OFF or self.ahead is not None:
             return
 
@@ -118,12 +120,12 @@ class Triager:
             _write_job(folder, PieceKey.of(snapshot.state.name, split.state.name), snapshot, split, settings,
                        thunder_options(), run_tensors_too=False)
 
-        self.ahead = triage_ahead.Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
+        self.ahead = Ahead(recorder, lambda: 0 if forks(settings) else workers(settings), write_job,
                                         lambda key: key in self._done, settings.device_margin)
 
     def holding_still(self) -> contextlib.AbstractContextManager:
         """Within it, no split is read or compiled ahead of the flush: the flush reads the records that the thread
-        that compiles ahead reads too (`triage_ahead`)."""
+        that compiles ahead reads too (`ahead`)."""
         return self.ahead if self.ahead is not None else contextlib.nullcontext()
 
     def known(self) -> dict[str, Triage]:
@@ -203,7 +205,7 @@ class Triager:
                 log.warning("thunderfx_debug: the training process's device cannot be waited for (%s): the triage's "
                             "children make every input from the recorded metadata", unusable)
             lock = None if forks(settings) else str(Path(root) / "device.lock")
-            ahead: dict[str, triage_ahead.AheadChild] = {}  # split key -> its child, compiled ahead of this flush
+            ahead: dict[str, AheadChild] = {}  # split key -> its child, compiled ahead of this flush
             with self.holding_still():  # no child starts ahead while this flush runs its own
                 for index, (key, snapshot, split) in enumerate(pending):
                     child = self.ahead.child_for(key, (split.fwd_trace, split.bwd_trace)) if self.ahead else None
@@ -213,11 +215,11 @@ class Triager:
                                    run_tensors_too=unusable is None, device_lock=lock)
                         folders[key] = folder
                         if child is not None:
-                            triage_ahead.Ahead.go(child)
+                            Ahead.go(child)
                             ahead[key] = child
                     except Exception as e:  # noqa: BLE001  (a job that cannot be written: its pieces say why)
                         if child is not None:
-                            triage_ahead.Ahead.discard(child)
+                            Ahead.discard(child)
                         error = f"the triage could not hand the split to a process of its own: {type(e).__name__}: {e}"
                         found[key] = {owner: Triage(deviation=settings.deviation, error=error)
                                       for owner in _owners(key, split, settings)}
@@ -239,7 +241,7 @@ class Triager:
                     with failures.guard(f"reading the triage of {key}"):
                         found[key] = verdicts(folder, attempts.get(folder, []))
                 for child in ahead.values():
-                    triage_ahead.Ahead.discard(child)
+                    Ahead.discard(child)
         for key, _, split in pending:
             self._done[key] = ((split.fwd_trace, split.bwd_trace), found.get(key, {}))
         triaged = [t for key, *_ in pending for t in self._done[key][1].values()]
@@ -338,7 +340,7 @@ def workers(settings: TriageSettings) -> int:
 
 def run_children(folders: Sequence[Path], settings: TriageSettings, root: Path) -> dict[Path, list[Attempt]]:
     """Runs the jobs in `folders`, one child at a time, until each job's pieces are all started or a child died in a
-    step that every piece needs (`triage_child.SHARED_STEPS`); the attempts of each job."""
+    step that every piece needs (`child.SHARED_STEPS`); the attempts of each job."""
     attempts: dict[Path, list[Attempt]] = {folder: [] for folder in folders}
     if not folders:
         return attempts
@@ -382,7 +384,7 @@ def _again_alone(folders: Sequence[Path], settings: TriageSettings, root: Path) 
     for folder in folders:
         job, _, _ = jobs.read(folder)
         pieces = [piece for piece, t in jobs.Results(folder).records().items()
-                  if t.error and t.error.startswith(triage_child.OUT_OF_MEMORY)]
+                  if t.error and t.error.startswith(OUT_OF_MEMORY)]
         if pieces:
             jobs.Results(folder).retry(job.pieces if job.key in pieces else pieces)
             short[folder] = pieces
@@ -396,11 +398,11 @@ def _again_alone(folders: Sequence[Path], settings: TriageSettings, root: Path) 
 def _launcher(root: Path) -> tuple[Path, dict[str, str]]:
     """The script a fresh child runs, written into `root`, and its environment (this process's module path)."""
     launcher = root / "triage_child.py"
-    launcher.write_text("from thunderfx_debug.flush.triage_child import main\nmain()\n")
+    launcher.write_text("from thunderfx_debug.triage.child import main\nmain()\n")
     return launcher, pool.this_module_path()
 
 
-def _finish_ahead(child: triage_ahead.AheadChild, settings: TriageSettings,
+def _finish_ahead(child: AheadChild, settings: TriageSettings,
                   launcher: tuple[Path, dict[str, str]]) -> list[Attempt]:
     """Waits for a child that compiled its split ahead of this flush and was given the word; the pieces it did not
     start go on in fresh children (`launcher`: `_launcher`'s), as any job's."""
@@ -432,7 +434,7 @@ def _died_in_shared_step(job: jobs.SplitJob, folder: Path) -> bool:
     records = results.records()
     for piece in job.pieces:
         step = results.last_step(piece)
-        if step is not None and piece not in records and step[0] in triage_child.SHARED_STEPS:
+        if step is not None and piece not in records and step[0] in SHARED_STEPS:
             return True
     return False
 
@@ -442,7 +444,7 @@ def _forked(folder: Path, attempt: int, log: Path, settings: TriageSettings) -> 
     and inductor as a fresh process has them, one intra-op thread)."""
     job, _, _ = jobs.read(folder)
     limit = settings.timeout_s * (len(jobs.pieces_left(job, folder)) + 1)
-    status = forked(run_function, ("thunderfx_debug.flush.triage_child:run", str(log), [folder, attempt]), limit)
+    status = forked(run_function, ("thunderfx_debug.triage.child:run", str(log), [folder, attempt]), limit)
     return Attempt(attempt, status, log, "" if status is not None else f"killed after {limit:.0f} s")
 
 
@@ -479,7 +481,7 @@ def verdicts(folder: Path, tried: Sequence[Attempt]) -> dict[str, Triage]:
         what, number = step
         attempt = next((a for a in tried if a.number == number), None)
         error = _death(piece, what, attempt, job.piece_timeout_s)
-        if what in triage_child.SHARED_STEPS:
+        if what in SHARED_STEPS:
             shared_death = f"the process that compiled its split died while {what} (see {job.key}'s verdict)"
         found[piece] = Triage(deviation=job.deviation, error=error, died=True)
     return found
@@ -491,7 +493,7 @@ def _death(piece: str, step: str, attempt: Attempt | None, timeout_s: float) -> 
     lines: list[str] = []
     if attempt is not None and attempt.log.exists():
         lines = attempt.log.read_text(errors="replace").rstrip().splitlines()
-    ended = next((i for i, line in enumerate(lines) if line.startswith(triage_child.TIMEOUT_MARK)), None)
+    ended = next((i for i, line in enumerate(lines) if line.startswith(TIMEOUT_MARK)), None)
     tail = "\n".join(lines[ended:ended + WATCHDOG_LINES] if ended is not None else lines[-TAIL_LINES:])
     if attempt is None:
         how = "died"

@@ -10,7 +10,7 @@ a folder the training process writes and the child reads, so that nothing of the
                             (THUNDERFX_DEBUG_INPUTS=real) and the run's own tensors still alive and laid out as on the
                             recorded call (parameters, buffers, position ids...), as host copies in the format of
                             `recording.capture` (`torch.load(..., weights_only=True)`)
-    <folder>/go             the flush's word to a child that compiled the split ahead of it (`flush.triage_ahead`):
+    <folder>/go             the flush's word to a child that compiled the split ahead of it (`triage.ahead`):
                             the files above are now the flush's, with the run's tensors
     <folder>/results.jsonl  written by the child: a line when it starts a piece and each step of it, a line with the
                             piece's record when it is done; what the parent reads, even of a child that died
@@ -18,7 +18,7 @@ a folder the training process writes and the child reads, so that nothing of the
 Executors reach a child by name (`thunder.extend.get_executor`): Thunder's own are there once Thunder is imported; an
 executor of the user's is there where its module registers it when imported (the child imports the modules in which
 the run's executor objects are found as globals, pickle's rule for finding a function), or where the child is a fork
-of the training process (on CPU, `flush.triage`), which has every executor the run registered.
+of the training process (on CPU, `triage.at_flush`), which has every executor the run registered.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from thunderfx_debug.thunder import options as thunder_options
 
 FORMAT = 1
 DESCRIPTION, GRAPH, TENSORS, RESULTS = "piece.json", "graph.bin", "tensors.pt", "results.jsonl"
-#: The flush's word to a child compiling ahead of it (`triage_child.run_ahead`): the job in the folder is complete.
+#: The flush's word to a child compiling ahead of it (`child.run_ahead`): the job in the folder is complete.
 GO = "go"
 
 
@@ -74,7 +74,7 @@ class ThunderSetup:
 @dataclasses.dataclass(frozen=True)
 class SplitJob:
     """One Thunder split of the run and, at `level` "fusion", its fusion regions (by region key, "nvFusion0_forward"),
-    to time against inductor (see `flush.triage`)."""
+    to time against inductor (see `triage.at_flush`)."""
 
     key: str  # "graph0/thunder_0"
     setup: ThunderSetup

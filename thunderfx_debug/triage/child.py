@@ -1,7 +1,7 @@
 """The flush-time triage's child: one Thunder split of the run (and, at `fusion`, its fusion regions) compiled again
 as ThunderFX compiled it, and each piece timed against inductor (`judging`), in a process of its own.
 
-    python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT]
+    python -m thunderfx_debug.triage.child JOB_FOLDER [ATTEMPT]
 
 The job is a folder the training process wrote (`jobs`). The child
 1. compiles the split's FX module (Dynamo's, as it was: `graph_codec`) with `thunder.jit`, the run's options and
@@ -13,7 +13,7 @@ The job is a folder the training process wrote (`jobs`). The child
 3. writes, before each step, which piece and step it starts, and after each piece its record
    (`jobs.Results`), so that the parent knows where a child that died was, and a new child goes on with the pieces
    no child has started.
-A process that dies does so here, not in the training process: its death is the piece's verdict (`flush.triage`).
+A process that dies does so here, not in the training process: its death is the piece's verdict (`triage.at_flush`).
 
 Each piece's step is watched by faulthandler's watchdog thread (`faulthandler.dump_traceback_later`), which works
 while the main thread is stuck in native code: past the piece's time limit it writes every thread's stack to the
@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from thunderfx_debug.settings.config import TriageLevel
-from thunderfx_debug.flush import graph_codec, jobs, judging
-from thunderfx_debug.flush.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
-from thunderfx_debug.flush.piece_inputs import made_inputs
+from thunderfx_debug.triage import graph_codec, jobs, judging
+from thunderfx_debug.triage.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
+from thunderfx_debug.triage.piece_inputs import made_inputs
 from thunderfx_debug.records import InputKind, Memory, Phase, Triage
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.check import kept_random_state
@@ -329,7 +329,7 @@ AHEAD_POLL_S = 0.2
 
 
 def run_ahead(folder: Path, cap_bytes: int, training_pid: int) -> None:
-    """A child started during training (`flush.triage_ahead`): compiles the job's split with Thunder on inputs made
+    """A child started during training (`triage.ahead`): compiles the job's split with Thunder on inputs made
     from its metadata (the job holds none of the run's tensors yet) and calls it once, its allocator holding at most
     `cap_bytes` of device memory (0: no cap, for a split with no CUDA input), at a lower CPU priority than the
     training (`AHEAD_NICENESS`); then waits for the flush's word (`jobs.GO`), and goes
@@ -358,7 +358,7 @@ def run_ahead(folder: Path, cap_bytes: int, training_pid: int) -> None:
 
             shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):
-                folder.parent.rmdir()  # the temporary folder made for it alone (`triage_ahead`)
+                folder.parent.rmdir()  # the temporary folder made for it alone (`ahead`)
             return
         time.sleep(AHEAD_POLL_S)
     _cap_device_memory(None)  # the training waits for the flush now: the device's memory is the triage's to use
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
         run_ahead(Path(argv[0]), int(argv[2]), int(argv[3]))
         return
     if not argv or len(argv) > 2:
-        raise SystemExit("usage: python -m thunderfx_debug.flush.triage_child JOB_FOLDER [ATTEMPT | --ahead CAP_BYTES "
+        raise SystemExit("usage: python -m thunderfx_debug.triage.child JOB_FOLDER [ATTEMPT | --ahead CAP_BYTES "
                          "TRAINING_PID]")
     run(Path(argv[0]), int(argv[1]) if len(argv) > 1 else 0)
 

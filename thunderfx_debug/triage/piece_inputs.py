@@ -1,4 +1,4 @@
-"""The inputs of a recorded call made again in a child process of the flush (`flush.triage_child`, the minimizer),
+"""The inputs of a recorded call made again in a child process of the flush (`triage.child`, the minimizer),
 so that a piece runs there on inputs like the run's.
 
 Compiled code is chosen by checks on its inputs: Thunder's prologue checks each tensor's shape, dtype, device and
@@ -28,7 +28,7 @@ import torch
 
 from thunderfx_debug.artifacts.repro import inputs as repro_inputs
 from thunderfx_debug.artifacts.repro import script_template
-from thunderfx_debug.flush.jobs import PieceInputs, RunTensors
+from thunderfx_debug.triage.jobs import PieceInputs, RunTensors
 from thunderfx_debug.records import InputKind, InputMeta, storage_span
 from thunderfx_debug.recording.capture import Captured, host_copy, value_meta
 
