@@ -23,6 +23,7 @@ from thunderfx_debug.artifacts.report_builder import FileIndex
 from thunderfx_debug.render.progress import announce, progress
 from thunderfx_debug.render.text import plural
 from thunderfx_debug.records import SCHEMA_VERSION, Phase, RankRecord
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.recording.recorder import GraphSnapshot, SplitSnapshot
 from thunderfx_debug.render.chrome_trace import chrome_trace
 from thunderfx_debug.render.triage_findings import render_triage_md
@@ -194,5 +195,5 @@ def trace_artifacts(snapshot: GraphSnapshot) -> list[Artifact]:
             if text is not None:
                 label = "fwd_trace" if phase is Phase.FORWARD else "bwd_trace"
                 path = layout.trace_file(graph, split.state.name, phase.value)
-                artifacts.append(Artifact(f"{graph}/{split.state.name}", label, path, text))
+                artifacts.append(Artifact(PieceKey.of(graph, split.state.name), label, path, text))
     return artifacts

@@ -101,7 +101,7 @@ def outside_in_run(report: RankRecord) -> dict[str, float]:
     outside: dict[str, float] = {}
     for piece in digest.timed_pieces(report):
         if piece.level is digest.PieceLevel.OUTSIDE_FUSIONS:
-            key = f"{piece.graph}/{piece.split}"
+            key = PieceKey.of(piece.graph, piece.split)
             outside[key] = outside.get(key, 0.0) + piece.ms_per_step
     return outside
 

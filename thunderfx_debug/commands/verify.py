@@ -100,7 +100,7 @@ def _listed(report: RankRecord) -> Iterable[tuple[str, str, str, str, bool]]:
                 yield path, label, "split", piece, _on_cuda(split.input_meta)
             for fusion in split.fusions:
                 for label, path in fusion.files.items():
-                    yield path, label, "fusion", f"{piece}/{fusion.name}_{fusion.phase.value}", _on_cuda(
+                    yield path, label, "fusion", piece.region(fusion.qualified_name), _on_cuda(
                         fusion.input_meta)
 
 

@@ -177,7 +177,7 @@ class Minimizer:
                                       thunder_options.run_executor_modules(options), as_split=True)
         real = evidence.captured is not None and evidence.captured.inputs is not None
         spec = PieceSpec(
-            key=f"{graph}/{name}", stem=layout.split_prefix(graph, name), title=f"{split.state.split.kind.value} split",
+            key=PieceKey.of(graph, name), stem=layout.split_prefix(graph, name), title=f"{split.state.split.kind.value} split",
             file_kind="thunder", strategy=strategy,
             prelude=prelude, backward=any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas),
             random_ops=fx_facts.random_ops(module),
@@ -200,7 +200,7 @@ class Minimizer:
         else:
             strategy, file_kind = ThroughThunder(executor), "thunder"
         spec = PieceSpec(
-            key=f"{graph}/{split.state.name}/{region.key}",
+            key=PieceKey.of(graph, split.state.name, region.key),
             stem=layout.fusion_prefix(graph, split.state.name, region.name, region.phase.value),
             title=f"{region.phase.value} fusion region {region.name} ({executor})", file_kind=file_kind,
             strategy=strategy, prelude=prelude, backward=False,

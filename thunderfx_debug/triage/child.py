@@ -39,6 +39,7 @@ from thunderfx_debug.triage import graph_codec, jobs, judging
 from thunderfx_debug.triage.judging import NotJudged, RunsAs, TrainingCall, because, no_grad_call
 from thunderfx_debug.triage.piece_inputs import made_inputs
 from thunderfx_debug.records import InputKind, Memory, Phase, Triage
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.recording import device_room
 from thunderfx_debug.recording.check import kept_random_state
 from thunderfx_debug.recording.piece_facts import split_facts
@@ -232,7 +233,7 @@ def _region_verdict(split: _Split, key: str, inputs: jobs.PieceInputs, step) -> 
         raise NotJudged(f"the split compiled in this process has no region {key}")
     step("making the region's inputs")
     try:
-        args, kind = made_inputs(inputs, split.tensors.get(f"{job.key}/{key}", jobs.RunTensors()))
+        args, kind = made_inputs(inputs, split.tensors.get(PieceKey(job.key).region(key), jobs.RunTensors()))
     except Exception as e:
         raise NotJudged(because("the triage could not make the inputs", e)) from e
     try:

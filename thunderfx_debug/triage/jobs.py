@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from thunderfx_debug.records import InputMeta, Triage
+from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.thunder import options as thunder_options
 
 FORMAT = 1
@@ -95,7 +96,7 @@ class SplitJob:
     @property
     def pieces(self) -> list[str]:
         """The owner keys of what the job judges, in the order the child takes them: the split, then its regions."""
-        return [self.key, *(f"{self.key}/{region}" for region, _ in self.regions)]
+        return [self.key, *(str(PieceKey(self.key).region(region)) for region, _ in self.regions)]
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -260,7 +260,7 @@ class ScriptBuilder:
     def split_scripts(self, split: SplitSnapshot, evidence: Evidence | None = None) -> None:
         """The split's scripts; with `evidence`, its mismatch script instead (Thunder, on the mismatching call)."""
         graph, state = self.state.name, split.state
-        key = f"{graph}/{state.name}"
+        key = PieceKey.of(graph, state.name)
         with self.failures.guard(f"preparing the repro scripts of {key}"):
             metas = self.split_metas(split)
             kind = state.split.kind
@@ -330,7 +330,7 @@ class ScriptBuilder:
         torch.compile as Thunder's torch.compile executor runs it, on the mismatching call where it was saved)."""
         graph, split_name = self.state.name, split.state.name
         phase = region.phase.value
-        key = f"{graph}/{split_name}/{region.key}"
+        key = PieceKey.of(graph, split_name, region.key)
         with self.failures.guard(f"preparing the repro scripts of {key}"):
             source, ctx = thunder_scripts.region_torch_function(region.bsym, region.name)
             assignments, needs_thunder = writers.context_assignments(source, ctx, thunder_scripts.region_helpers(ctx))
