@@ -134,8 +134,13 @@ def nvfuser_uniform(shape, seed: int, offset: int, dtype: torch.dtype = torch.fl
         return _uniform_per_component(words, dtype).reshape(-1)[:numel].reshape(tuple(shape))
 
 
-#: The namespace and name of `nvfuser_uniform` as a torch.library custom op (`define_nvfuser_uniform_op`).
-NVFUSER_UNIFORM_OP = "thunderfx_debug_repro::nvfuser_uniform"
+#: `nvfuser_uniform` as a torch.library custom op (`define_nvfuser_uniform_op`): its namespace and name.
+NVFUSER_UNIFORM_OP = ("thunderfx_debug_repro", "nvfuser_uniform")
+
+
+def _nvfuser_uniform_packet():
+    namespace, name = NVFUSER_UNIFORM_OP
+    return getattr(getattr(torch.ops, namespace), name)
 
 
 def define_nvfuser_uniform_op():
@@ -143,27 +148,24 @@ def define_nvfuser_uniform_op():
     torch.compile calls as it is (inductor spends minutes compiling ten Philox rounds of int64 ops) while it compiles
     the ops around it, fullgraph. What an inductor script of an nvFusion region calls to draw nvFuser's numbers; defined
     there, before the compile, not where the package is imported."""
-    namespace, name = NVFUSER_UNIFORM_OP.split("::")
-    if hasattr(getattr(torch.ops, namespace), name):
-        return getattr(getattr(torch.ops, namespace), name).default
+    namespace, name = NVFUSER_UNIFORM_OP
+    if not hasattr(getattr(torch.ops, namespace), name):
+        @torch.library.custom_op(f"{namespace}::{name}", mutates_args=())
+        def op(shape: list[int], seed: int, offset: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            return nvfuser_uniform(shape, seed, offset, dtype, device)
 
-    @torch.library.custom_op(NVFUSER_UNIFORM_OP, mutates_args=())
-    def op(shape: list[int], seed: int, offset: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return nvfuser_uniform(shape, seed, offset, dtype, device)
+        @op.register_fake
+        def _(shape, seed, offset, dtype, device):
+            return torch.empty(shape, dtype=dtype, device=device)
 
-    @op.register_fake
-    def _(shape, seed, offset, dtype, device):
-        return torch.empty(shape, dtype=dtype, device=device)
-
-    return getattr(getattr(torch.ops, namespace), name).default
+    return _nvfuser_uniform_packet().default
 
 
 def nvfuser_uniform_opaque(shape, seed: int, offset: int, dtype: torch.dtype = torch.float32,
                            device="cpu") -> torch.Tensor:
     """`nvfuser_uniform` through its custom op (`define_nvfuser_uniform_op`, which must have run): what an inductor
     script's region function calls."""
-    namespace, name = NVFUSER_UNIFORM_OP.split("::")
-    return getattr(getattr(torch.ops, namespace), name)(list(shape), seed, offset, dtype, torch.device(device))
+    return _nvfuser_uniform_packet()(list(shape), seed, offset, dtype, torch.device(device))
 
 
 def compared_in_float32(a, b, comparison: str) -> torch.Tensor:
@@ -241,7 +243,7 @@ DRAWS = ("nvfuser", "torch_uniform", "eager")
 class DrawnAsRun(torch.overrides.TorchFunctionMode):
     """Runs the dropouts of eager code as the run drew them (`DRAWS`): each call of `F.dropout` in training with
     0 < p < 1, k-th in program order, becomes Thunder's `x * (u < 1 - p) * (1 / (1 - p))` with u the run's draws
-    (the comparison in float32, as Thunder computes a half or bfloat16 one), for "nvfuser" and "torch_uniform";
+    (`compared_in_float32`, as nvFuser compares a half or bfloat16 draw), for "nvfuser" and "torch_uniform";
     "eager" leaves F.dropout as it is. `seed` and `offset` are the CUDA generator's seed and nvFuser's offset (a
     quarter of the generator's) before the run's call; `dtypes` the dtype each draw had in the run, filled by a first
     run and kept for the next (a float64 reference draws the run's numbers, not float64 ones).
@@ -276,7 +278,7 @@ class DrawnAsRun(torch.overrides.TorchFunctionMode):
             drawn = nvfuser_uniform(x.shape, self.seed, self.offset + k, self.dtypes[k], x.device)
         else:
             drawn = torch.empty(x.shape, device=x.device, dtype=self.dtypes[k]).uniform_(0.0, 1.0)
-        keep = drawn.to(torch.float32) < 1 - p
+        keep = compared_in_float32(drawn, 1 - p, "lt")
         return x * keep * (1 / (1 - p))
 
 
