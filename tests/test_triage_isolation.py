@@ -92,7 +92,7 @@ def test_a_piece_whose_triage_aborts_its_process_is_its_verdict_and_training_goe
     # The piece that took its process down: that is its verdict, with how and where, and what its process printed.
     verdict = aborted.triage
     assert verdict.error is not None and verdict.died and verdict.thunder_ms is None
-    assert "killed by SIGABRT during Thunder's call of the split after inductor's first" in verdict.error
+    assert "killed by signal 6 (SIGABRT) during Thunder's call of the split after inductor's first" in verdict.error
     # Its regions went on in a fresh process (the split compiled there again), and so did every other split.
     assert aborted.fusions and all(f.triage is not None and f.triage.error is None for f in aborted.fusions)
     assert others and all(s.triage is not None and s.triage.error is None and s.triage.thunder_ms > 0 for s in others)
@@ -102,7 +102,7 @@ def test_a_piece_whose_triage_aborts_its_process_is_its_verdict_and_training_goe
         assert all((rank_dir / path).is_file() for path in split.files.values())
     triage_md = (rank_dir / "triage.md").read_text()
     assert "1 could not be judged" in triage_md and "graph1/thunder_0: the process that timed it was killed by " \
-                                                       "SIGABRT" in triage_md
+                                                       "signal 6 (SIGABRT)" in triage_md
     assert aborted.files["repro_inductor"] in triage_md
 
 

@@ -2,15 +2,18 @@
 a piece (the flush-time triage, the minimizer, `verify`, `bench`) runs it here, so that a crash, a native abort, a
 device-side assert, a hang or an out-of-memory is a verdict about that piece, never the end of the process that asked.
 
-The one picture, for every kind of child:
+The one picture, for every kind of child (`protocol` holds what they share):
 - a job goes in as a script with its arguments (run as `__main__` in the script's folder, as `python script.py ARGS`
-  would), as `module:function(*args)`, or as a command line;
+  would), as `module:function(*args)`, or as a command line; into a long-lived child, as a message on its stdin;
 - its output goes into the job's log file (stdout and stderr both; `standalone` reads them back through pipes), and
   it comes out as an exit status: 0 or the script's own, negative where a signal killed it, None where it ran past
-  its time limit and was ended (a worker answers each job with a result line that carries the status, with its wall
-  seconds);
-- a fresh interpreter is started in a session of its own and ended with its process group (`standalone.end_group`),
-  so that inductor's compile workers and a script's own children go with it; a fork past its time limit is killed.
+  its time limit and was ended (`protocol.how_it_ended` says one in words). A long-lived child answers each job with
+  a message on a pipe of its own, carrying the status; a child whose record must outlive it appends messages to a
+  file (the triage's `results.jsonl`). One message format for all: a JSON object a line (`protocol`). What a repro
+  script says, its RESULT line (`scripts.result_line`), is for its user, and every runner reads its verdict there;
+- a child is ended one way: every fresh interpreter is started as a process group of its own and ended with it
+  (`protocol.end_group`), so that inductor's compile workers and a script's own children go with it; a fork stays in
+  its parent's group and is killed alone past its time limit or when the wait for it is interrupted.
 
 The kinds, and where a fork or a fresh interpreter is chosen:
 - `forks`: `forked` runs a target in a fork of this process. A fork starts at once, with the parent's modules loaded

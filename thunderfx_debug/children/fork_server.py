@@ -12,9 +12,10 @@ registered by a `sitecustomize` or an imported module is there too).
 `ForkServer.forked` takes what `forks.forked` takes, for the targets `forks.run_script` and `forks.run_function`, and
 answers as it does; the server (`serve`) and its client are both here, the protocol's one owner.
 
-Protocol (one JSON object a line): requests on stdin, `{"script", "log", "argv", "timeout"}` (run a script) or
-`{"call", "args", "log", "timeout"}` (call `module:function`); each answered on stdout by a line starting with
-`ANSWER` and `{"returncode": ...}` (None: stopped at its time limit; negative: killed by that signal).
+Messages (`protocol`): requests on stdin, `{"script", "log", "argv", "timeout"}` (run a script) or
+`{"call", "args", "log", "timeout"}` (call `module:function`); first `{"ready": ...}` once the imports are done, then
+each request answered by `{"returncode": ...}` (an exit status as `forks.forked` gives it), on the pipe whose file
+descriptor is the server's argv[1].
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from thunderfx_debug.children import forks
+from thunderfx_debug.children.protocol import AnswerPipe, end_group, message_line
 
-ANSWER = "THUNDERFX_DEBUG_MINIMIZE_SERVER "
+#: How long the server may take to import torch and Thunder, and to fork and reap a child beyond its time limit.
+START_S, SLACK_S = 600.0, 60.0
 
 
-def serve() -> None:
+def serve(answer_fd: int) -> None:
+    answers = os.fdopen(answer_fd, "w", buffering=1)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
     import torch
 
@@ -41,7 +46,7 @@ def serve() -> None:
         from thunderfx_debug.thunder.script_support import import_thunder
 
         import_thunder()  # with the workaround `import thunder` needs on this torch
-    print(ANSWER + json.dumps({"ready": True, "cuda_initialised": torch.cuda.is_initialized()}), flush=True)
+    answers.write(message_line({"ready": True, "cuda_initialised": torch.cuda.is_initialized()}))
     for line in sys.stdin:
         request = json.loads(line)
         if "script" in request:
@@ -49,7 +54,7 @@ def serve() -> None:
         else:
             target, args = forks.run_function, (request["call"], request["log"], request["args"])
         returncode = forks.forked(target, args, request["timeout"])
-        print(ANSWER + json.dumps({"returncode": returncode}), flush=True)
+        answers.write(message_line({"returncode": returncode}))
 
 
 class ForkServer:
@@ -58,6 +63,7 @@ class ForkServer:
 
     def __init__(self):
         self._server: subprocess.Popen | None = None
+        self._answers: AnswerPipe | None = None
         self._server_log: Path | None = None
 
     def __enter__(self) -> ForkServer:
@@ -69,12 +75,15 @@ class ForkServer:
     def close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.stdin.close()
+            server.stdin.close()  # no more requests: the server's loop ends
             try:
                 server.wait(30)
             except subprocess.TimeoutExpired:
-                server.kill()
+                end_group(server.pid)
                 server.wait()
+        if self._answers is not None:
+            self._answers.close()
+            self._answers = None
         if self._server_log is not None:
             self._server_log.unlink(missing_ok=True)
             self._server_log = None
@@ -92,32 +101,41 @@ class ForkServer:
             raise ValueError(f"{target!r}: a fork server runs forks.run_script or forks.run_function")
         server = self._started()
         try:
-            server.stdin.write(json.dumps({**request, "timeout": timeout_s}) + "\n")
+            server.stdin.write(message_line({**request, "timeout": timeout_s}))
             server.stdin.flush()
         except BrokenPipeError:
             pass  # the server has ended: `_answer` says why
-        return self._answer()["returncode"]
+        return self._answer(timeout_s + SLACK_S)["returncode"]
 
-    def _answer(self) -> dict:
-        for line in self._server.stdout:
-            if line.startswith(ANSWER):
-                return json.loads(line[len(ANSWER):])
+    def _answer(self, within_s: float) -> dict:
+        answer = self._answers.receive(time.monotonic() + within_s)
+        if isinstance(answer, dict):
+            return answer
+        how = "stopped answering" if answer == "timeout" else "ended unexpectedly"
         tail = self._server_log.read_text(errors="replace")[-2000:] if self._server_log else ""
-        self._server = None
-        raise RuntimeError(f"the process that runs the trials ended unexpectedly: {tail}")
+        self.close()
+        raise RuntimeError(f"the process that runs the trials {how}: {tail}")
 
     def _started(self) -> subprocess.Popen:
         if self._server is None:
             handle, name = tempfile.mkstemp(prefix="thunderfx_debug_trials_", suffix=".log")
             os.close(handle)
             self._server_log = Path(name)
+            self._answers = AnswerPipe()
             with open(name, "w") as errors:
-                self._server = subprocess.Popen(
-                    [sys.executable, "-c", "from thunderfx_debug.children.fork_server import serve; serve()"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=dict(os.environ))
-            self._answer()  # ready: what it preloads is imported
+                try:
+                    # Its stdout, and the children's before they open their logs, into its log: answers have a pipe
+                    # of their own.
+                    self._server = subprocess.Popen(
+                        [sys.executable, "-c", "import sys; from thunderfx_debug.children.fork_server import serve; "
+                         "serve(int(sys.argv[1]))", str(self._answers.child_fd)],
+                        stdin=subprocess.PIPE, stdout=errors, stderr=errors, text=True, env=dict(os.environ),
+                        pass_fds=(self._answers.child_fd,), start_new_session=True)
+                finally:
+                    self._answers.started()
+            self._answer(START_S)  # ready: what it preloads is imported
         return self._server
 
 
 if __name__ == "__main__":
-    serve()
+    serve(int(sys.argv[1]))

@@ -95,7 +95,6 @@ def can_fork() -> bool:
 def forked(target, args, timeout_s: float) -> int | None:
     """Runs `target(*args)` (which ends its process) in a forked child of this process; its exit status (negative:
     killed by that signal), or None where it ran past `timeout_s` seconds and was killed."""
-    import signal
     import time
 
     sys.stdout.flush()
@@ -108,13 +107,30 @@ def forked(target, args, timeout_s: float) -> int | None:
             os._exit(1)
     deadline = time.monotonic() + timeout_s
     delay = 0.005
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return None
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+    except BaseException:  # interrupted (Ctrl-C): the child does not outlive the wait for it
+        _end(pid)
+        raise
+    _end(pid)
+    return None
+
+
+def _end(pid: int) -> None:
+    """Kills the forked child `pid` and reaps it. The child alone, not a group: a fork stays in its parent's process
+    group (the group `protocol.end_group` ends, where the parent is a child here itself), and starts no compile
+    workers (`fresh_compile_state`)."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass

@@ -23,10 +23,8 @@ carries on with the rest; a script past `timeout_s` is killed with its worker, a
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import queue
-import select
 import subprocess
 import sys
 import threading
@@ -34,9 +32,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG, end_group
+from thunderfx_debug.children.protocol import AnswerPipe, end_group, how_it_ended, message_line
+from thunderfx_debug.children.standalone import REFUSE_THUNDERFX_DEBUG
 
-#: The worker. argv[1]: the file descriptor results go to; jobs arrive on stdin, one JSON object a line.
+#: The worker. argv[1]: the file descriptor it answers on; jobs arrive on stdin. Both one JSON object a line
+#: (`protocol`), written here without the package, which a worker that runs repro scripts cannot import.
 WORKER = r'''
 import gc, io, json, os, random, runpy, sys, time, traceback
 
@@ -147,25 +147,26 @@ def worker_code(allow_package: bool = False) -> str:
 
 
 class _Worker:
-    """One worker process and the pipe its results come back on."""
+    """One worker process and the pipe it answers on."""
 
     def __init__(self, code: str, env: Mapping[str, str], log: Path | None, python: str = sys.executable):
-        read_fd, write_fd = os.pipe()
+        self._answers = AnswerPipe()
         stderr = open(log, "ab") if log is not None else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(
-                [python, "-c", code, str(write_fd)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=stderr, env=dict(env), pass_fds=(write_fd,), start_new_session=True, text=True)
+                [python, "-c", code, str(self._answers.child_fd)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=stderr, env=dict(env), pass_fds=(self._answers.child_fd,), start_new_session=True, text=True)
+        except BaseException:
+            self._answers.close()
+            raise
         finally:
-            os.close(write_fd)
+            self._answers.started()
             if stderr is not subprocess.DEVNULL:
                 stderr.close()
-        self._results = os.fdopen(read_fd, "rb", buffering=0)
-        self._buffer = b""
 
     def send(self, message: dict) -> bool:
         try:
-            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.write(message_line(message))
             self.process.stdin.flush()
             return True
         except (BrokenPipeError, OSError):
@@ -173,32 +174,20 @@ class _Worker:
 
     def receive(self, deadline: float) -> dict | None | str:
         """The next result; "timeout" past `deadline` (time.monotonic()); None where the worker ended first."""
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout"
-            ready, _, _ = select.select([self._results], [], [], min(left, 5.0))
-            if not ready:
-                continue
-            chunk = os.read(self._results.fileno(), 65536)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        return self._answers.receive(deadline)
 
     def stop(self) -> None:
         """Ends the worker and what it started (inductor's compile workers: its process group), waiting for it."""
-        end_group(self.process)
+        end_group(self.process.pid)
         self.process.wait()
         self.close()
 
     def close(self) -> None:
-        for stream in (self.process.stdin, self._results):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        self._answers.close()
 
 
 def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s: float,
@@ -274,7 +263,7 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     alone = run_alone(job, env, Finished(job, status, time.monotonic() - started, "worker",
                                                          "took its worker down"))
                     done(index, dataclasses.replace(alone, how="alone", note=(
-                        f"took its worker down (exit status {status}); run again alone" + (
+                        f"took its worker down (which {how_it_ended(status)}); run again alone" + (
                             f"; {alone.note}" if alone.note else ""))))
                 elif reply["device_error"]:  # the script left the device unusable for the next one
                     worker.stop()
@@ -340,6 +329,6 @@ def end_process(process: subprocess.Popen, timeout_s: float) -> int | None:
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        end_group(process)
+        end_group(process.pid)
         process.wait()
         return None

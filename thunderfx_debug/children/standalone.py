@@ -2,8 +2,7 @@
 (a finder first on `sys.meta_path` refuses it, whatever else the environment installs), in the script's folder.
 Tests and benchmarks use this to prove that the scripts stand on their own, and `verify` and `bench` to run alone a
 script that took its worker down. `pool`'s workers refuse the package with the same finder
-(`REFUSE_THUNDERFX_DEBUG`), and every child started as a session of its own is ended with its process group
-(`end_group`).
+(`REFUSE_THUNDERFX_DEBUG`).
 
     run = run_script(Path("dump/rank0/graph0/graph0_repro_thunder.py"))
     run.outcome        # "OK", "MISMATCH", "REFUSED", "CRASH", "NOT_COMPARABLE", "NOT_REBUILT",
@@ -14,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from thunderfx_debug.children.protocol import end_group
 from thunderfx_debug.scripts.result_line import last_result, outcome_of
 
 #: Python code (after `import sys`) that makes thunderfx_debug unimportable: a finder first on `sys.meta_path`.
@@ -78,18 +77,8 @@ def run_script(script: Path, args: Sequence[str] = (), timeout_s: float = 600, e
         stdout, stderr = process.communicate(timeout=timeout_s)
         returncode = process.returncode
     except subprocess.TimeoutExpired:
-        end_group(process)
+        end_group(process.pid)
         stdout, stderr = process.communicate()
         returncode = None
     return ScriptRun(str(script), outcome_of(returncode, stdout), returncode, time.perf_counter() - started,
                      stdout, stderr)
-
-
-def end_group(process: subprocess.Popen) -> None:
-    """Kills `process` and what it started (its process group: it was started in a session of its own), where it
-    still runs; `subprocess`'s own kill and timeouts would leave inductor's compile workers and a script's children
-    running."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

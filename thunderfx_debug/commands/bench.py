@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thunderfx_debug.children import standalone
+from thunderfx_debug.children.protocol import how_it_ended
 from thunderfx_debug.records import DEVIATION, RankRecord, SplitKind, deviation_outcome, layout
 from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.render import digest
@@ -249,7 +250,7 @@ def run_script(rank_dir: Path, script: str, results_dir: Path, timeout_s: float,
         return ScriptResult(script, error=f"timed out after {timeout_s:g} s")
     result = read_result(out, script)
     if done.returncode != 0:
-        why = f"exit status {done.returncode}: {_why(done.stdout + chr(10) + done.stderr)}"
+        why = f"the script {how_it_ended(done.returncode)}: {_why(done.stdout + chr(10) + done.stderr)}"
         return dataclasses.replace(result, note=why) if result.error is None else ScriptResult(script, error=why)
     return result
 

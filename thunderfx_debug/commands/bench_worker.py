@@ -17,6 +17,7 @@ from pathlib import Path
 
 from thunderfx_debug.commands import bench
 from thunderfx_debug.children.pool import Finished, Job, run_jobs
+from thunderfx_debug.children.protocol import how_it_ended
 
 
 def run_in_one_process(rank_dir: Path, scripts: Sequence[str], results_dir: Path, timeout_s: float,
@@ -60,7 +61,7 @@ def run_per_device(rank_dir: Path, scripts: Sequence[str], results_dir: Path, ti
         else:
             result = bench.read_result(Path(done.job.args[-1]), script)
             if done.status:
-                why = f"exit status {done.status}" + (f": {done.note}" if done.note else "")
+                why = f"the script {how_it_ended(done.status)}" + (f": {done.note}" if done.note else "")
                 result = (dataclasses.replace(result, note=why) if result.error is None
                           else bench.ScriptResult(script, error=why))
         results[script] = result

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from thunderfx_debug.children.protocol import how_it_ended
 from thunderfx_debug.records import InputMeta, RankRecord, layout
 from thunderfx_debug.records.keys import PieceKey
 
@@ -301,7 +302,7 @@ def verify_md(verdicts: Sequence[ScriptOutcome], root: Path, meta: Mapping) -> s
     if failures:
         lines += ["## Failures", ""]
         for v in failures:
-            said = v.line or f"no RESULT line (exit status {v.exit_status}; see {v.log})"
+            said = v.line or f"no RESULT line (the script {how_it_ended(v.exit_status)}; see {v.log})"
             note = f" ({v.note})" if v.note else ""
             lines += [f"- **{shown(v.outcome)}** `{v.script.path}` ({v.script.kind}, {v.script.piece}){note}",
                       f"  {said}", f"  rerun: `{rerun_command(v.script)}`; log: `{v.log}`"]

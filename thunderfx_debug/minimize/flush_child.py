@@ -55,7 +55,7 @@ class MinimizeJob:
 def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tuple | None]:
     """Minimizes `job` in a child process (a fork where this process has not initialised CUDA, else a fresh
     interpreter); (the reduction, ((script name, text), (inputs name, bytes)) or None)."""
-    from thunderfx_debug.children import forks, pool
+    from thunderfx_debug.children import forks, pool, protocol
 
     (folder / JOB).write_bytes(pickle.dumps(job))
     limit = job.budget_s + SLACK_S
@@ -70,8 +70,7 @@ def minimized_in_a_child(job: MinimizeJob, folder: Path) -> tuple[Reduction, tup
     if status == 0 and result.exists():
         content = pickle.loads(result.read_bytes())  # noqa: S301 (our own child's file, in our own private folder)
         return content["reduction"], content["written"]
-    how = (f"ran past {limit:.0f} s and was ended" if status is None else
-           f"was killed by signal {-status}" if status < 0 else f"ended with exit status {status}")
+    how = protocol.how_it_ended(status, limit)
     tail = log.read_text(errors="replace").strip().splitlines()[-15:] if log.exists() else []
     note = f"the process that minimized it {how}" + (": " + " | ".join(tail) if tail else "")
     return Reduction(job.spec.key, len(job.code.ops), inputs_before=len(job.code.params),

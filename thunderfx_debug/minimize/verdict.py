@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 
+from thunderfx_debug.children.protocol import how_it_ended, signal_words
 from thunderfx_debug.scripts.result_line import last_result
 
 #: What a trial counts as failing: the verdicts `thunderfx-debug minimize` shrinks.
@@ -77,16 +77,9 @@ class ScriptVerdict:
             return "no verdict: it ran past its time limit and was stopped"
         if self.outcome == "NO_RESULT":
             last = next((line.strip() for line in reversed(self.output.splitlines()) if line.strip()), "")
-            return (f"no verdict: it ended with exit status {self.returncode} and no RESULT line"
+            return (f"no verdict: it {how_it_ended(self.returncode)} and no RESULT line"
                     + (f" (its last line: {last[:200]})" if last else ""))
         return self.line or self.outcome
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
 
 
 def read_run(returncode: int | None, output: str, seconds: float = 0.0) -> ScriptVerdict:
@@ -96,7 +89,7 @@ def read_run(returncode: int | None, output: str, seconds: float = 0.0) -> Scrip
     if returncode is None:
         return ScriptVerdict("TIMEOUT", seconds=seconds, output=tail)
     if returncode < 0:
-        return ScriptVerdict("KILLED", crash=_signal_name(-returncode), returncode=returncode, seconds=seconds,
+        return ScriptVerdict("KILLED", crash=signal_words(-returncode), returncode=returncode, seconds=seconds,
                              output=tail)
     result = last_result(output)
     if result is None or result.status != returncode:

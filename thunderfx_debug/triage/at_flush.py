@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -58,6 +57,7 @@ from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.settings.config import TriageLevel
 from thunderfx_debug.children import pool
 from thunderfx_debug.children.forks import can_fork, forked, run_function
+from thunderfx_debug.children.protocol import how_it_ended
 from thunderfx_debug.triage import graph_codec, jobs
 from thunderfx_debug.triage.ahead import Ahead, AheadChild
 from thunderfx_debug.triage.child import OUT_OF_MEMORY, SHARED_STEPS, TIMEOUT_MARK
@@ -499,14 +499,8 @@ def _death(piece: str, step: str, attempt: Attempt | None, timeout_s: float) -> 
         how = "died"
     elif attempt.status is None or ended is not None:
         how = f"did not finish within {timeout_s:.0f} s (THUNDERFX_DEBUG_TRIAGE_TIMEOUT) and was ended"
-    elif attempt.status < 0:
-        try:
-            name = signal.Signals(-attempt.status).name
-        except ValueError:
-            name = f"signal {-attempt.status}"
-        how = f"was killed by {name}"
     else:
-        how = f"ended with exit status {attempt.status}" + (f" ({attempt.note})" if attempt.note else "")
+        how = how_it_ended(attempt.status) + (f" ({attempt.note})" if attempt.note and attempt.status >= 0 else "")
     return (f"the process that timed it {how} during {step}: a crash of the piece, not of the training, which went on"
             f" (the piece's repro scripts rerun it alone)\n{tail}")
 

@@ -12,8 +12,9 @@ a folder the training process writes and the child reads, so that nothing of the
                             `recording.capture` (`torch.load(..., weights_only=True)`)
     <folder>/go             the flush's word to a child that compiled the split ahead of it (`triage.ahead`):
                             the files above are now the flush's, with the run's tensors
-    <folder>/results.jsonl  written by the child: a line when it starts a piece and each step of it, a line with the
-                            piece's record when it is done; what the parent reads, even of a child that died
+    <folder>/results.jsonl  written by the child, one message a line (`children.protocol`): a line when it starts a
+                            piece and each step of it, a line with the piece's record when it is done; what the
+                            parent reads, even of a child that died
 
 Executors reach a child by name (`thunder.extend.get_executor`): Thunder's own are there once Thunder is imported; an
 executor of the user's is there where its module registers it when imported (the child imports the modules in which
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 
+from thunderfx_debug.children.protocol import message_line, messages
 from thunderfx_debug.records import InputMeta, Triage
 from thunderfx_debug.records.keys import PieceKey
 from thunderfx_debug.thunder import options as thunder_options
@@ -188,15 +190,12 @@ class Results:
         self.path = folder / RESULTS
 
     def _lines(self) -> list[dict[str, Any]]:
-        """The lines, each piece's from its last `retry` on."""
+        """The lines, each piece's from its last `retry` on (`protocol.messages` leaves out the last line of a child
+        killed while writing it)."""
         if not self.path.exists():
             return []
         lines = []
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # the last line of a child killed while writing it
-                continue
+        for entry in messages(self.path.read_text()):
             if entry.get("retry"):
                 lines = [kept for kept in lines if kept["piece"] != entry["piece"]]
             else:
@@ -205,7 +204,7 @@ class Results:
 
     def _append(self, entry: dict[str, Any]) -> None:
         with open(self.path, "a") as out:
-            out.write(json.dumps(entry) + "\n")
+            out.write(message_line(entry))
             out.flush()
 
     def step(self, piece: str, what: str, attempt: int) -> None:
