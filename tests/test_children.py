@@ -54,6 +54,11 @@ def test_every_runner_gives_the_same_exit_status_for_the_same_end(tmp_path):
     with ForkServer() as server:
         by_server = {name: server.forked(forks.run_script, (str(path), str(tmp_path / f"{name}.server.log"), []),
                                          timeout_s=3) for name, path in scripts.items()}
+        # A server that has died is an error that says so, not a wait without end.
+        os.kill(server._server.pid, signal.SIGKILL)
+        server._server.wait()  # gone before the request is written: writing it breaks the pipe
+        with pytest.raises(RuntimeError, match="the process that runs the trials ended unexpectedly"):
+            server.forked(forks.run_script, (str(scripts["returns"]), str(tmp_path / "after.log"), []), timeout_s=3)
     by_fork = {name: forks.forked(forks.run_script, (str(path), str(tmp_path / f"{name}.fork.log"), []), 3)
                for name, path in scripts.items()}
     by_process = {name: pool.run_process([sys.executable, str(path)], tmp_path / f"{name}.process.log",

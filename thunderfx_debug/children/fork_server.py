@@ -75,7 +75,10 @@ class ForkServer:
     def close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.stdin.close()  # no more requests: the server's loop ends
+            try:
+                server.stdin.close()  # no more requests: the server's loop ends
+            except OSError:  # it has ended, with a request still unsent
+                pass
             try:
                 server.wait(30)
             except subprocess.TimeoutExpired:
