@@ -1,7 +1,7 @@
 """Long-lived worker processes that run scripts one after another, each as `__main__` in its own folder (`runpy`):
-a dump's repro scripts for `verify` and `bench`, and the flush-time triage's children (`triage.at_flush`). Python, torch, Thunder and nvFuser start once per worker, and inductor's,
-Triton's and nvFuser's in-memory caches carry over from script to script, instead of 10-50 s of start-up and
-compile per script in processes of their own.
+a dump's repro scripts for `verify` and `bench`, and the flush-time triage's children (`triage.at_flush`). Python,
+torch, Thunder and nvFuser start once per worker, and inductor's, Triton's and nvFuser's in-memory caches carry over
+from script to script, instead of 10-50 s of start-up and compile per script in processes of their own.
 
     finished = run_jobs([Job(path, args, log_path), ...], slots=[{"CUDA_VISIBLE_DEVICES": "0"}], timeout_s=300,
                         run_alone=..., on_done=...)
@@ -12,8 +12,8 @@ the job's log file, and between scripts it resets what a script may leave behind
 (`torch._dynamo.reset`), inductor's and Dynamo's settings (a random piece's script sets `fallback_random`), the RNG
 seeds (at random, as in a fresh interpreter), grad mode and default dtype, `sys.argv` and the working directory;
 on CUDA it synchronises, so that an error a script left on the device shows there. The package cannot be imported
-in a worker that runs repro scripts (they must stand alone); Thunder is imported once with the workaround the scripts themselves
-carry (`thunder.script_support`).
+in a worker that runs repro scripts (they must stand alone); Thunder is imported once with the workaround the
+scripts themselves carry (`thunder.script_support`).
 
 A script that takes its worker down (a native abort, a segfault, a device-side assert that leaves the CUDA context
 unusable) is run again alone (`run_alone`, a process of its own, whose fate is the script's result), and a new worker
@@ -197,8 +197,8 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
              allow_package: bool = False) -> list[Finished]:
     """Runs `jobs` in one worker per slot (each slot the environment of its worker), the next job to whichever
     worker is free; returns how each ended, in the order of `jobs`. A job that takes its worker down runs again
-    with `run_alone(job, env, how its worker ended)`. See the module docstring for crashes and timeouts. `worker_log` collects what the
-    workers themselves print (a warm-up import that failed). Past `deadline` (a time.monotonic() value) no job
+    with `run_alone(job, env, how its worker ended)`. See the module docstring for crashes and timeouts.
+    `worker_log` collects what the workers themselves print (a warm-up import that failed). Past `deadline` (a time.monotonic() value) no job
     starts: those left end "not_run", and a job's timeout ends at the deadline. Interrupted (KeyboardInterrupt), it
     ends its workers. `allow_package`: see `worker_code`."""
     code = worker_code(allow_package)

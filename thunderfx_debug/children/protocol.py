@@ -105,7 +105,8 @@ def signal_words(number: int) -> str:
 def how_it_ended(status: int | None, limit_s: float | None = None) -> str:
     """An exit status in words, to follow "the process that ..." (`limit_s`: the time limit it ran past, where None)."""
     if status is None:
-        return f"ran past {limit_s:.0f} s and was ended" if limit_s is not None else "ran past its time limit and was ended"
+        limit = f"{limit_s:.0f} s" if limit_s is not None else "its time limit"
+        return f"ran past {limit} and was ended"
     if status < 0:
         return f"was killed by {signal_words(-status)}"
     return f"ended with exit status {status}"

@@ -21,16 +21,16 @@ Limits, and why they keep the training safe (docs/memory.md):
   of the device (25 by default: a memory-tight run gets no child before the flush). Each child gets an equal part of
   that room: its CUDA context (`device_room.PROCESS_CONTEXT_BYTES`) and an allocator capped at the rest
   (`torch.cuda.set_per_process_memory_fraction`); where a part is below `device_room.MIN_CHILD_BYTES`, no child
-  starts (`device_room.child_cap`). A child
-  that runs out of its cap compiles again after the word, when the cap is lifted.
+  starts (`device_room.child_cap`). A child that runs out of its cap compiles again after the word, when the cap is
+  lifted.
 - While children ahead are alive, the thread reads the device every `POLL_S`: once the room is gone (the training
   grew past its high-water mark into the margin, or another process took the device's memory), every child ahead is
   ended at once, and their splits compile at the flush.
 - At most `at_flush.workers(settings)` children ahead at once, the splits whose first call took longest first; the
   others compile at the flush. A child takes a CPU core while it compiles, at a lower priority than the training's
-  (`child.AHEAD_NICENESS`), and runs its one call's kernels beside the training's; then it lets go of the inputs it made and holds its CUDA context and what Thunder compiled until the
-  flush. Nothing is timed before the flush: a child timing on the GPU the training uses would time the training's
-  kernels with its own.
+  (`child.AHEAD_NICENESS`), and runs its one call's kernels beside the training's; then it lets go of the inputs it
+  made and holds its CUDA context and what Thunder compiled until the flush. Nothing is timed before the flush: a
+  child timing on the GPU the training uses would time the training's kernels with its own.
 - None outlives the flush after it: the flush hands each its job or ends it (`end_all`), and a child whose training
   process is gone ends and removes its folder; `backend.close()` and the exit's flush end those no flush was handed.
   A split compiled again in the run (new traces) is compiled at the flush, not ahead.
