@@ -6,6 +6,7 @@ what it started, and a fork does not outlive an interrupted wait for it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -82,6 +83,25 @@ def test_a_pool_worker_answers_on_its_own_pipe_and_one_a_script_took_down_says_h
     finished = pool.run_jobs(jobs, slots=[dict(os.environ)], timeout_s=60, run_alone=alone)
     assert [(f.status, f.how) for f in finished] == [(0, "worker"), (3, "worker"), (-signal.SIGABRT, "alone")]
     assert finished[2].note.startswith("took its worker down (which was killed by signal 6 (SIGABRT)); run again alone")
+
+
+def test_a_script_running_at_verifys_deadline_is_cut_and_not_judged_not_timed_out(tmp_path):
+    """A deadline (a lent machine's time) kills the script it finds running: that is NOT_RUN, saying so, not a
+    TIMEOUT of a script that ran for less than its own limit; one past its own limit stays a TIMEOUT."""
+    from thunderfx_debug.commands import verify
+
+    scripts = _scripts(tmp_path)
+    listed = [verify.Script(f"{name}.py", scripts[name], name, "split_thunder", False) for name in ("hangs", "returns")]
+    started = time.monotonic()
+    cut, not_started = verify.run(listed, tmp_path, workers=1, devices=[], timeout_s=60, deadline=started + 4)
+    assert time.monotonic() - started < 30
+    assert (cut.outcome, cut.how) == ("NOT_RUN", "cut")
+    assert re.fullmatch(r"cut at the deadline after \d+ s \(its own limit: 60 s\), with its worker", cut.note)
+    assert (not_started.outcome, not_started.how, not_started.note) == ("NOT_RUN", "not_run",
+                                                                        "not started before the deadline")
+    timed_out, = verify.run(listed[:1], tmp_path, workers=1, devices=[], timeout_s=3, deadline=time.monotonic() + 60)
+    assert (timed_out.outcome, timed_out.how, timed_out.note) == ("TIMEOUT", "timeout",
+                                                                  "killed after 3 s, with its worker")
 
 
 def test_a_child_past_its_limit_is_ended_with_what_it_started(tmp_path):

@@ -130,7 +130,7 @@ class Finished:
     job: Job
     status: int | None
     seconds: float
-    how: str = "worker"  # "worker", "alone", "timeout", or "not_run" (past the deadline)
+    how: str = "worker"  # "worker", "alone", "timeout", "not_run" (past the deadline) or "cut" (at the deadline)
     note: str = ""
 
 
@@ -198,9 +198,9 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
     """Runs `jobs` in one worker per slot (each slot the environment of its worker), the next job to whichever
     worker is free; returns how each ended, in the order of `jobs`. A job that takes its worker down runs again
     with `run_alone(job, env, how its worker ended)`. See the module docstring for crashes and timeouts.
-    `worker_log` collects what the workers themselves print (a warm-up import that failed). Past `deadline` (a time.monotonic() value) no job
-    starts: those left end "not_run", and a job's timeout ends at the deadline. Interrupted (KeyboardInterrupt), it
-    ends its workers. `allow_package`: see `worker_code`."""
+    `worker_log` collects what the workers themselves print (a warm-up import that failed). Past `deadline` (a
+    time.monotonic() value) no job starts: those left end "not_run", and a job running at the deadline is killed
+    there ("cut"). Interrupted (KeyboardInterrupt), it ends its workers. `allow_package`: see `worker_code`."""
     code = worker_code(allow_package)
     pending: queue.Queue[int] = queue.Queue()
     for index in range(len(jobs)):
@@ -253,8 +253,13 @@ def run_jobs(jobs: Sequence[Job], slots: Sequence[Mapping[str, str]], timeout_s:
                     worker.stop()
                     retire(worker)
                     worker = None
-                    done(index, Finished(job, None, time.monotonic() - started, "timeout",
-                                         f"killed after {limit:.0f} s, with its worker"))
+                    seconds = time.monotonic() - started
+                    if limit < timeout_s:  # the deadline's cut, not the job's fault: no verdict on its time
+                        done(index, Finished(job, None, seconds, "cut", f"cut at the deadline after {seconds:.0f} s "
+                                             f"(its own limit: {timeout_s:g} s), with its worker"))
+                    else:
+                        done(index, Finished(job, None, seconds, "timeout",
+                                             f"killed after {limit:.0f} s, with its worker"))
                 elif reply is None:  # the worker died in this script: it runs alone, its own fate is its result
                     status = worker.process.wait()
                     worker.stop()  # and what it had started

@@ -8,7 +8,8 @@ executed (its JSON is read as data, its traces are not run). Each script's verdi
 
 Files written into DIR (the directory given):
     verify.json        one entry per script: path, piece, kind, verdict, its RESULT line, exit status, seconds, how
-                       it ran (in a worker, alone after taking its worker down, killed at the timeout), log
+                       it ran (in a worker, alone after taking its worker down, killed at the timeout, not run
+                       or cut at the deadline), log
     verify.md          counts per kind and verdict, the failures first, each with the command that reruns it
     verify/logs/...    what each script printed
     verify/cache/...   inductor's and Triton's on-disk caches for the scripts (unless TORCHINDUCTOR_CACHE_DIR and
@@ -174,7 +175,8 @@ def verdict_of(script: Script, status: int | None, output: str, seconds: float, 
     from thunderfx_debug.scripts.result_line import last_result, outcome_of
 
     found = last_result(output)
-    outcome = {"timeout": "TIMEOUT", "not_run": "NOT_RUN"}.get(how) or outcome_of(status, output)
+    # Cut at the deadline: the script ran out of the time this verify had, not of its own limit; not judged.
+    outcome = {"timeout": "TIMEOUT", "not_run": "NOT_RUN", "cut": "NOT_RUN"}.get(how) or outcome_of(status, output)
     return ScriptOutcome(script, outcome, found.line if found is not None else "", status, seconds, how, note, log)
 
 
@@ -182,8 +184,9 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
         on_done: Callable[[ScriptOutcome], None] | None = None, deadline: float | None = None,
         env: Mapping[str, str] | None = None) -> list[ScriptOutcome]:
     """Runs `scripts` in `workers` long-lived workers (on `devices` in turn, or on CPU) and returns their verdicts;
-    logs and caches go under `root` (see the module docstring). Past `deadline` (time.monotonic()) no script starts
-    (NOT_RUN: for lent machines with a time limit). `env`: the environment to start from (default: ours)."""
+    logs and caches go under `root` (see the module docstring). Past `deadline` (time.monotonic()) no script starts,
+    and one running is cut there (both NOT_RUN, the note says which: for lent machines with a time limit). `env`:
+    the environment to start from (default: ours)."""
     from thunderfx_debug.children.standalone import run_script
     from thunderfx_debug.children.pool import Finished, Job, run_jobs
 
@@ -208,7 +211,7 @@ def run(scripts: Sequence[Script], root: Path, workers: int, devices: Sequence[s
             output = finished.job.log.read_text(errors="replace")
         except OSError:
             output = ""
-        how = "timeout" if finished.status is None and finished.how != "not_run" else finished.how
+        how = "timeout" if finished.status is None and finished.how not in ("not_run", "cut") else finished.how
         return verdict_of(script, finished.status, output, finished.seconds, how, finished.note,
                           os.path.relpath(finished.job.log, root))
 
