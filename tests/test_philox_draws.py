@@ -344,3 +344,28 @@ def test_on_cuda_two_dropouts_in_one_call_take_consecutive_offsets_in_program_or
     assert _generator_state() == (seed, offset + 8)
     assert torch.equal(first, _kept(x * w, seed, offset, 0.1, k=0))
     assert torch.equal(second, _kept(y, seed, offset, 0.25, k=1))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_eager_draws_are_f_dropouts_and_a_reference_in_another_dtype_keeps_the_first_runs_mask(device):
+    """An executor's own dropout ("eager") is F.dropout from the generator's state, bit for bit; the float64
+    reference after it applies the mask the run's dtype kept, not a mask of its own (CUDA's dropout kernel draws
+    otherwise for float64 than for bfloat16; here the generator is not even reset between the runs)."""
+    from thunderfx_debug.scripts.philox_draws import DrawnAsRun
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(4, 512, 768, device=device, dtype=dtype)
+    torch.manual_seed(7)
+    expected = torch.nn.functional.dropout(x, p=0.1)
+    dtypes, masks = [], []
+    torch.manual_seed(7)
+    with DrawnAsRun("eager", dtypes=dtypes, masks=masks):
+        out = torch.nn.functional.dropout(x, p=0.1)
+    assert torch.equal(out, expected) and dtypes == [dtype] and masks[0].dtype == torch.bool
+    with DrawnAsRun("eager", dtypes=dtypes, masks=masks) as drawn:
+        wide = torch.nn.functional.dropout(x.double(), 0.1, True)
+    assert drawn.calls == 1
+    assert torch.equal(wide != 0, (expected != 0) | ((x == 0) & masks[0]))
+    assert torch.equal(wide, x.double() * masks[0] * (1 / (1 - 0.1)))
+    with DrawnAsRun("eager", dtypes=dtypes, masks=masks):
+        assert torch.equal(torch.nn.functional.dropout(x, 0.1, training=False), x)  # not in training: as it is

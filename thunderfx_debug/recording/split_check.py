@@ -95,11 +95,13 @@ class GeneratorStates:
 @dataclasses.dataclass
 class Draws:
     """How the reference of one checked call draws its dropouts as the call did: `how` (`philox_draws.DRAWS`), the
-    generator states before the call, and the dtype of each draw as the first reference run saw it."""
+    generator states before the call, and the dtype of each draw and the mask of each "eager" dropout as the first
+    reference run saw them."""
 
     how: str
     generators: GeneratorStates
     dtypes: list = dataclasses.field(default_factory=list)
+    masks: list = dataclasses.field(default_factory=list)
 
     @contextlib.contextmanager
     def drawn(self):
@@ -109,7 +111,7 @@ class Draws:
         # the first CUDA device's generator, which Thunder's get_and_update_rng_state reads
         seed, offset = (thunder_seed_and_offset(next(iter(self.generators.cuda.values()))) if self.how == "nvfuser"
                         else (0, 0))
-        with DrawnAsRun(self.how, seed, offset, self.dtypes):
+        with DrawnAsRun(self.how, seed, offset, self.dtypes, self.masks):
             yield
 
 

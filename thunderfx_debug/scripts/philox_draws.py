@@ -243,10 +243,12 @@ DRAWS = ("nvfuser", "torch_uniform", "eager")
 class DrawnAsRun(torch.overrides.TorchFunctionMode):
     """Runs the dropouts of eager code as the run drew them (`DRAWS`): each call of `F.dropout` in training with
     0 < p < 1, k-th in program order, becomes Thunder's `x * (u < 1 - p) * (1 / (1 - p))` with u the run's draws
-    (`compared_in_float32`, as nvFuser compares a half or bfloat16 draw), for "nvfuser" and "torch_uniform";
-    "eager" leaves F.dropout as it is. `seed` and `offset` are the CUDA generator's seed and nvFuser's offset (a
-    quarter of the generator's) before the run's call; `dtypes` the dtype each draw had in the run, filled by a first
-    run and kept for the next (a float64 reference draws the run's numbers, not float64 ones).
+    (`compared_in_float32`, as nvFuser compares a half or bfloat16 draw), for "nvfuser" and "torch_uniform"; for
+    "eager", F.dropout as ATen computes it (`dropout_as_aten`). `seed` and `offset` are the CUDA generator's seed and
+    nvFuser's offset (a quarter of the generator's) before the run's call. `dtypes` (the dtype each dropout's input
+    had in the run) and `masks` (what each "eager" dropout kept) are filled by a first run in the run's dtypes and
+    kept for the next: a float64 reference draws the run's numbers and keeps the run's mask, not float64 ones (CUDA's
+    dropout kernel draws otherwise for another dtype).
 
     >>> x = torch.ones(4, 4)
     >>> with DrawnAsRun("nvfuser", seed=0, offset=0) as drawn:
@@ -255,25 +257,32 @@ class DrawnAsRun(torch.overrides.TorchFunctionMode):
     (True, 1)
     """
 
-    def __init__(self, how: str, seed: int = 0, offset: int = 0, dtypes=None):
+    def __init__(self, how: str, seed: int = 0, offset: int = 0, dtypes=None, masks=None):
         super().__init__()
         if how not in DRAWS:
             raise ValueError(f"draws are one of {', '.join(DRAWS)}, not {how!r}")
         self.how, self.seed, self.offset = how, seed, offset
         self.dtypes = dtypes if dtypes is not None else []
+        self.masks = masks if masks is not None else []
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.how == "eager" or func not in (torch.nn.functional.dropout, torch.dropout):
+        if func not in (torch.nn.functional.dropout, torch.dropout):
             return func(*args, **kwargs)
-        x, p, training = _dropout_arguments(func, args, kwargs)
-        if not training or not 0 < p < 1:
+        x, p, training, inplace = _dropout_arguments(func, args, kwargs)
+        if not training or not 0 < p < 1 or (self.how == "eager" and inplace):
             return func(*args, **kwargs)
         k = self.calls
         self.calls += 1
         if k == len(self.dtypes):
             self.dtypes.append(x.dtype)
+        if self.how == "eager":
+            if x.dtype == self.dtypes[k] or k >= len(self.masks):
+                out, keep = dropout_as_aten(x, p)
+                self.masks[k:k + 1] = [keep]
+                return out
+            return x * self.masks[k] * (1 / (1 - p))  # the run's mask, in this reference's dtype
         if self.how == "nvfuser":
             drawn = nvfuser_uniform(x.shape, self.seed, self.offset + k, self.dtypes[k], x.device)
         else:
@@ -282,10 +291,23 @@ class DrawnAsRun(torch.overrides.TorchFunctionMode):
         return x * keep * (1 / (1 - p))
 
 
+def dropout_as_aten(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """F.dropout(x, p) in training, computed as ATen's `at::native::dropout` (aten/src/ATen/native/Dropout.cpp)
+    computes it, the same draws and the same rounding, and the mask it kept: on CUDA (its `is_fused_kernel_acceptable`:
+    a non-empty CUDA or XPU tensor) `native_dropout`, which returns that mask; elsewhere `_dropout`, noise from
+    `bernoulli_(1 - p)` divided by 1 - p. Written out because F.dropout returns no mask."""
+    if x.device.type in ("cuda", "xpu") and x.numel() > 0:
+        return torch.native_dropout(x, p, True)
+    noise = torch.empty_like(x).bernoulli_(1 - p)
+    noise.div_(1 - p)
+    return x * noise, noise != 0
+
+
 def _dropout_arguments(func, args, kwargs):
-    """(input, p, training) of a call of F.dropout(input, p=0.5, training=True, inplace=False) or
+    """(input, p, training, inplace) of a call of F.dropout(input, p=0.5, training=True, inplace=False) or
     torch.dropout(input, p, train)."""
-    names = ("input", "p", "training") if func is torch.nn.functional.dropout else ("input", "p", "train")
-    defaults = {"p": 0.5, "training": True}
+    names = (("input", "p", "training", "inplace") if func is torch.nn.functional.dropout
+             else ("input", "p", "train"))
+    defaults = {"p": 0.5, "training": True, "inplace": False}
     values = [args[i] if i < len(args) else kwargs.get(name, defaults.get(name)) for i, name in enumerate(names)]
-    return values[0], float(values[1]), bool(values[2])
+    return values[0], float(values[1]), bool(values[2]), bool(values[3]) if len(values) > 3 else False

@@ -971,16 +971,16 @@ def _describe(timings):
 def drawn_as_run(eager, how):
     """`eager` (what makes the eager reference) with the reference's dropouts drawn as the run's backend drew them
     (`DrawnAsRun`, `how` one of its `DRAWS`), from the generator's state when the reference is called: every run
-    reseeds first (`run`), so both sides start from the same state. The dtype of each draw is the one the first run
-    saw, so that the float64 run draws the same numbers."""
-    dtypes = []
+    reseeds first (`run`), so both sides start from the same state. The dtype of each draw (and the mask of each
+    "eager" dropout) is the one the first run saw, so that the float64 run draws the same numbers."""
+    dtypes, masks = [], []
 
     def make():
         reference = eager()
 
         def drawn(*args):
             seed, offset = thunder_seed_and_offset(torch.cuda.get_rng_state()) if how == "nvfuser" else (0, 0)
-            with DrawnAsRun(how, seed, offset, dtypes):
+            with DrawnAsRun(how, seed, offset, dtypes, masks):
                 return reference(*args)
 
         return drawn
