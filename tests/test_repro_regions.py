@@ -260,3 +260,59 @@ def test_a_backward_region_fed_transposed_gradients_is_rebuilt_with_the_runs_str
     capsys.readouterr()
     verdicts = {e["path"].rsplit("/", 1)[-1]: e["verdict"] for e in json.loads((tmp_path / "verify.json").read_text())["scripts"]}
     assert status == 0 and len(verdicts) == len(split.fusions) and set(verdicts.values()) == {"OK"}, verdicts
+
+
+#: nvFuser's printed definition of the T5 encoder's first region on the H100 (its relative-position buckets; lines of
+#: `graph0_thunder_2_nvFusion0_forward_repro_nvfuser.py`, the zoo's T5 at realistic size): the constants as nvFuser's
+#: printer writes them, with 6 significant digits.
+T5_BUCKETS_PRINTED = """\
+        tv54 = fd.ops.cast(tv51, dtype=DataType.Float)
+        c240 = fd.ops.reciprocal(8.00000)
+        tv55 = fd.ops.mul(tv54, c240)
+        tv59 = fd.ops.log(tv55)
+        c280 = fd.ops.reciprocal(2.77259)
+        tv61 = fd.ops.mul(tv59, c280)
+        tv64 = fd.ops.mul(tv61, 8.00000)
+        tv57 = fd.ops.mul(tv46, 1.11111)
+"""
+
+
+def _t5_buckets(relative_position, p=0.1):
+    """Hugging Face T5's bidirectional bucket of a relative position, its large branch (max_exact 8, max_distance
+    128, 32 buckets), beside a dropout: the ops of the region above."""
+    import math
+
+    n = relative_position.abs()
+    large = 8 + (torch.log(n.float() / 8) / math.log(128 / 8) * (16 - 8)).to(torch.long)
+    return large, torch.nn.functional.dropout(n.float(), p)
+
+
+def test_an_nvfuser_definitions_float_constants_are_written_as_the_runs_trace_has_them():
+    """On the H100, the T5 region's nvFuser script said MISMATCH (an int64 output off by one) where the run's
+    sentinel had found the region right: nvFuser's printer wrote log(16) as 2.77259, and `log(n / 8) / log(16) * 8`
+    truncated to an integer then falls short of the exact -6, -4 and -2 (n = 1, 2, 4). The script's definition takes
+    the constants of the region's trace instead."""
+    import thunder
+
+    from thunderfx_debug.thunder.scripts import region_floats, with_exact_floats
+
+    jitted = thunder.jit(_t5_buckets, executors=cpu_executors())
+    jitted(torch.arange(-20, 20))
+    regions = [b for b in thunder.last_traces(jitted)[-1].bound_symbols if b.sym.is_fusion]
+    exact = set().union(*(region_floats(region) for region in regions))
+    assert {2.772588722239781, 1 / 0.9} <= exact
+    restored = with_exact_floats(T5_BUCKETS_PRINTED, exact)
+    assert "fd.ops.reciprocal(2.772588722239781)" in restored and "fd.ops.mul(tv46, 1.1111111111111112)" in restored
+    assert "fd.ops.reciprocal(8.00000)" in restored and "fd.ops.mul(tv61, 8.00000)" in restored  # exact as printed
+    assert restored.splitlines()[0] == (
+        "# float constants as the run's trace has them (nvFuser's printer writes 6 significant digits): "
+        "2.77259 -> 2.772588722239781, 1.11111 -> 1.1111111111111112")
+
+    # What the printed constant does in float32, as the region computes: the buckets of 1, 2 and 4 move by one.
+    n = torch.arange(1, 9).float()
+
+    def buckets(log16):
+        return (8 + (torch.log(n * (1 / 8.0)) * torch.tensor(1 / log16) * 8.0).to(torch.long)).tolist()
+
+    assert buckets(2.772588722239781) == [2, 4, 6, 6, 7, 8, 8, 8]
+    assert buckets(2.77259) == [3, 5, 6, 7, 7, 8, 8, 8]

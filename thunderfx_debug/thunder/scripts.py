@@ -5,6 +5,7 @@ about its inputs (random ops, integer inputs that index). All read at flush, nev
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import torch
@@ -121,7 +122,75 @@ def nvfuser_repro_source(bsym) -> str:
     writer = getattr(fd, "repro_script_for", None) or getattr(fd, "getReproString", None)
     if writer is None:
         raise RuntimeError("the installed nvFuser cannot write a repro of a fusion definition (no repro_script_for)")
-    return with_constant_vals(writer(None))
+    return with_exact_floats(with_constant_vals(writer(None)), region_floats(bsym))
+
+
+#: nvfuser_direct's printer writes a float constant with C++'s default precision, 6 significant digits
+#: (python/python_direct/python_translate.cpp, `PythonPrinter::toString(double)`: `ss << std::showpoint << d`),
+#: so that the printed definition computes with other constants than the run's fusion did: T5's relative-position
+#: buckets, `log(r / 8) * (1 / 2.77259) * 8` truncated to an integer, move by one where the exact value is an
+#: integer, and the script says MISMATCH where the run's fusion was right. Checked with nvfuser_direct 0.2.36 (a
+#: T5's region on the H100) and in nvFuser's sources as of 2026-12; no upstream issue found.
+PRINTED_DIGITS = 6
+
+
+def region_floats(bsym) -> set[float]:
+    """The float constants of a region's ops (their arguments, at every level of its subsymbols), as the run's trace
+    has them."""
+    from torch.utils._pytree import tree_leaves
+
+    found, pending = set(), list(bsym.subsymbols)
+    while pending:
+        sub = pending.pop()
+        found.update(abs(x) for x in tree_leaves((sub.args, sub.kwargs)) if type(x) is float and math.isfinite(x))
+        pending.extend(sub.subsymbols)
+    return found
+
+
+def with_exact_floats(definition: str, exact: set[float]) -> str:
+    """nvFuser's printed definition with each float literal that is one of the run's constants (`exact`) printed
+    with `PRINTED_DIGITS` digits written in full, and a comment that says which; a literal that two of the run's
+    constants print as is left as printed, and the comment says so.
+
+    Example:
+        >>> print(with_exact_floats("    c280 = fd.ops.reciprocal(2.77259)\\n    tv64 = fd.ops.mul(tv61, 8.00000)",
+        ...                         {2.772588722239781, 8.0}))
+        # float constants as the run's trace has them (...): 2.77259 -> 2.772588722239781
+            c280 = fd.ops.reciprocal(2.772588722239781)
+            tv64 = fd.ops.mul(tv61, 8.00000)
+    """
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(definition).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return definition
+    line_starts = [0]
+    for line in definition.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    replacements, restored, ambiguous = [], {}, set()
+    for token in tokens:
+        text = token.string
+        if token.type != tokenize.NUMBER or not any(c in text for c in ".eE") or text.lower().endswith("j"):
+            continue
+        candidates = {c for c in exact if f"{c:#.{PRINTED_DIGITS}g}" == text and c != float(text)}
+        if len(candidates) > 1:
+            ambiguous.add(text)
+        elif candidates:
+            value = candidates.pop()
+            start = line_starts[token.start[0] - 1] + token.start[1]
+            replacements.append((start, start + len(text), repr(value)))
+            restored[text] = repr(value)
+    for start, end, text in sorted(replacements, reverse=True):
+        definition = definition[:start] + text + definition[end:]
+    said = []
+    if restored:
+        said.append(f"# float constants as the run's trace has them (nvFuser's printer writes {PRINTED_DIGITS} "
+                    "significant digits): " + ", ".join(f"{a} -> {b}" for a, b in restored.items()))
+    if ambiguous:
+        said.append("# left as printed (two of the run's constants print so): " + ", ".join(sorted(ambiguous)))
+    return "\n".join(said + [definition])
 
 
 #: Ops of nvFuser's Python API that take a constant as a Val only -> the positions of such arguments.
