@@ -311,7 +311,8 @@ class NvFuserRegion(Strategy):
         return (
             "def define_fusion():\n"
             "    # nvFuser's repro of the fusion definition the run used (FusionDefinition.repro_script_for; a\n"
-            "    # constant that an op takes as a Val, such as topk's k, defined as one, as the printer should):\n"
+            "    # constant that an op takes as a Val, such as topk's k, defined as one, and float constants written\n"
+            "    # in full, as the printer should):\n"
             f"{body}\n"
             "    return fd\n\n\n"
             "# The definition's inputs as it declares them, to check the inputs against before nvFuser binds them.\n"
