@@ -17,6 +17,13 @@ each model's scripts.
 dropout draws) and the dropout itself, with torch.utils.benchmark on `--device`:
 
     source .gpu/setup.sh && python benchmarks/dropout_compared.py --cost --device cuda --json $OUT/dropout_cost.json
+
+`--planted` instead trains a dropout on a hidden activation through each of the tests' executors of their own
+(tests/dropout_executors.py: the right F.dropout, one that scales by 1.01 / (1 - p), one that drops 1.5 p) in
+bfloat16 and float32 on `--device`, under CHECK=split on every call, and prints how far the sentinel found each from
+its reference: the worst value's fraction of what is allowed (above 1 a MISMATCH):
+
+    python benchmarks/dropout_compared.py --planted --device cpu --json planted_cpu.json
 """
 
 from __future__ import annotations
@@ -109,20 +116,62 @@ def cost(device: str) -> dict:
     return figures
 
 
+def planted(device: str) -> dict:
+    import torch
+    from torch import nn
+
+    from thunderfx_debug import ReportingBackend
+
+    # The tests' planted executors (a user's executor's stand-ins), registered on import.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import thunder
+    import dropout_executors
+
+    class DroppedHidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2 = (nn.Parameter(torch.randn(32, 32) / 6) for _ in range(2))
+
+        def forward(self, x):
+            return torch.tanh(nn.functional.dropout(x @ self.w1, 0.1, training=True) @ self.w2).square().mean()
+
+    figures = {}
+    for name in ("right_dropout_ex", "wrong_scale_dropout_ex", "wrong_fraction_dropout_ex"):
+        for dtype in (torch.bfloat16, torch.float32):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            model = DroppedHidden().to(device=device, dtype=dtype)
+            backend = ReportingBackend(check="split", check_every=1,
+                                       executors=[getattr(dropout_executors, name), *thunder.get_default_executors()])
+            compiled = torch.compile(model, backend=backend)
+            for _ in range(2):
+                compiled(torch.randn(16, 32, device=device, dtype=dtype)).backward()
+            check = next(s.check for g in backend.report().graphs for s in g.splits if s.check is not None)
+            row = {"compared": check.compared, "mismatches": check.mismatches, "worst": check.worst_output,
+                   "worst_ratio": round(check.worst_ratio, 3) if check.worst_ratio is not None else None}
+            figures[f"{name} {str(dtype).removeprefix('torch.')}"] = row
+            print(f"{name} {dtype} on {device}: {row}")
+    return figures
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dump", type=Path, help="zoo.py's --dump")
     parser.add_argument("--zoo-json", type=Path, help="zoo.py's --json (the scripts' verdicts)")
     parser.add_argument("--cost", action="store_true", help="measure the draws' cost instead (see above)")
-    parser.add_argument("--device", default="cpu", help="--cost: the device (default cpu)")
+    parser.add_argument("--planted", action="store_true", help="the planted wrong dropouts instead (see above)")
+    parser.add_argument("--device", default="cpu", help="--cost, --planted: the device (default cpu)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     if args.cost:
         harness.write_record(args.json, "dropout_cost", cost(args.device), argv)
         return 0
+    if args.planted:
+        harness.write_record(args.json, "dropout_planted", planted(args.device), argv)
+        return 0
     if args.dump is None or args.zoo_json is None:
-        parser.error("--dump and --zoo-json are needed (or --cost)")
+        parser.error("--dump and --zoo-json are needed (or --cost, or --planted)")
     zoo = json.loads(args.zoo_json.read_text())
     zoo = zoo.get("results", zoo)
     figures = {}
