@@ -118,29 +118,20 @@ def cost(device: str) -> dict:
 
 def planted(device: str) -> dict:
     import torch
-    from torch import nn
 
     from thunderfx_debug import ReportingBackend
 
-    # The tests' planted executors (a user's executor's stand-ins), registered on import.
+    # The tests' planted executors (a user's executor's stand-ins, registered on import) and their model.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     import thunder
     import dropout_executors
-
-    class DroppedHidden(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1, self.w2 = (nn.Parameter(torch.randn(32, 32) / 6) for _ in range(2))
-
-        def forward(self, x):
-            return torch.tanh(nn.functional.dropout(x @ self.w1, 0.1, training=True) @ self.w2).square().mean()
 
     figures = {}
     for name in ("right_dropout_ex", "wrong_scale_dropout_ex", "wrong_fraction_dropout_ex"):
         for dtype in (torch.bfloat16, torch.float32):
             torch._dynamo.reset()
             torch.manual_seed(0)
-            model = DroppedHidden().to(device=device, dtype=dtype)
+            model = dropout_executors.DroppedHidden().to(device=device, dtype=dtype)
             backend = ReportingBackend(check="split", check_every=1,
                                        executors=[getattr(dropout_executors, name), *thunder.get_default_executors()])
             compiled = torch.compile(model, backend=backend)

@@ -6,6 +6,8 @@ imports Thunder as a user's module does: whoever imports it has imported Thunder
 - `wrong_scale_dropout_ex`: F.dropout's mask with the kept values scaled by 1.01 / (1 - p).
 - `wrong_fraction_dropout_ex`: drops 1.5 p of the values (and scales the rest as for p).
 
+`DroppedHidden` is the model they are planted in: one dropout, on a hidden activation that needs a gradient.
+
 Each has a gradient rule (without one Thunder's autograd decomposes dropout and the executor never runs): the
 incoming gradient where the op kept a value, scaled by 1 / (1 - p). Each op is a prim of its executor (a meta, not
 `like=ltorch.dropout`): an op registered like dropout carries dropout's decomposition, which nvFuser claims and fuses
@@ -61,3 +63,16 @@ def _wrong_fraction(a, p=0.5, training=True, inplace=False):
 right_dropout_ex = _dropout_executor("thunderfx_debug_test_right_dropout", _right)
 wrong_scale_dropout_ex = _dropout_executor("thunderfx_debug_test_wrong_scale_dropout", _wrong_scale)
 wrong_fraction_dropout_ex = _dropout_executor("thunderfx_debug_test_wrong_fraction_dropout", _wrong_fraction)
+
+
+class DroppedHidden(torch.nn.Module):
+    """One dropout, on a hidden activation that needs a gradient: an executor's own dropout op runs through its
+    gradient rule."""
+
+    def __init__(self, p: float = 0.1):
+        super().__init__()
+        self.p = p
+        self.w1, self.w2 = (torch.nn.Parameter(torch.randn(32, 32) / 6) for _ in range(2))
+
+    def forward(self, x):
+        return torch.tanh(torch.nn.functional.dropout(x @ self.w1, self.p, training=True) @ self.w2).square().mean()

@@ -51,19 +51,6 @@ class DroppedInput(nn.Module):
         return torch.tanh(F.dropout(x, self.p, training=True) @ self.w).square().mean()
 
 
-class DroppedHidden(nn.Module):
-    """One dropout, on a hidden activation that needs a gradient: an executor's own dropout op runs through its
-    gradient rule (tests/dropout_executors.py)."""
-
-    def __init__(self, p: float = 0.1):
-        super().__init__()
-        self.p = p
-        self.w1, self.w2 = (nn.Parameter(torch.randn(32, 32) / 6) for _ in range(2))
-
-    def forward(self, x):
-        return torch.tanh(F.dropout(x @ self.w1, self.p, training=True) @ self.w2).square().mean()
-
-
 def _train(make_model, backend, steps=3, device="cpu", dtype=torch.float32):
     torch.manual_seed(0)
     model = make_model().to(device=device, dtype=dtype)
@@ -198,7 +185,7 @@ def test_on_cuda_a_planted_wrong_dropout_is_a_mismatch_and_the_right_one_never_i
     torch._dynamo.reset()
     executors = [getattr(dropout_executors, executor), *thunder.get_default_executors()]
     backend = ReportingBackend(check="split", check_every=1, executors=executors, dump_dir=tmp_path, repro="split")
-    _train(DroppedHidden, backend, steps=2, device="cuda", dtype=dtype)
+    _train(dropout_executors.DroppedHidden, backend, steps=2, device="cuda", dtype=dtype)
     backend.flush()
     split = _split(load_report(tmp_path / "rank0"))
     assert not any("random" in r for r in split.check.skipped), split.check.skipped

@@ -177,8 +177,8 @@ class Minimizer:
                                       thunder_options.run_executor_modules(options), as_split=True)
         real = evidence.captured is not None and evidence.captured.inputs is not None
         spec = PieceSpec(
-            key=PieceKey.of(graph, name), stem=layout.split_prefix(graph, name), title=f"{split.state.split.kind.value} split",
-            file_kind="thunder", strategy=strategy,
+            key=PieceKey.of(graph, name), stem=layout.split_prefix(graph, name),
+            title=f"{split.state.split.kind.value} split", file_kind="thunder", strategy=strategy,
             prelude=prelude, backward=any(m.kind is InputKind.TENSOR and m.requires_grad for m in metas),
             random_ops=fx_facts.random_ops(module),
             origin=f"the run, call {evidence.call} ({evidence.phase})" + (", where it raised" if raised else ""),

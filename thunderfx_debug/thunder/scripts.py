@@ -125,6 +125,14 @@ def nvfuser_repro_source(bsym) -> str:
     return with_exact_floats(with_constant_vals(writer(None)), region_floats(bsym))
 
 
+def _line_starts(text: str) -> list[int]:
+    """The offset in `text` at which each of its lines starts (a source position's line, 1-based, to an offset)."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
 #: nvfuser_direct's printer writes a float constant with C++'s default precision, 6 significant digits
 #: (python/python_direct/python_translate.cpp, `PythonPrinter::toString(double)`: `ss << std::showpoint << d`),
 #: so that the printed definition computes with other constants than the run's fusion did: T5's relative-position
@@ -166,9 +174,7 @@ def with_exact_floats(definition: str, exact: set[float]) -> str:
         tokens = list(tokenize.generate_tokens(io.StringIO(definition).readline))
     except (tokenize.TokenError, SyntaxError):
         return definition
-    line_starts = [0]
-    for line in definition.splitlines(keepends=True):
-        line_starts.append(line_starts[-1] + len(line))
+    line_starts = _line_starts(definition)
     replacements, restored, ambiguous = [], {}, set()
     for token in tokens:
         text = token.string
@@ -215,9 +221,7 @@ def with_constant_vals(definition: str) -> str:
         tree = ast.parse(definition)
     except SyntaxError:
         return definition
-    line_starts = [0]
-    for line in definition.splitlines(keepends=True):
-        line_starts.append(line_starts[-1] + len(line))
+    line_starts = _line_starts(definition)
     dtype = ", dtype=DataType.Int" if "DataType" in definition else ""
     replacements = []
     for node in ast.walk(tree):
