@@ -212,3 +212,31 @@ def test_without_an_optimizer_the_steps_are_estimated_and_said_to_be(estimated):
     assert 1 / CLOSE < account.wall_ms / step_ms < CLOSE, (account.wall_ms, step_ms)
     line = next(line for line in str(report).splitlines() if line.startswith("step: "))
     assert "steps not counted (no torch.optim optimizer stepped): 21 estimated as the calls of Dynamo frame" in line
+
+
+class _Optimizer:
+    """What the step hook hands the counter: an optimizer, of which the counter uses nothing but its identity."""
+
+
+def test_an_optimizer_made_anew_after_another_is_let_go_counts_its_own_steps(monkeypatch):
+    """A training that makes a new optimizer (a restart, a learning-rate search, another phase) after letting go of
+    the first: CPython gives the new one the old one's id(), which the counter keyed its steps by, so that 4 and 6
+    steps read as one optimizer's 10 (the per-step figures then 0.6 of a graph call per step; seen with SGD
+    optimizers in tests/test_triage.py)."""
+    from thunderfx_debug.recording import steps as steps_module
+    from thunderfx_debug.settings.safety import ReportingFailures
+
+    # The second optimizer at the first's address, every time: every object has one id() in the counter's module.
+    monkeypatch.setattr(steps_module, "id", lambda _: 0x7F00, raising=False)
+    counter = steps_module.StepCounter(ReportingFailures(strict=True))
+    counter.start()
+    first = _Optimizer()
+    for _ in range(4):
+        counter.stepped(first)
+    del first
+    second = _Optimizer()
+    for _ in range(6):
+        counter.stepped(second)
+    steps = counter.record()
+    assert (steps.count, steps.optimizers) == (6, 2)
+    counter.stop()
